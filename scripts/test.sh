@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# Run the test suite: sets up .venv when missing (package + test and compare extras), then pytest.
+# Extra arguments go to pytest, e.g. ./scripts/test.sh -m slow, ./scripts/test.sh tests/test_models.py
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VIT_EXTRAS="test,compare" source scripts/setup_env.sh
+export JAX_PLATFORMS="${JAX_PLATFORMS:-cpu}"
+python -m pytest -q --durations=15 "$@"

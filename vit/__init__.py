@@ -1,0 +1,34 @@
+"""vit: Vision Transformers in JAX + Flax NNX.
+
+`import vit` is light: names load on first use, so the model runs where only jax and flax are
+installed, and nothing from the data, training or CLI stacks is imported until asked for.
+"""
+
+import importlib
+
+__version__ = "0.1.0"
+
+# public name -> module that defines it
+_LAZY = {
+    "create_model": "vit.models.vit",
+    "VisionTransformer": "vit.models.vit",
+    "ViTConfig": "vit.models.config",
+    "get_config": "vit.models.config",
+    "VARIANTS": "vit.models.config",
+    "dot_product_attention": "vit.ops.attention",
+    "model_info": "vit.models.info",
+}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'vit' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(list(globals()) + __all__)

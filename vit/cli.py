@@ -1,0 +1,48 @@
+"""The `vit` command: parse arguments, call the library, print.
+
+Each subcommand lives in `vit/commands/<name>.py` with `add_arguments(parser)` and
+`run(args) -> int`; heavy imports happen inside `run`, so `vit --help` stays fast. A `VitError`
+(a user mistake) prints one line and exits 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from vit.errors import VitError
+
+# subcommand -> (module, one-line help)
+COMMANDS = {
+    "info": ("vit.commands.info", "parameters, GMACs and tokens of a model variant"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="vit", description="Vision Transformers in JAX + Flax NNX.")
+    parser.add_argument("--version", action="version",
+                        version=f"vit {importlib.import_module('vit').__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, (module, help_text) in COMMANDS.items():
+        command = sub.add_parser(name, help=help_text, description=help_text)
+        importlib.import_module(module).add_arguments(command)
+        command.set_defaults(_module=module)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(importlib.import_module(args._module).run(args) or 0)
+    except VitError as err:
+        print(f"vit {args.command}: error: {err}", file=sys.stderr)
+        return err.exit_code
+    except KeyboardInterrupt:
+        print(f"vit {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

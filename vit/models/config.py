@@ -1,0 +1,173 @@
+"""The ViT configuration and the named variants.
+
+Names follow timm's short form (`vit_b16`) and big_vision's strings (`"B/16"`); timm's long names
+(`vit_base_patch16_224`) are accepted as aliases. Every field can be overridden by keyword.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import re
+from typing import Any
+
+from vit.errors import ConfigError
+
+# width, depth, mlp_dim, heads: the table in big_vision's vit.py (Ti..H, plus g/G).
+WIDTHS = {
+    "Ti": (192, 12, 768, 3),
+    "S": (384, 12, 1536, 6),
+    "M": (512, 12, 2048, 8),
+    "B": (768, 12, 3072, 12),
+    "L": (1024, 24, 4096, 16),
+    "H": (1280, 32, 5120, 16),
+    "g": (1408, 40, 6144, 16),
+    "G": (1664, 48, 8192, 16),
+}
+# The names users type most; any "<size>/<patch>" string works too.
+VARIANTS = {
+    "vit_ti16": "Ti/16",
+    "vit_s16": "S/16",
+    "vit_s32": "S/32",
+    "vit_b8": "B/8",
+    "vit_b16": "B/16",
+    "vit_b32": "B/32",
+    "vit_l16": "L/16",
+    "vit_l32": "L/32",
+    "vit_h14": "H/14",
+}
+_TIMM_SIZES = {"tiny": "Ti", "small": "S", "medium": "M", "base": "B", "large": "L", "huge": "H",
+               "giant": "g", "gigantic": "G"}
+
+CLASSIFIERS = ("token", "gap", "map")
+POSEMBS = ("learn", "sincos2d")
+GELUS = ("exact", "tanh")
+DTYPES = ("float32", "bfloat16", "float16")
+ATTENTION_IMPLS = ("auto", "pallas", "cudnn", "xla")
+
+
+@dataclasses.dataclass(frozen=True)
+class ViTConfig:
+    """Everything that defines a ViT's architecture and numerics."""
+
+    width: int = 768
+    depth: int = 12
+    mlp_dim: int = 3072
+    num_heads: int = 12
+    patch_size: tuple[int, int] = (16, 16)
+    image_size: tuple[int, int] = (224, 224)
+    in_channels: int = 3
+    num_classes: int = 1000
+    class_token: bool = True
+    classifier: str = "token"  # token | gap | map
+    num_registers: int = 0
+    representation_size: int | None = None  # Dense + tanh before the head (i21k checkpoints)
+    posemb: str = "learn"  # learn | sincos2d
+    dropout: float = 0.0
+    attention_dropout: float = 0.0
+    drop_path: float = 0.0  # stochastic depth, linearly increasing to this rate
+    qkv_bias: bool = True
+    qk_norm: bool = False
+    layer_scale: float | None = None  # initial value of LayerScale, None for none
+    layer_norm_eps: float = 1e-6
+    gelu: str = "exact"  # exact | tanh (vit_jax and big_vision checkpoints were trained with tanh)
+    dtype: str = "float32"  # compute dtype; parameters stay float32
+    remat: bool = False  # rematerialise each block in the backward pass
+    attention_impl: str = "auto"  # auto | pallas | cudnn | xla
+    dynamic_image_size: bool = False  # resize position embeddings on the fly for other sizes
+
+    def __post_init__(self):
+        for name in ("patch_size", "image_size"):
+            value = getattr(self, name)
+            pair = (value, value) if isinstance(value, int) else tuple(int(v) for v in value)
+            object.__setattr__(self, name, pair)
+        _check_choice("classifier", self.classifier, CLASSIFIERS)
+        _check_choice("posemb", self.posemb, POSEMBS)
+        _check_choice("gelu", self.gelu, GELUS)
+        _check_choice("dtype", self.dtype, DTYPES)
+        _check_choice("attention_impl", self.attention_impl, ATTENTION_IMPLS)
+        if self.width % self.num_heads:
+            raise ConfigError(f"width {self.width} is not divisible by num_heads {self.num_heads}")
+        for i in range(2):
+            if self.image_size[i] % self.patch_size[i]:
+                raise ConfigError(
+                    f"image_size {self.image_size} is not a multiple of patch_size "
+                    f"{self.patch_size}; pick an image size divisible by the patch size"
+                )
+        if self.classifier == "token" and not self.class_token:
+            raise ConfigError("classifier='token' needs class_token=True; use 'gap' or 'map'")
+        if self.posemb == "sincos2d" and self.width % 4:
+            raise ConfigError(f"posemb='sincos2d' needs width divisible by 4, got {self.width}")
+
+    @property
+    def grid(self) -> tuple[int, int]:
+        return (self.image_size[0] // self.patch_size[0], self.image_size[1] // self.patch_size[1])
+
+    @property
+    def num_prefix_tokens(self) -> int:
+        return int(self.class_token) + self.num_registers
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_prefix_tokens + self.grid[0] * self.grid[1]
+
+    @property
+    def head_dim(self) -> int:
+        return self.width // self.num_heads
+
+    def replace(self, **overrides: Any) -> ViTConfig:
+        check_fields(overrides)
+        return dataclasses.replace(self, **overrides)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+FIELDS = tuple(f.name for f in dataclasses.fields(ViTConfig))
+
+
+def _check_choice(field: str, value: Any, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ConfigError(f"{field}={value!r} is not valid; choose one of {', '.join(choices)}")
+
+
+def check_fields(overrides: dict[str, Any]) -> None:
+    for key in overrides:
+        if key not in FIELDS:
+            near = difflib.get_close_matches(key, FIELDS, n=3)
+            hint = f" (did you mean {', '.join(near)}?)" if near else ""
+            raise ConfigError(
+                f"unknown model field {key!r}{hint}; valid fields: {', '.join(FIELDS)}"
+            )
+
+
+def _parse_spec(name: str) -> dict[str, Any] | None:
+    """Decodes "B/16", "vit_b16" or "vit_base_patch16_224" into config fields."""
+    spec = VARIANTS.get(name.lower(), name)
+    m = re.fullmatch(r"(Ti|S|M|B|L|H|g|G)/(\d+)", spec)
+    if m:
+        size, patch, image = m.group(1), int(m.group(2)), None
+    else:
+        m = re.fullmatch(r"vit_(\w+?)_patch(\d+)(?:_(?:clip_)?(\d+))?(?:\.\w+)?", name)
+        if not m or m.group(1) not in _TIMM_SIZES:
+            return None
+        size, patch = _TIMM_SIZES[m.group(1)], int(m.group(2))
+        image = int(m.group(3)) if m.group(3) else None
+    width, depth, mlp_dim, heads = WIDTHS[size]
+    fields = dict(width=width, depth=depth, mlp_dim=mlp_dim, num_heads=heads,
+                  patch_size=(patch, patch))
+    if image:
+        fields["image_size"] = (image, image)
+    return fields
+
+
+def get_config(name: str, **overrides: Any) -> ViTConfig:
+    """The config for a variant name, with keyword overrides applied (and checked)."""
+    fields = _parse_spec(name)
+    if fields is None:
+        choices = list(VARIANTS) + ["<size>/<patch> such as 'B/16'"]
+        near = difflib.get_close_matches(name, list(VARIANTS), n=1)
+        hint = f" (did you mean {near[0]!r}?)" if near else ""
+        raise ConfigError(f"unknown model {name!r}{hint}; choose one of {', '.join(choices)}")
+    check_fields(overrides)
+    return ViTConfig(**{**fields, **overrides})

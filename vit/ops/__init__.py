@@ -1,0 +1,1 @@
+"""Numerical kernels. Imports nothing from models, data, config or training stacks."""

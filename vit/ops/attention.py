@@ -1,0 +1,111 @@
+"""One entry point for scaled dot-product attention, and the XLA reference path.
+
+Arrays are `[batch, seq, heads, head_dim]`. `impl` picks the backend:
+
+- `"xla"`: plain einsum + float32 softmax; runs everywhere and is the reference.
+- `"cudnn"`: `jax.nn.dot_product_attention(implementation="cudnn")` (NVIDIA GPUs).
+- `"pallas"`: our tiled flash-attention kernel (`vit.ops.flash_attention`); on CPU it runs in
+  Pallas interpret mode, which is slow and meant for tests.
+- `"auto"`: Pallas on GPU/TPU when the shape is supported, else cuDNN on GPU, else XLA.
+
+Whatever is asked for, a user is never left without a working path: a backend that does not
+apply to the platform or shape falls back to the next one, and the choice and its reason are
+logged once.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+
+import jax
+import jax.numpy as jnp
+
+IMPLS = ("auto", "pallas", "cudnn", "xla")
+
+log = logging.getLogger(__name__)
+
+
+@functools.cache
+def _log_choice(requested: str, chosen: str, reason: str) -> None:
+    # lru_cache makes this log each distinct decision once per process.
+    log.info("attention impl=%s -> %s (%s)", requested, chosen, reason)
+
+
+def _platform() -> str:
+    return jax.default_backend()
+
+
+def choose_impl(
+    impl: str, q_shape: tuple, k_shape: tuple, dtype, *, has_mask: bool, dropout: bool
+) -> tuple[str, str]:
+    """Returns (backend, reason) for a request; never raises for a valid `impl`."""
+    if impl not in IMPLS:
+        raise ValueError(f"attention impl {impl!r} is not one of {', '.join(IMPLS)}")
+    platform = _platform()
+    if dropout:
+        return "xla", "attention dropout needs the materialised probabilities"
+    if impl == "xla":
+        return "xla", "requested"
+    if impl in ("auto", "pallas"):
+        if has_mask:
+            reason = "the Pallas kernel takes kv_len, not a general mask"
+        elif impl == "auto" and platform not in ("gpu", "tpu"):
+            return "xla", f"auto on {platform}"
+        else:
+            from vit.ops import flash_attention as fa
+
+            ok, reason = fa.flash_attention_supported(q_shape, k_shape, dtype, platform)
+            if ok:
+                return "pallas", reason or (
+                    "interpret mode" if platform not in ("gpu", "tpu") else "supported"
+                )
+        if platform != "gpu":
+            return "xla", reason
+    # cuDNN: requested, or the fallback from Pallas on GPU.
+    if platform == "gpu" and not has_mask and q_shape[-1] <= 128 and q_shape[-1] % 8 == 0:
+        if jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16):
+            return "cudnn", "requested" if impl == "cudnn" else "fallback from pallas"
+        return "xla", "cuDNN flash attention needs bfloat16 or float16"
+    return "xla", f"cuDNN unavailable on {platform} for this shape"
+
+
+def reference_attention(q, k, v, *, mask=None, scale=None, dropout_rate=0.0, dropout_rng=None,
+                        return_probs=False):
+    """Materialising softmax attention: float32 logits and softmax, output in q's dtype.
+
+    `mask` is boolean, broadcastable to `[batch, heads, q_len, kv_len]`, True where a query may
+    attend. With `return_probs` the `[batch, heads, q_len, kv_len]` probabilities come back too.
+    """
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    logits = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32) * scale
+    if mask is not None:
+        logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(logits, axis=-1)
+    kept = probs
+    if dropout_rate > 0.0:
+        keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, probs.shape)
+        kept = jnp.where(keep, probs / (1.0 - dropout_rate), 0.0)
+    out = jnp.einsum("bhqk,bkhd->bqhd", kept.astype(v.dtype), v).astype(q.dtype)
+    return (out, probs) if return_probs else out
+
+
+def dot_product_attention(q, k, v, *, mask=None, impl: str = "auto", scale=None,
+                          dropout_rate: float = 0.0, dropout_rng=None):
+    """Attention over `[batch, seq, heads, head_dim]` arrays through the chosen backend."""
+    dropout = dropout_rate > 0.0 and dropout_rng is not None
+    chosen, reason = choose_impl(
+        impl, q.shape, k.shape, q.dtype, has_mask=mask is not None, dropout=dropout
+    )
+    _log_choice(impl, chosen, reason)
+    if chosen == "pallas":
+        from vit.ops.flash_attention import flash_attention
+
+        return flash_attention(q, k, v, scale=scale)
+    if chosen == "cudnn":
+        return jax.nn.dot_product_attention(q, k, v, scale=scale, implementation="cudnn")
+    return reference_attention(
+        q, k, v, mask=mask, scale=scale,
+        dropout_rate=dropout_rate if dropout else 0.0, dropout_rng=dropout_rng,
+    )
