@@ -1,0 +1,110 @@
+"""Turning an image file or PIL image into the model's input, as a checkpoint's source expects.
+
+Each checkpoint family has its own convention (vit_jax and big_vision: [-1, 1]; Hugging Face:
+its `preprocessor_config.json`; timm: its `pretrained_cfg`). A `Preprocessing` records one, travels
+inside our own checkpoints, and is applied the same way by predict, eval and rollout, so nobody
+guesses. Needs only numpy and PIL.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+from PIL import Image
+
+from vit.errors import DataError
+
+# Larger images are refused (decompression-bomb guard): 16k x 16k pixels.
+MAX_PIXELS = 16_384 * 16_384
+Image.MAX_IMAGE_PIXELS = MAX_PIXELS
+
+RESAMPLE = {"nearest": Image.NEAREST, "bilinear": Image.BILINEAR, "bicubic": Image.BICUBIC,
+            "lanczos": Image.LANCZOS, "box": Image.BOX, "hamming": Image.HAMMING}
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+@dataclasses.dataclass(frozen=True)
+class Preprocessing:
+    """Resize (then optionally centre-crop) to `size`, scale to [0, 1], normalise per channel.
+
+    `crop_pct=None` resizes straight to `size` (Hugging Face, vit_jax); a value resizes the
+    shorter side to `size / crop_pct` and centre-crops (timm's eval transform).
+    """
+
+    size: tuple[int, int] = (224, 224)
+    resample: str = "bilinear"
+    crop_pct: float | None = None
+    mean: tuple[float, ...] = (0.5, 0.5, 0.5)
+    std: tuple[float, ...] = (0.5, 0.5, 0.5)
+
+    def __post_init__(self):
+        object.__setattr__(self, "size", tuple(int(s) for s in self.size))
+        object.__setattr__(self, "mean", tuple(float(m) for m in self.mean))
+        object.__setattr__(self, "std", tuple(float(s) for s in self.std))
+        if self.resample not in RESAMPLE:
+            raise DataError(f"unknown resample {self.resample!r}; use one of {', '.join(RESAMPLE)}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Preprocessing:
+        fields = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in fields})
+
+    def with_size(self, size: int | tuple[int, int]) -> Preprocessing:
+        size = (size, size) if isinstance(size, int) else tuple(size)
+        return dataclasses.replace(self, size=size)
+
+    def __call__(self, image: Image.Image) -> np.ndarray:
+        """PIL image of any mode -> float32 `[h, w, 3]` array."""
+        image = to_rgb(image)
+        h, w = self.size
+        if self.crop_pct is None:
+            image = image.resize((w, h), RESAMPLE[self.resample])
+        else:
+            scale = min(h, w) / self.crop_pct / min(image.size[1], image.size[0])
+            rw, rh = max(w, round(image.size[0] * scale)), max(h, round(image.size[1] * scale))
+            image = image.resize((rw, rh), RESAMPLE[self.resample])
+            left, top = (rw - w) // 2, (rh - h) // 2
+            image = image.crop((left, top, left + w, top + h))
+        x = np.asarray(image, np.float32) / 255.0
+        return (x - np.asarray(self.mean, np.float32)) / np.asarray(self.std, np.float32)
+
+
+# vit_jax and big_vision checkpoints were trained on inputs in [-1, 1].
+INCEPTION = Preprocessing(mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5))
+
+
+def to_rgb(image: Image.Image) -> Image.Image:
+    """Any PIL mode (L, LA, P, RGBA, CMYK, 16-bit I;16, 32-bit I/F) -> 8-bit RGB."""
+    if image.mode == "RGB":
+        return image
+    if image.mode in ("I;16", "I;16B", "I;16L", "I", "F"):
+        a = np.asarray(image, np.float64)
+        hi = 65535.0 if image.mode.startswith("I;16") or a.max() > 255 else 255.0
+        a = np.clip(a / hi * 255.0, 0, 255).astype(np.uint8)
+        return Image.fromarray(a, "L").convert("RGB")
+    if image.mode in ("RGBA", "LA", "PA") or (image.mode == "P" and "transparency" in image.info):
+        rgba = image.convert("RGBA")
+        background = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        return Image.alpha_composite(background, rgba).convert("RGB")
+    return image.convert("RGB")
+
+
+def open_image(path) -> Image.Image:
+    """Opens and fully decodes an image; a bad file raises DataError naming it."""
+    try:
+        with Image.open(path) as im:
+            im.load()
+            return im.copy()
+    except Image.DecompressionBombError:
+        raise DataError(f"{path}: image is larger than {MAX_PIXELS:,} pixels; "
+                        "downscale it first") from None
+    except FileNotFoundError:
+        raise DataError(f"{path}: no such file") from None
+    except (OSError, ValueError, SyntaxError) as err:
+        raise DataError(f"{path}: not a readable image ({err})") from None
