@@ -10,10 +10,12 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$VENV/bin/python" -m pip install -q --upgrade pip
 fi
 STAMP="$VENV/.vit-installed"
-WANT="$(cat "$ROOT/pyproject.toml" | sha256sum | cut -d' ' -f1) ${VIT_EXTRAS}"
+WANT="$(sha256sum < "$ROOT/pyproject.toml" | cut -d' ' -f1) ${VIT_EXTRAS}"
 if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$WANT" ]; then
-  echo "setup: installing vit[${VIT_EXTRAS}] into $VENV (first run takes a few minutes)" >&2
-  "$VENV/bin/python" -m pip install -q -e "$ROOT[${VIT_EXTRAS}]"
+  TARGET="$ROOT"
+  [ -n "${VIT_EXTRAS}" ] && TARGET="$ROOT[${VIT_EXTRAS}]"
+  echo "setup: installing $TARGET into $VENV (first run takes a few minutes)" >&2
+  "$VENV/bin/python" -m pip install -q -e "$TARGET"
   echo "$WANT" > "$STAMP"
 fi
 export PATH="$VENV/bin:$PATH"
