@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# GPU check of the flash-attention kernel, under 8 minutes on one H200:
+#   1. tests/test_flash_attention.py compiled for the GPU (VIT_TEST_COMPILED=1: no interpreter);
+#   2. scripts/bench_attention.py: compiled correctness at ViT shapes, attention TFLOP/s (ours,
+#      cuDNN, XLA, jax's Pallas mha) and a ViT-B/16 training step per attention path.
+# Results go to RESULTS_DIR (default benchmarks/): bench_attention.json, flash_attention_tests.*.
+# Runs with the machine's python3 (PYTHON to override) from the repo root; installs nothing.
+#
+#   scripts/gpu_check.sh [RESULTS_DIR]
+set -uo pipefail
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+RESULTS_DIR="${1:-$ROOT/benchmarks}"
+mkdir -p "$RESULTS_DIR"
+RESULTS_DIR="$(cd "$RESULTS_DIR" && pwd)"
+cd "$ROOT"
+PY="${PYTHON:-python3}"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+status=0
+
+command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total \
+  --format=csv,noheader
+"$PY" -c "import jax; print('jax', jax.__version__, jax.devices())" || exit 1
+
+echo "== 1/2 kernel tests, compiled"
+if "$PY" -c "import pytest" 2>/dev/null; then
+  # Our own flags only (no project addopts or warning filters: pytest-timeout may be missing).
+  # The CPU-only dry-run test is left to CI.
+  VIT_TEST_COMPILED=1 timeout 200 "$PY" -m pytest tests/test_flash_attention.py -q \
+    -o addopts="" -p no:warnings -p no:cacheprovider -m "not slow" -k "not dry_run" \
+    --junitxml="$RESULTS_DIR/flash_attention_tests.xml" 2>&1 \
+    | tee "$RESULTS_DIR/flash_attention_tests.log" | tail -n 25
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+else
+  echo "pytest is not installed: the benchmark's correctness section checks the compiled kernel"
+fi
+
+echo "== 2/2 benchmarks"
+# --budget-s stops new measurements in time; timeout is the hard stop. The JSON is rewritten
+# after each section, so a stop keeps what was measured.
+timeout 270 "$PY" scripts/bench_attention.py --out "$RESULTS_DIR" --budget-s 230 || status=1
+
+echo "== gpu_check: $([ $status -eq 0 ] && echo PASSED || echo FAILED); results in $RESULTS_DIR"
+exit $status

@@ -1,0 +1,90 @@
+"""The attention dispatcher, and the ViT on the Pallas kernel against the XLA path."""
+
+import logging
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+import vit
+from vit.ops import attention
+
+pytestmark = pytest.mark.timeout(600)
+
+
+def test_choices_and_fallbacks_on_cpu():
+    shape = (2, 197, 12, 64)
+    pick = lambda impl, **kw: attention.choose_impl(  # noqa: E731
+        impl, shape, shape, jnp.float32, **{"has_mask": False, "dropout": False, **kw})[0]
+    assert pick("auto") == "xla"  # CPU: auto never picks the interpreter
+    assert pick("pallas") == "pallas"  # explicit: the kernel in interpret mode
+    assert pick("cudnn") == "xla"  # no cuDNN on CPU: fall back, never fail
+    assert pick("pallas", has_mask=True) == "xla"  # the kernel takes kv_len, not masks
+    assert pick("pallas", dropout=True) == "xla"
+    with pytest.raises(ValueError, match="not one of"):
+        pick("flash")
+
+
+def test_choice_is_logged_once(caplog):
+    q = jnp.ones((1, 5, 2, 8))
+    attention._log_choice.cache_clear()
+    with caplog.at_level(logging.INFO, logger="vit.ops.attention"):
+        for _ in range(3):
+            attention.dot_product_attention(q, q, q, impl="cudnn")
+    lines = [r.message for r in caplog.records if "attention impl=cudnn" in r.message]
+    assert len(lines) == 1 and "xla" in lines[0]
+
+
+def test_xla_reference_matches_jax_nn():
+    k1, k2, k3 = jax.random.split(jax.random.key(0), 3)
+    q, k, v = (jax.random.normal(key, (2, 7, 3, 16)) for key in (k1, k2, k3))
+    mask = jnp.tril(jnp.ones((7, 7), bool))[None, None]
+    ours = attention.reference_attention(q, k, v, mask=mask)
+    theirs = jax.nn.dot_product_attention(q, k, v, mask=mask, implementation="xla")
+    np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-6)
+
+
+def _pair(**kw):
+    cfg = dict(width=32, depth=2, mlp_dim=64, num_heads=2, patch_size=4, image_size=(20, 16),
+               num_classes=5, num_registers=1, **kw)
+    xla = vit.create_model("Ti/16", attention_impl="xla", rngs=nnx.Rngs(0), **cfg)
+    pallas = vit.create_model("Ti/16", attention_impl="pallas", rngs=nnx.Rngs(0), **cfg)
+    head = jax.random.normal(jax.random.key(1), xla.head.kernel.shape) * 0.3
+    xla.head.kernel[...] = head
+    pallas.head.kernel[...] = head
+    return xla, pallas
+
+
+def test_vit_forward_on_pallas_equals_xla():
+    xla, pallas = _pair()  # 1 + 1 + 20 = 22 tokens: ragged against every block size
+    x = jax.random.normal(jax.random.key(2), (2, 20, 16, 3))
+    fwd = nnx.jit(lambda m, x: m(x))
+    np.testing.assert_allclose(fwd(pallas, x), fwd(xla, x), atol=1e-4, rtol=1e-4)
+
+
+def test_one_training_step_on_pallas_equals_xla():
+    xla, pallas = _pair()
+    x = jax.random.normal(jax.random.key(3), (2, 20, 16, 3))
+    y = jnp.array([0, 3])
+
+    @nnx.jit
+    def step(model, opt):
+        def loss_fn(m):
+            return optax.softmax_cross_entropy_with_integer_labels(m(x), y).mean()
+
+        loss, grads = nnx.value_and_grad(loss_fn)(model)
+        opt.update(model, grads)
+        return loss
+
+    losses, params = [], []
+    for model in (xla, pallas):
+        # SGD: Adam's first step is sign(g), which turns rounding noise near zero into +-lr.
+        opt = nnx.Optimizer(model, optax.sgd(0.5), wrt=nnx.Param)
+        losses.append(step(model, opt))
+        params.append(nnx.state(model, nnx.Param))
+    np.testing.assert_allclose(losses[1], losses[0], rtol=1e-5)
+    for a, b in zip(jax.tree.leaves(params[0]), jax.tree.leaves(params[1]), strict=True):
+        np.testing.assert_allclose(b, a, atol=1e-4, rtol=1e-4)
