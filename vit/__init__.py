@@ -17,6 +17,8 @@ _LAZY = {
     "VARIANTS": "vit.models.config",
     "dot_product_attention": "vit.ops.attention",
     "model_info": "vit.models.info",
+    "load_pretrained": "vit.predict",
+    "load_checkpoint": "vit.checkpoints",
 }
 
 __all__ = sorted(_LAZY)

@@ -1,0 +1,328 @@
+"""Hugging Face ViT folders (`config.json` + `model.safetensors` [+ `preprocessor_config.json`]).
+
+Keys as `save_pretrained` writes them (transformers 5 renames modules in memory, not on disk):
+`ViTForImageClassification` has `vit.` before the encoder and a `classifier`; `ViTModel` has no
+prefix and an optional `pooler` (Dense + tanh on the class token: our `pre_logits`). Linear
+weights are `(out, in)`; the patch projection is an OIHW convolution. `layer_norm_eps` (1e-12 by
+default) and `hidden_act` come from `config.json`; heads cannot be read from the shapes.
+
+Also the safetensors reading shared with timm: parsed here so that bfloat16 and float16 files
+load as float32 through numpy alone (no torch, no pickle).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+
+from vit.checkpoints import LoadedCheckpoint, zero_head_warning
+from vit.checkpoints.labels import default_labels
+from vit.errors import CheckpointError
+from vit.models.config import ViTConfig
+from vit.preprocess import Preprocessing
+
+# hidden_act -> our gelu
+ACTS = {"gelu": "exact", "gelu_python": "exact", "gelu_pytorch_tanh": "tanh", "gelu_new": "tanh",
+        "gelu_fast": "tanh"}
+# PIL's resampling enum, as preprocessor_config.json stores it.
+PIL_RESAMPLE = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic", 4: "box", 5: "hamming"}
+_DTYPES = {"F32": np.float32, "F16": np.float16, "F64": np.float64, "I64": np.int64,
+           "I32": np.int32, "U8": np.uint8, "BOOL": np.bool_}
+
+
+# -- safetensors --------------------------------------------------------------------------------
+def _read(path: Path, with_data: bool) -> tuple[dict, np.ndarray | None]:
+    try:
+        with open(path, "rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            header = json.loads(f.read(n))
+            data = np.frombuffer(f.read(), np.uint8) if with_data else None
+    except (OSError, ValueError) as err:
+        raise CheckpointError(f"{path}: not a readable safetensors file ({err})") from None
+    header.pop("__metadata__", None)
+    return header, data
+
+
+def read_safetensors_header(path: Path) -> dict:
+    """{name: {dtype, shape, data_offsets}} without reading the tensors."""
+    return _read(path, with_data=False)[0]
+
+
+def read_safetensors(path: Path) -> dict[str, np.ndarray]:
+    """All tensors of one file, floats as float32 (a header of JSON, then raw little-endian)."""
+    header, data = _read(path, with_data=True)
+    out = {}
+    for name, info in header.items():
+        start, end = info["data_offsets"]
+        raw = data[start:end]
+        if info["dtype"] == "BF16":  # the high half of a float32
+            value = (raw.view("<u2").astype(np.uint32) << 16).view(np.float32)
+        elif info["dtype"] in _DTYPES:
+            value = raw.view(np.dtype(_DTYPES[info["dtype"]]).newbyteorder("<"))
+        else:
+            raise CheckpointError(f"{path}: tensor {name} has unsupported dtype {info['dtype']}")
+        value = value.reshape(info["shape"])
+        out[name] = value.astype(np.float32) if value.dtype.kind == "f" else value
+    return out
+
+
+def read_safetensors_folder(folder: Path) -> dict[str, np.ndarray]:
+    """`model.safetensors`, or every shard that `model.safetensors.index.json` names."""
+    index = folder / "model.safetensors.index.json"
+    if index.exists():
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        out = {}
+        for shard in shards:
+            out.update(read_safetensors(folder / shard))
+        return out
+    return read_safetensors(folder / "model.safetensors")
+
+
+def write_safetensors(tensors: dict[str, np.ndarray], path: Path) -> None:
+    from safetensors.numpy import save_file
+
+    tensors = {k: np.ascontiguousarray(v, np.float32) for k, v in tensors.items()}
+    save_file(tensors, str(path), metadata={"format": "pt"})  # transformers checks "format"
+
+
+# -- reading ----------------------------------------------------------------------------------
+def is_hf_keys(keys) -> bool:
+    return any(k.startswith(("vit.embeddings.", "embeddings.patch_embeddings")) for k in keys)
+
+
+def _linear(w: np.ndarray, b: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    out = {"kernel": np.ascontiguousarray(w.T)}
+    if b is not None:
+        out["bias"] = b
+    return out
+
+
+def _norm(get, name: str) -> dict[str, np.ndarray]:
+    return {"scale": get(f"{name}.weight"), "bias": get(f"{name}.bias")}
+
+
+def read(folder: Path) -> LoadedCheckpoint:
+    folder = Path(folder)
+    config_file = folder / "config.json"
+    if not config_file.exists():
+        raise CheckpointError(f"{folder}: no config.json beside the weights; a Hugging Face ViT "
+                              "needs it (num_attention_heads, layer_norm_eps, hidden_act)")
+    hc = json.loads(config_file.read_text())
+    if hc.get("model_type", "vit") != "vit":
+        raise CheckpointError(f"{config_file}: model_type {hc.get('model_type')!r} is not a "
+                              "ViT; only model_type 'vit' folders are read")
+    arrays = read_safetensors_folder(folder)
+    prefix = "vit." if "vit.embeddings.cls_token" in arrays else ""
+    missing = []
+
+    def get(key):
+        if prefix + key not in arrays and key not in arrays:
+            missing.append(prefix + key)
+            return np.zeros((0,), np.float32)
+        return arrays.get(prefix + key, arrays.get(key))
+
+    act = hc.get("hidden_act", "gelu")
+    if act not in ACTS:
+        raise CheckpointError(f"{config_file}: hidden_act {act!r} is not supported; "
+                              f"supported: {', '.join(ACTS)}")
+    depth, heads = int(hc.get("num_hidden_layers", 12)), int(hc.get("num_attention_heads", 12))
+    qkv_bias = bool(hc.get("qkv_bias", True))
+    proj = get("embeddings.patch_embeddings.projection.weight")  # (D, C, ph, pw)
+    params = {"patch_kernel": np.ascontiguousarray(proj.transpose(2, 3, 1, 0)),
+              "patch_bias": get("embeddings.patch_embeddings.projection.bias"),
+              "cls_token": get("embeddings.cls_token"),
+              "pos_embed": get("embeddings.position_embeddings")}
+    blocks = {}
+    for i in range(depth):
+        layer = f"encoder.layer.{i}"
+        sa = f"{layer}.attention.attention"
+        qkv_w = np.concatenate([get(f"{sa}.{n}.weight") for n in ("query", "key", "value")])
+        qkv = _linear(qkv_w, np.concatenate([get(f"{sa}.{n}.bias") for n in ("query", "key",
+                                                                             "value")])
+                      if qkv_bias else None)
+        blocks[i] = {
+            "norm1": _norm(get, f"{layer}.layernorm_before"),
+            "attn": {"qkv": qkv, "proj": _linear(get(f"{layer}.attention.output.dense.weight"),
+                                                 get(f"{layer}.attention.output.dense.bias"))},
+            "norm2": _norm(get, f"{layer}.layernorm_after"),
+            "mlp": {"fc1": _linear(get(f"{layer}.intermediate.dense.weight"),
+                                   get(f"{layer}.intermediate.dense.bias")),
+                    "fc2": _linear(get(f"{layer}.output.dense.weight"),
+                                   get(f"{layer}.output.dense.bias"))},
+        }
+    params["blocks"] = blocks
+    params["norm"] = _norm(get, "layernorm")
+    representation, num_classes = None, 0
+    if "pooler.dense.weight" in arrays and "classifier.weight" not in arrays:
+        if hc.get("pooler_act", "tanh") != "tanh":
+            raise CheckpointError(f"{config_file}: pooler_act {hc['pooler_act']!r} is not "
+                                  "supported (only tanh)")
+        params["pre_logits"] = _linear(arrays["pooler.dense.weight"], arrays["pooler.dense.bias"])
+        representation = params["pre_logits"]["kernel"].shape[1]
+    if "classifier.weight" in arrays:
+        params["head"] = _linear(arrays["classifier.weight"], arrays["classifier.bias"])
+        num_classes = params["head"]["kernel"].shape[1]
+    if missing:
+        more = f" and {len(missing) - 6} more" if len(missing) > 6 else ""
+        raise CheckpointError(f"{folder}: unknown Hugging Face ViT layout: expected keys missing: "
+                              f"{', '.join(missing[:6])}{more}")
+
+    d, ph, pw = proj.shape[0], proj.shape[2], proj.shape[3]
+    image = hc.get("image_size", 224)
+    image = (image, image) if isinstance(image, int) else tuple(image)
+    config = ViTConfig(
+        width=d, depth=depth, mlp_dim=blocks[0]["mlp"]["fc1"]["kernel"].shape[1],
+        num_heads=heads, patch_size=(ph, pw), image_size=image, in_channels=proj.shape[1],
+        num_classes=num_classes, representation_size=representation, qkv_bias=qkv_bias,
+        layer_norm_eps=float(hc.get("layer_norm_eps", 1e-12)), gelu=ACTS[act])
+    warning = zero_head_warning(params)
+    return LoadedCheckpoint(
+        config=config, params=params, preprocessing=_preprocessing(folder, image),
+        labels=_labels(hc, num_classes), source=f"{folder} (Hugging Face ViT)",
+        warnings=[warning] if warning else [], family="hf")
+
+
+def _labels(hc: dict, num_classes: int) -> list[str] | None:
+    id2label = hc.get("id2label") or {}
+    names = [id2label.get(str(i), id2label.get(i)) for i in range(num_classes)]
+    if not num_classes or any(n is None for n in names):
+        return default_labels(num_classes)
+    if all(re.fullmatch(r"LABEL_\d+", n) for n in names):  # transformers' placeholders
+        return default_labels(num_classes)
+    return names
+
+
+def _preprocessing(folder: Path, image: tuple[int, int]) -> Preprocessing:
+    """`preprocessor_config.json` (ViTImageProcessor), else its defaults at the model's size."""
+    file = folder / "preprocessor_config.json"
+    if not file.exists():
+        return Preprocessing(size=image)
+    pc = json.loads(file.read_text())
+    size = pc.get("size", {})
+    if isinstance(size, int):
+        size = {"shortest_edge": size}
+    crop = pc.get("crop_size") if pc.get("do_center_crop") else None
+    if crop:
+        crop = (crop["height"], crop["width"]) if isinstance(crop, dict) else (crop, crop)
+    if "height" in size:
+        target, crop_pct = (size["height"], size["width"]), None
+        if crop:
+            target, crop_pct = crop, crop[0] / size["height"]
+    elif "shortest_edge" in size:
+        target = crop or (size["shortest_edge"],) * 2
+        crop_pct = target[0] / size["shortest_edge"] if crop else None
+    else:
+        target, crop_pct = image, None
+    mean = pc.get("image_mean", [0.5] * 3) if pc.get("do_normalize", True) else [0.0] * 3
+    std = pc.get("image_std", [0.5] * 3) if pc.get("do_normalize", True) else [1.0] * 3
+    scale = pc.get("rescale_factor", 1 / 255) * 255 if pc.get("do_rescale", True) else 255.0
+    # x * rescale_factor = (x / 255) * scale: fold the scale into mean and std.
+    mean, std = [m / scale for m in mean], [s / scale for s in std]
+    resample = PIL_RESAMPLE.get(pc.get("resample", 2), "bilinear")
+    return Preprocessing(size=tuple(target), resample=resample, crop_pct=crop_pct, mean=mean,
+                         std=std)
+
+
+# -- writing ----------------------------------------------------------------------------------
+def unrepresentable(cfg: ViTConfig) -> list[str]:
+    """What a Hugging Face ViT folder cannot hold."""
+    problems = []
+    if cfg.classifier != "token":
+        problems.append(f"a '{cfg.classifier}' head")
+    if cfg.num_registers:
+        problems.append(f"{cfg.num_registers} register tokens")
+    if cfg.layer_scale is not None:
+        problems.append("layer scale")
+    if cfg.qk_norm:
+        problems.append("qk-norm")
+    if cfg.posemb != "learn":
+        problems.append(f"{cfg.posemb} position embeddings")
+    if cfg.representation_size and cfg.num_classes:
+        problems.append("a pre-logits layer before a classifier")
+    if cfg.patch_size[0] != cfg.patch_size[1]:
+        problems.append(f"non-square patches {cfg.patch_size}")
+    return problems
+
+
+def write(loaded: LoadedCheckpoint, dst) -> list[str]:
+    cfg, p = loaded.config, loaded.params
+    problems = unrepresentable(cfg)
+    if problems:
+        raise CheckpointError(f"a Hugging Face ViT folder cannot hold {', '.join(problems)}; "
+                              "use --format timm or orbax instead")
+    classify = cfg.num_classes > 0
+    prefix = "vit." if classify else ""
+    out = {}
+
+    def put_linear(name, dense):
+        out[f"{prefix}{name}.weight"] = np.asarray(dense["kernel"]).T
+        if "bias" in dense:
+            out[f"{prefix}{name}.bias"] = dense["bias"]
+
+    def put_norm(name, norm):
+        out[f"{prefix}{name}.weight"], out[f"{prefix}{name}.bias"] = norm["scale"], norm["bias"]
+
+    out[f"{prefix}embeddings.cls_token"] = p["cls_token"]
+    out[f"{prefix}embeddings.position_embeddings"] = p["pos_embed"]
+    out[f"{prefix}embeddings.patch_embeddings.projection.weight"] = (
+        np.asarray(p["patch_kernel"]).transpose(3, 2, 0, 1))
+    out[f"{prefix}embeddings.patch_embeddings.projection.bias"] = p["patch_bias"]
+    for i in range(cfg.depth):
+        b, layer = p["blocks"][i], f"encoder.layer.{i}"
+        qkv = b["attn"]["qkv"]
+        for name, w in zip(("query", "key", "value"), np.split(np.asarray(qkv["kernel"]), 3, 1),
+                           strict=True):
+            out[f"{prefix}{layer}.attention.attention.{name}.weight"] = w.T
+        if cfg.qkv_bias:
+            for name, bias in zip(("query", "key", "value"), np.split(np.asarray(qkv["bias"]), 3),
+                                  strict=True):
+                out[f"{prefix}{layer}.attention.attention.{name}.bias"] = bias
+        put_linear(f"{layer}.attention.output.dense", b["attn"]["proj"])
+        put_linear(f"{layer}.intermediate.dense", b["mlp"]["fc1"])
+        put_linear(f"{layer}.output.dense", b["mlp"]["fc2"])
+        put_norm(f"{layer}.layernorm_before", b["norm1"])
+        put_norm(f"{layer}.layernorm_after", b["norm2"])
+    put_norm("layernorm", p["norm"])
+    if classify:
+        out["classifier.weight"], out["classifier.bias"] = np.asarray(p["head"]["kernel"]).T, \
+            p["head"]["bias"]
+    elif cfg.representation_size:
+        out["pooler.dense.weight"] = np.asarray(p["pre_logits"]["kernel"]).T
+        out["pooler.dense.bias"] = p["pre_logits"]["bias"]
+
+    dst = Path(dst)
+    dst.mkdir(parents=True, exist_ok=True)
+    write_safetensors(out, dst / "model.safetensors")
+    labels = loaded.labels or [f"LABEL_{i}" for i in range(cfg.num_classes)]
+    hc = {
+        "architectures": ["ViTForImageClassification" if classify else "ViTModel"],
+        "model_type": "vit", "hidden_size": cfg.width, "num_hidden_layers": cfg.depth,
+        "num_attention_heads": cfg.num_heads, "intermediate_size": cfg.mlp_dim,
+        "hidden_act": "gelu" if cfg.gelu == "exact" else "gelu_pytorch_tanh",
+        "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0,
+        "layer_norm_eps": cfg.layer_norm_eps, "image_size": cfg.image_size[0]
+        if cfg.image_size[0] == cfg.image_size[1] else list(cfg.image_size),
+        "patch_size": cfg.patch_size[0], "num_channels": cfg.in_channels,
+        "qkv_bias": cfg.qkv_bias, "pooler_output_size": cfg.representation_size or cfg.width,
+        "pooler_act": "tanh", "initializer_range": 0.02, "encoder_stride": cfg.patch_size[0],
+    }
+    if classify:
+        hc["id2label"] = {str(i): name for i, name in enumerate(labels)}
+        hc["label2id"] = {name: i for i, name in enumerate(labels)}
+    (dst / "config.json").write_text(json.dumps(hc, indent=2) + "\n")
+    (dst / "preprocessor_config.json").write_text(
+        json.dumps(_preprocessor_config(loaded.preprocessing), indent=2) + "\n")
+    if loaded.preprocessing.crop_pct is not None:
+        return ["preprocessing crop_pct is not kept: ViTImageProcessor resizes without a crop"]
+    return []
+
+
+def _preprocessor_config(pre: Preprocessing) -> dict:
+    pil = {name: code for code, name in PIL_RESAMPLE.items()}
+    return {"image_processor_type": "ViTImageProcessor", "do_resize": True,
+            "size": {"height": pre.size[0], "width": pre.size[1]},
+            "resample": pil[pre.resample], "do_rescale": True, "rescale_factor": 1 / 255,
+            "do_normalize": True, "image_mean": list(pre.mean), "image_std": list(pre.std)}

@@ -1,0 +1,282 @@
+"""Google's `.npz` checkpoints: vit_jax (google-research/vision_transformer) and big_vision.
+
+Both are flat `np.savez` archives of a Flax Linen tree, keys joined by "/". They differ in module
+numbering (vit_jax: `LayerNorm_0, MultiHeadDotProductAttention_1, LayerNorm_2, MlpBlock_3`;
+big_vision: `LayerNorm_0, MultiHeadDotProductAttention_0, LayerNorm_1, MlpBlock_0`), in the
+position embedding (vit_jax: `Transformer/posembed_input/pos_embedding` with the class row;
+big_vision: top-level `pos_embedding`, patches only, the class token gets none), in the prefix
+(`opt/target/`; `params/` or `params/img/`) and big_vision may stack the blocks on a leading axis
+(`Transformer/encoderblock/...`, from `nn.scan`). Both were trained with Flax's default tanh GELU
+and LayerNorm epsilon 1e-6, and feed inputs scaled to [-1, 1].
+"""
+
+from __future__ import annotations
+
+import math
+import zipfile
+from pathlib import Path
+
+import numpy as np
+
+from vit.checkpoints import LoadedCheckpoint, zero_head_warning
+from vit.checkpoints.labels import default_labels
+from vit.errors import CheckpointError
+from vit.models.config import ViTConfig
+from vit.preprocess import INCEPTION
+
+PREFIXES = ("opt/target/", "params/img/", "params/", "")
+NAMES = {  # layout -> (attention, first norm, second norm, mlp) module names inside a block
+    "vit_jax": ("MultiHeadDotProductAttention_1", "LayerNorm_0", "LayerNorm_2", "MlpBlock_3"),
+    "big_vision": ("MultiHeadDotProductAttention_0", "LayerNorm_0", "LayerNorm_1", "MlpBlock_0"),
+}
+VIT_JAX_POSEMB = "Transformer/posembed_input/pos_embedding"
+
+
+def read_arrays(path: Path) -> dict[str, np.ndarray]:
+    try:
+        with np.load(path, allow_pickle=False) as archive:
+            return {k: archive[k] for k in archive.files}
+    except (zipfile.BadZipFile, OSError, ValueError) as err:
+        raise CheckpointError(f"{path}: not a readable .npz archive ({err})") from None
+
+
+class _Keys:
+    """Reads arrays under a prefix and collects every expected key that is missing."""
+
+    def __init__(self, arrays: dict[str, np.ndarray], prefix: str, where: str):
+        self.arrays, self.prefix, self.where, self.missing = arrays, prefix, where, []
+
+    def has(self, key: str) -> bool:
+        return self.prefix + key in self.arrays
+
+    def __call__(self, key: str) -> np.ndarray:
+        value = self.arrays.get(self.prefix + key)
+        if value is None:
+            self.missing.append(self.prefix + key)
+            return np.zeros((0,), np.float32)
+        return np.asarray(value, np.float32)
+
+    def check(self, layout: str) -> None:
+        if self.missing:
+            more = f" and {len(self.missing) - 6} more" if len(self.missing) > 6 else ""
+            raise CheckpointError(f"{self.where}: unknown {layout} npz layout: expected keys "
+                                  f"missing: {', '.join(self.missing[:6])}{more}")
+
+
+def _find_prefix(arrays: dict[str, np.ndarray], where: str) -> str:
+    for prefix in PREFIXES:
+        if prefix + "embedding/kernel" in arrays:
+            return prefix
+    found = ", ".join(sorted(arrays)[:5])
+    raise CheckpointError(f"{where}: unknown npz layout: expected 'embedding/kernel' (vit_jax) or "
+                          f"'params/embedding/kernel' (big_vision) and found none; keys start "
+                          f"with: {found}")
+
+
+def _layout(keys: _Keys) -> str:
+    if keys.prefix.startswith("params") or keys.has("pos_embedding"):
+        return "big_vision"
+    if keys.has("Transformer/encoderblock/LayerNorm_0/scale") or keys.has(
+            "Transformer/encoderblock_0/MultiHeadDotProductAttention_0/query/kernel"):
+        return "big_vision"
+    return "vit_jax"
+
+
+def _depth(keys: _Keys) -> tuple[int, bool]:
+    """(number of blocks, whether they are stacked on a leading axis)."""
+    stacked = keys.prefix + "Transformer/encoderblock/"
+    if any(k.startswith(stacked) for k in keys.arrays):
+        return keys("Transformer/encoderblock/LayerNorm_0/scale").shape[0], True
+    depth = 0
+    while keys.has(f"Transformer/encoderblock_{depth}/LayerNorm_0/scale"):
+        depth += 1
+    return depth, False
+
+
+def _attention(get, root: str, d: int, bias: bool = True) -> dict[str, np.ndarray]:
+    """Linen MultiHeadDotProductAttention ((D, heads, head_dim) kernels) -> (D, D) matrices."""
+    out = {"out": get(f"{root}/out/kernel").reshape(-1, d), "outb": get(f"{root}/out/bias")}
+    for name in ("query", "key", "value"):
+        out[name[0]] = get(f"{root}/{name}/kernel").reshape(d, -1)
+        if bias:
+            out[name[0] + "b"] = get(f"{root}/{name}/bias").reshape(-1)
+    return out
+
+
+def _dense(get, root: str) -> dict[str, np.ndarray]:
+    return {"kernel": get(f"{root}/kernel"), "bias": get(f"{root}/bias")}
+
+
+def _norm(get, root: str) -> dict[str, np.ndarray]:
+    return {"scale": get(f"{root}/scale"), "bias": get(f"{root}/bias")}
+
+
+def read(path: Path) -> LoadedCheckpoint:
+    path = Path(path)
+    arrays = read_arrays(path)
+    keys = _Keys(arrays, _find_prefix(arrays, str(path)), str(path))
+    layout = _layout(keys)
+    attn_name, norm1, norm2, mlp_name = NAMES[layout]
+    depth, stacked = _depth(keys)
+    patch_kernel = keys("embedding/kernel")
+    ph, pw, channels, d = patch_kernel.shape
+    params = {"patch_kernel": patch_kernel, "patch_bias": keys("embedding/bias")}
+    class_token = keys.has("cls")
+    if class_token:
+        params["cls_token"] = keys("cls")
+
+    blocks, heads, mlp_dim, qkv_bias = {}, None, None, True
+    for i in range(depth):
+        root = "Transformer/encoderblock" + ("" if stacked else f"_{i}")
+
+        def get(key, root=root, i=i):
+            value = keys(f"{root}/{key}")
+            return value[i] if stacked and value.size else value
+
+        if not keys.has(f"{root}/{attn_name}/query/kernel"):
+            keys(f"{root}/{attn_name}/query/kernel")  # records the expected key
+            break
+        heads = heads or keys(f"{root}/{attn_name}/query/kernel").shape[-2]
+        qkv_bias = keys.has(f"{root}/{attn_name}/query/bias")
+        a = _attention(get, attn_name, d, qkv_bias)
+        mlp = {"fc1": _dense(get, f"{mlp_name}/Dense_0"), "fc2": _dense(get, f"{mlp_name}/Dense_1")}
+        mlp_dim = mlp["fc1"]["kernel"].shape[-1]
+        attn = {"qkv": {"kernel": np.concatenate([a["q"], a["k"], a["v"]], axis=1)},
+                "proj": {"kernel": a["out"], "bias": a["outb"]}}
+        if qkv_bias:
+            attn["qkv"]["bias"] = np.concatenate([a["qb"], a["kb"], a["vb"]])
+        blocks[i] = {"norm1": _norm(get, norm1), "attn": attn, "norm2": _norm(get, norm2),
+                     "mlp": mlp}
+    params["blocks"] = blocks
+    params["norm"] = _norm(keys, "Transformer/encoder_norm")
+    keys.check(layout)
+    if not depth:
+        raise CheckpointError(f"{path}: no encoder blocks found (expected "
+                              f"'{keys.prefix}Transformer/encoderblock_0/...')")
+
+    posemb_key = VIT_JAX_POSEMB if layout == "vit_jax" else "pos_embedding"
+    posemb, warnings = "learn", []
+    if keys.has(posemb_key):
+        pe = keys(posemb_key)
+        n_class_rows = int(class_token) if layout == "vit_jax" else 0
+        grid = _square_grid(pe.shape[1] - n_class_rows, str(path))
+        if class_token and not n_class_rows:  # big_vision: the class token gets no position
+            pe = np.concatenate([np.zeros((1, 1, d), np.float32), pe], axis=1)
+        params["pos_embed"] = pe
+    else:
+        posemb, grid = "sincos2d", (224 // ph, 224 // pw)
+        warnings.append("no position embedding in the file (sin-cos): image size 224 assumed; "
+                        "pass image_size to change it")
+
+    classifier = "token" if class_token else "gap"
+    if keys.has("MAPHead_0/probe"):
+        classifier = "map"
+        params["map_head"] = _map_head(keys, d)
+        if params["map_head"]["mlp"]["fc1"]["kernel"].shape[1] != mlp_dim:
+            raise CheckpointError(f"{path}: MAPHead MLP width differs from the blocks' "
+                                  "(not supported)")
+    representation = None
+    if keys.has("pre_logits/kernel"):
+        params["pre_logits"] = _dense(keys, "pre_logits")
+        representation = params["pre_logits"]["kernel"].shape[1]
+    num_classes = 0
+    if keys.has("head/kernel"):
+        params["head"] = _dense(keys, "head")
+        num_classes = params["head"]["kernel"].shape[1]
+    keys.check(layout)
+
+    config = ViTConfig(
+        width=d, depth=depth, mlp_dim=mlp_dim, num_heads=heads, patch_size=(ph, pw),
+        image_size=(grid[0] * ph, grid[1] * pw), in_channels=channels, num_classes=num_classes,
+        class_token=class_token, classifier=classifier, representation_size=representation,
+        posemb=posemb, qkv_bias=qkv_bias, layer_norm_eps=1e-6, gelu="tanh")
+    warning = zero_head_warning(params)
+    return LoadedCheckpoint(
+        config=config, params=params, preprocessing=INCEPTION.with_size(config.image_size),
+        labels=default_labels(num_classes), source=f"{path} ({layout} npz)",
+        warnings=warnings + ([warning] if warning else []), family=layout)
+
+
+def _map_head(keys: _Keys, d: int) -> dict:
+    a = _attention(keys, "MAPHead_0/MultiHeadDotProductAttention_0", d)
+    return {
+        "probe": keys("MAPHead_0/probe"),
+        "q": {"kernel": a["q"], "bias": a["qb"]},
+        "kv": {"kernel": np.concatenate([a["k"], a["v"]], axis=1),
+               "bias": np.concatenate([a["kb"], a["vb"]])},
+        "proj": {"kernel": a["out"], "bias": a["outb"]},
+        "norm": _norm(keys, "MAPHead_0/LayerNorm_0"),
+        "mlp": {"fc1": _dense(keys, "MAPHead_0/MlpBlock_0/Dense_0"),
+                "fc2": _dense(keys, "MAPHead_0/MlpBlock_0/Dense_1")},
+    }
+
+
+def _square_grid(n: int, where: str) -> tuple[int, int]:
+    side = math.isqrt(n)
+    if side * side != n:
+        raise CheckpointError(f"{where}: position embedding has {n} patch rows, not a square "
+                              "grid; cannot infer the image size")
+    return side, side
+
+
+# -- writing (vit_jax layout) -----------------------------------------------------------------
+def unrepresentable(cfg: ViTConfig) -> list[str]:
+    """What a vit_jax-layout npz cannot hold."""
+    problems = []
+    if cfg.classifier == "map":
+        problems.append("a 'map' head")
+    if cfg.num_registers:
+        problems.append(f"{cfg.num_registers} register tokens")
+    if cfg.layer_scale is not None:
+        problems.append("layer scale")
+    if cfg.qk_norm:
+        problems.append("qk-norm")
+    return problems
+
+
+def write(loaded: LoadedCheckpoint, dst) -> list[str]:
+    """Writes the vit_jax layout (`Transformer/encoderblock_{i}/...`, class row included)."""
+    cfg, p = loaded.config, loaded.params
+    problems = unrepresentable(cfg)
+    if problems:
+        raise CheckpointError(f"a vit_jax npz cannot hold {', '.join(problems)}; "
+                              "use --format timm or orbax instead")
+    d, h, hd = cfg.width, cfg.num_heads, cfg.head_dim
+    out = {"embedding/kernel": p["patch_kernel"], "embedding/bias": p["patch_bias"]}
+    if cfg.class_token:
+        out["cls"] = p["cls_token"]
+    if "pos_embed" in p:
+        out[VIT_JAX_POSEMB] = p["pos_embed"]
+    for i in range(cfg.depth):
+        b, root = p["blocks"][i], f"Transformer/encoderblock_{i}"
+        attn = f"{root}/{NAMES['vit_jax'][0]}"
+        kernels = np.split(np.asarray(b["attn"]["qkv"]["kernel"]), 3, axis=1)
+        for name, kernel in zip(("query", "key", "value"), kernels, strict=True):
+            out[f"{attn}/{name}/kernel"] = kernel.reshape(d, h, hd)
+        if cfg.qkv_bias:
+            biases = np.split(np.asarray(b["attn"]["qkv"]["bias"]), 3)
+            for name, bias in zip(("query", "key", "value"), biases, strict=True):
+                out[f"{attn}/{name}/bias"] = bias.reshape(h, hd)
+        out[f"{attn}/out/kernel"] = np.asarray(b["attn"]["proj"]["kernel"]).reshape(h, hd, d)
+        out[f"{attn}/out/bias"] = b["attn"]["proj"]["bias"]
+        for ours, theirs in (("norm1", "LayerNorm_0"), ("norm2", "LayerNorm_2")):
+            out[f"{root}/{theirs}/scale"] = b[ours]["scale"]
+            out[f"{root}/{theirs}/bias"] = b[ours]["bias"]
+        for ours, theirs in (("fc1", "Dense_0"), ("fc2", "Dense_1")):
+            out[f"{root}/MlpBlock_3/{theirs}/kernel"] = b["mlp"][ours]["kernel"]
+            out[f"{root}/MlpBlock_3/{theirs}/bias"] = b["mlp"][ours]["bias"]
+    out["Transformer/encoder_norm/scale"] = p["norm"]["scale"]
+    out["Transformer/encoder_norm/bias"] = p["norm"]["bias"]
+    for name in ("pre_logits", "head"):
+        if name in p:
+            out[f"{name}/kernel"], out[f"{name}/bias"] = p[name]["kernel"], p[name]["bias"]
+    dst = Path(dst)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    with open(dst, "wb") as f:  # a file object keeps numpy from appending ".npz"
+        np.savez(f, **{k: np.asarray(v, np.float32) for k, v in out.items()})
+    warnings = []
+    if cfg.gelu != "tanh" or cfg.layer_norm_eps != 1e-6:
+        warnings.append(f"vit_jax npz files imply tanh GELU and LayerNorm eps 1e-6; this model "
+                        f"uses {cfg.gelu} GELU and eps {cfg.layer_norm_eps:g}, so its outputs "
+                        "will differ slightly when the npz is loaded back")
+    return warnings

@@ -1,0 +1,123 @@
+"""Our own orbax checkpoints: exports and training workdirs (layout in `layout.py`).
+
+Reading needs no training code: a step directory or an export holds the `params` item (a pure
+dict) and the `meta` item (JSON: model config, preprocessing, labels), so predict never guesses.
+Parameters are restored as host numpy arrays, whatever sharding they were saved with.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from vit.checkpoints import LoadedCheckpoint, flatten, layout, nest, zero_head_warning
+from vit.errors import CheckpointError
+from vit.models.config import FIELDS, ViTConfig
+from vit.preprocess import Preprocessing
+
+
+def is_orbax_dir(path: Path) -> bool:
+    return (path / layout.PARAMS).is_dir() and (path / layout.META).is_dir()
+
+
+def is_workdir(path: Path) -> bool:
+    return (path / layout.CHECKPOINTS_DIR).is_dir()
+
+
+def _steps(checkpoints: Path) -> list[int]:
+    """Finished steps: plain integer names (orbax writes `<step>.orbax-checkpoint-tmp-*` first)
+    holding both items."""
+    return sorted(int(p.name) for p in checkpoints.iterdir()
+                  if p.name.isdigit() and is_orbax_dir(p))
+
+
+def find_workdir_checkpoint(workdir) -> tuple[Path, str]:
+    """(step directory, which one and why): the best checkpoint when kept, else the latest."""
+    checkpoints = Path(workdir) / layout.CHECKPOINTS_DIR
+    steps = _steps(checkpoints) if checkpoints.is_dir() else []
+    if not steps:
+        raise CheckpointError(f"{workdir}: no finished checkpoint under {checkpoints}; train "
+                              "longer or point --checkpoint at a checkpoint directory")
+    best_file = checkpoints / layout.BEST_FILE
+    if best_file.exists():
+        try:
+            best = int(json.loads(best_file.read_text())["step"])
+        except (ValueError, KeyError, TypeError):
+            raise CheckpointError(f"{best_file}: not a valid best-checkpoint record "
+                                  '(expected {"step": N, ...})') from None
+        if best in steps:
+            return checkpoints / str(best), f"best checkpoint, step {best}"
+        return (checkpoints / str(steps[-1]),
+                f"latest checkpoint, step {steps[-1]} (best step {best} is gone)")
+    return checkpoints / str(steps[-1]), f"latest checkpoint, step {steps[-1]}"
+
+
+def _restore_params(directory: Path) -> dict:
+    import jax
+    import orbax.checkpoint as ocp
+
+    checkpointer = ocp.PyTreeCheckpointer()
+    tree = checkpointer.metadata(directory).item_metadata.tree
+    as_numpy = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), tree)
+    params = checkpointer.restore(directory, args=ocp.args.PyTreeRestore(restore_args=as_numpy))
+    return nest({k: np.asarray(v) for k, v in flatten(params).items()})  # "0" -> 0
+
+
+def _restore_meta(directory: Path) -> dict:
+    import orbax.checkpoint as ocp
+
+    return ocp.Checkpointer(ocp.JsonCheckpointHandler()).restore(directory)
+
+
+def read(path) -> LoadedCheckpoint:
+    """A workdir, a step directory or an export."""
+    path = Path(path)
+    which = None
+    if is_workdir(path):
+        step_dir, which = find_workdir_checkpoint(path)
+    else:
+        step_dir = path
+    if not is_orbax_dir(step_dir):
+        raise CheckpointError(f"{step_dir}: not an orbax checkpoint (expected the items "
+                              f"'{layout.PARAMS}' and '{layout.META}')")
+    meta = _restore_meta(step_dir / layout.META)
+    if meta.get("format") != layout.FORMAT:
+        raise CheckpointError(f"{step_dir}: meta format {meta.get('format')!r} is not "
+                              f"{layout.FORMAT!r}; it was not written by vit")
+    model_config = {k: v for k, v in meta["model_config"].items() if k in FIELDS}
+    params = _restore_params(step_dir / layout.PARAMS)
+    source = f"workdir {path}: {which}" if which else f"{step_dir} (orbax)"
+    warning = zero_head_warning(params)
+    return LoadedCheckpoint(
+        config=ViTConfig(**model_config), params=params,
+        preprocessing=Preprocessing.from_dict(meta["preprocessing"]), labels=meta.get("labels"),
+        source=source, warnings=[warning] if warning else [], family="vit")
+
+
+def save_orbax(path, model_or_params, config: ViTConfig | None = None,
+               preprocessing: Preprocessing | None = None,
+               labels: list[str] | None = None) -> Path:
+    """Writes an export: one composite directory with `params` and `meta`, no step folders."""
+    import orbax.checkpoint as ocp
+
+    if isinstance(model_or_params, dict):
+        params = model_or_params
+        if config is None:
+            raise ValueError("save_orbax(path, params, config, ...) needs the model config")
+    else:
+        from flax import nnx
+
+        params = nnx.to_pure_dict(nnx.state(model_or_params, nnx.Param))
+        config = config or model_or_params.config
+    preprocessing = preprocessing or Preprocessing(size=config.image_size)
+    params = nest({k: np.asarray(v, np.float32) for k, v in flatten(params).items()})
+    meta = layout.make_meta(config.to_dict(), preprocessing.to_dict(), labels)
+    path = Path(path).absolute()
+    if path.exists():
+        raise CheckpointError(f"{path} already exists; choose a new destination")
+    checkpointer = ocp.Checkpointer(ocp.CompositeCheckpointHandler())
+    checkpointer.save(path, ocp.args.Composite(**{
+        layout.PARAMS: ocp.args.StandardSave(params), layout.META: ocp.args.JsonSave(meta)}))
+    return path

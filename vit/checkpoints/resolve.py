@@ -1,0 +1,123 @@
+"""From what the user typed to a reader: local paths by their contents, hub ids and timm model
+names through the local Hugging Face cache (offline: nothing is downloaded)."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+from vit.errors import CheckpointError
+
+PICKLED = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+HUB_ID = re.compile(r"[\w.-]+/[\w.-]+")
+
+
+def hub_cache() -> Path:
+    """The hub cache folder, as huggingface_hub finds it."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"])
+    if os.environ.get("HF_HOME"):
+        return Path(os.environ["HF_HOME"]) / "hub"
+    return Path("~/.cache/huggingface/hub").expanduser()
+
+
+def cached_snapshot(repo_id: str) -> Path | None:
+    """`models--org--name/snapshots/<rev>` for `refs/main` (else the newest snapshot)."""
+    repo = hub_cache() / ("models--" + repo_id.replace("/", "--"))
+    snapshots = repo / "snapshots"
+    if not snapshots.is_dir():
+        return None
+    ref = repo / "refs" / "main"
+    if ref.exists():
+        snapshot = snapshots / ref.read_text().strip()
+        if snapshot.is_dir():
+            return snapshot
+    candidates = sorted(snapshots.iterdir(), key=lambda p: p.stat().st_mtime)
+    return candidates[-1] if candidates else None
+
+
+def _resolve_name(name: str) -> Path:
+    """A hub id (`google/vit-base-patch16-224`) or timm name, from the local cache."""
+    from vit.checkpoints import timm
+
+    if timm.is_timm_name(name):
+        repo_id = timm.hub_repo(name)
+        found = cached_snapshot(repo_id)
+        if found is None and "." not in name:  # a bare architecture: any cached pretrained tag
+            tagged = sorted(hub_cache().glob(f"models--{timm.HUB_ORG}--{name}.*"))
+            if len(tagged) == 1:
+                repo_id = tagged[0].name.removeprefix("models--").replace("--", "/", 1)
+                found = cached_snapshot(repo_id)
+    elif HUB_ID.fullmatch(name):
+        repo_id, found = name, cached_snapshot(name)
+    else:
+        raise CheckpointError(f"{name}: no such file or directory")
+    if found is None:
+        raise CheckpointError(f"{name}: not a local path and not in the Hugging Face cache "
+                              f"({hub_cache()}); vit never downloads: fetch it first with "
+                              f"`hf download {repo_id}` or give a local path")
+    return found
+
+
+def detect(path) -> tuple[str, Path]:
+    """(format, path) with format one of npz, hf, timm, orbax."""
+    from vit.checkpoints import hf, orbax_io, timm
+
+    path = Path(path)
+    if not path.exists():
+        path = _resolve_name(str(path))
+    if path.is_file():
+        if path.suffix == ".npz":
+            return "npz", path
+        if path.suffix == ".safetensors":
+            keys = _safetensors_keys(path)
+            if timm.is_timm_keys(keys):
+                return "timm", path
+            if hf.is_hf_keys(keys):
+                return "hf", path.parent
+            raise CheckpointError(f"{path}: unknown safetensors layout: expected timm keys "
+                                  "(patch_embed.proj.weight, blocks.0.attn.qkv.weight) or "
+                                  "Hugging Face ViT keys (vit.embeddings.patch_embeddings...)")
+        if path.suffix in PICKLED:
+            raise CheckpointError(f"{path}: pickled PyTorch files are not read (unpickling can "
+                                  "run code); use the model's .safetensors weights")
+        if path.name == "config.json":
+            return detect(path.parent)
+        raise CheckpointError(f"{path}: unknown checkpoint file; expected .npz, .safetensors, a "
+                              "Hugging Face or timm folder, or an orbax checkpoint directory")
+    if orbax_io.is_workdir(path) or orbax_io.is_orbax_dir(path):
+        return "orbax", path
+    weights = [path / "model.safetensors", path / "model.safetensors.index.json"]
+    if weights[1].exists():
+        return "hf", path
+    if weights[0].exists():
+        return ("timm" if timm.is_timm_keys(_safetensors_keys(weights[0])) else "hf"), path
+    npz = sorted(path.glob("*.npz"))
+    if len(npz) == 1:
+        return "npz", npz[0]
+    raise CheckpointError(f"{path}: no checkpoint found; expected model.safetensors (Hugging "
+                          "Face or timm), one .npz file, an orbax checkpoint (params/, meta/) "
+                          "or a training workdir (checkpoints/)")
+
+
+def _safetensors_keys(path: Path) -> list[str]:
+    from vit.checkpoints.hf import read_safetensors_header
+
+    return list(read_safetensors_header(path))
+
+
+def read(path):
+    """The `LoadedCheckpoint` at `path`, whatever its format."""
+    kind, resolved = detect(path)
+    if kind == "npz":
+        from vit.checkpoints import npz
+        return npz.read(resolved)
+    if kind == "hf":
+        from vit.checkpoints import hf
+        return hf.read(resolved)
+    if kind == "timm":
+        from vit.checkpoints import timm
+        return timm.read(resolved)
+    from vit.checkpoints import orbax_io
+    return orbax_io.read(resolved)

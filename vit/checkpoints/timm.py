@@ -1,0 +1,335 @@
+"""timm's ViT weights: its state-dict layout in safetensors, and its model names.
+
+Keys: `patch_embed.proj` (OIHW), `cls_token`, `reg_token`, `pos_embed`, `blocks.{i}.norm1`,
+`attn.qkv` (fused, output rows laid out (3, heads, head_dim) like ours), `attn.q_norm/k_norm`,
+`attn.proj`, `ls1.gamma`, `norm2`, `mlp.fc1/fc2`, `ls2.gamma`, `norm`, `attn_pool.*` (a MAP
+head), `head`. The hub's timm repos carry a `config.json` with `architecture`, `model_args` and
+`pretrained_cfg` (input size, interpolation, mean/std, crop_pct). timm uses exact GELU and
+LayerNorm eps 1e-6.
+
+`pos_embed` holds rows for the prefix tokens unless timm's `no_embed_class` is set; our model
+gives registers no position, so register rows are folded into the register tokens (one float
+addition either way, so the outputs stay bit-identical).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+
+import numpy as np
+
+from vit.checkpoints import LoadedCheckpoint, zero_head_warning
+from vit.checkpoints.hf import read_safetensors, write_safetensors
+from vit.checkpoints.labels import default_labels
+from vit.errors import CheckpointError
+from vit.models.config import WIDTHS, ViTConfig, get_config
+from vit.preprocess import Preprocessing
+
+TIMM_SIZE_NAMES = {"Ti": "tiny", "S": "small", "M": "medium", "B": "base", "L": "large",
+                   "H": "huge", "g": "giant", "G": "gigantic"}
+LAYER_SCALE_INIT = 1e-5  # only the initial value: loaded weights replace it
+HUB_ORG = "timm"
+
+
+def is_timm_keys(keys) -> bool:
+    return any(k.startswith(("patch_embed.proj.", "blocks.0.attn.qkv.")) for k in keys)
+
+
+def is_timm_name(name: str) -> bool:
+    """`vit_base_patch16_224` or `vit_base_patch16_224.augreg2_in21k_ft_in1k`."""
+    return re.fullmatch(r"vit_\w+_patch\d+\w*(\.\w+)?", name) is not None
+
+
+def hub_repo(name: str) -> str:
+    """The hub repository timm publishes a model name under."""
+    return f"{HUB_ORG}/{name}"
+
+
+def timm_name(cfg: ViTConfig) -> str:
+    """The timm architecture name of a config (`vit_base_patch16_224`), when it has one."""
+    dims = (cfg.width, cfg.depth, cfg.mlp_dim, cfg.num_heads)
+    size = next((s for s, w in WIDTHS.items() if w == dims and s in TIMM_SIZE_NAMES), None)
+    if size is None or cfg.patch_size[0] != cfg.patch_size[1]:
+        return "vit_custom"
+    return f"vit_{TIMM_SIZE_NAMES[size]}_patch{cfg.patch_size[0]}_{cfg.image_size[0]}"
+
+
+# -- reading ----------------------------------------------------------------------------------
+def _timm_config(path: Path) -> dict:
+    folder = path if path.is_dir() else path.parent
+    file = folder / "config.json"
+    return json.loads(file.read_text()) if file.exists() else {}
+
+
+def _heads(tc: dict, width: int, arrays: dict, warnings: list[str]) -> int:
+    if "num_heads" in tc.get("model_args", {}):
+        return int(tc["model_args"]["num_heads"])
+    if "blocks.0.attn.q_norm.weight" in arrays:
+        return width // arrays["blocks.0.attn.q_norm.weight"].shape[0]
+    arch = tc.get("architecture", "")
+    if arch and is_timm_name(arch):
+        cfg = get_config(arch.split(".")[0])
+        if cfg.width == width:
+            return cfg.num_heads
+    for w, _, _, heads in WIDTHS.values():
+        if w == width:
+            return heads
+    warnings.append(f"number of heads unknown (no config.json): assumed {width // 64} "
+                    "(head_dim 64)")
+    return max(width // 64, 1)
+
+
+def read(path: Path) -> LoadedCheckpoint:
+    path = Path(path)
+    file = path / "model.safetensors" if path.is_dir() else path
+    arrays = read_safetensors(file)
+    tc = _timm_config(path)
+    args = tc.get("model_args", {})
+    used, missing, warnings = set(), [], []
+
+    def get(key):
+        if key not in arrays:
+            missing.append(key)
+            return np.zeros((0,), np.float32)
+        used.add(key)
+        return arrays[key]
+
+    def linear(name, bias=True):
+        out = {"kernel": np.ascontiguousarray(get(f"{name}.weight").T)}
+        if bias:
+            out["bias"] = get(f"{name}.bias")
+        return out
+
+    def norm(name):
+        return {"scale": get(f"{name}.weight"), "bias": get(f"{name}.bias")}
+
+    proj = get("patch_embed.proj.weight")
+    if not proj.size:
+        raise CheckpointError(f"{file}: unknown timm layout: expected keys missing: "
+                              f"patch_embed.proj.weight, blocks.0.attn.qkv.weight")
+    d, channels, ph, pw = proj.shape
+    params = {"patch_kernel": np.ascontiguousarray(proj.transpose(2, 3, 1, 0)),
+              "patch_bias": get("patch_embed.proj.bias")}
+    class_token = "cls_token" in arrays
+    if class_token:
+        params["cls_token"] = get("cls_token")
+    registers = arrays["reg_token"].shape[1] if "reg_token" in arrays else 0
+    if registers:
+        params["reg_tokens"] = get("reg_token")
+    depth = 0
+    while f"blocks.{depth}.norm1.weight" in arrays:
+        depth += 1
+    qkv_bias = "blocks.0.attn.qkv.bias" in arrays
+    qk_norm = "blocks.0.attn.q_norm.weight" in arrays
+    layer_scale = "blocks.0.ls1.gamma" in arrays
+    blocks = {}
+    for i in range(depth):
+        b = f"blocks.{i}"
+        attn = {"qkv": linear(f"{b}.attn.qkv", qkv_bias), "proj": linear(f"{b}.attn.proj")}
+        if qk_norm:
+            attn["q_norm"], attn["k_norm"] = norm(f"{b}.attn.q_norm"), norm(f"{b}.attn.k_norm")
+        blocks[i] = {"norm1": norm(f"{b}.norm1"), "attn": attn, "norm2": norm(f"{b}.norm2"),
+                     "mlp": {"fc1": linear(f"{b}.mlp.fc1"), "fc2": linear(f"{b}.mlp.fc2")}}
+        if layer_scale:
+            blocks[i]["ls1"] = {"gamma": get(f"{b}.ls1.gamma")}
+            blocks[i]["ls2"] = {"gamma": get(f"{b}.ls2.gamma")}
+    params["blocks"] = blocks
+    params["norm"] = norm("norm")
+
+    grid = _grid(tc, arrays, (ph, pw), int(class_token) + registers, str(file))
+    if "pos_embed" in arrays:
+        params.update(_split_posemb(get("pos_embed"), grid, class_token, registers,
+                                    params.get("reg_tokens")))
+    classifier = "token" if class_token else "gap"
+    if tc.get("global_pool", args.get("global_pool")) == "avg":
+        classifier = "gap"
+    if "attn_pool.latent" in arrays:
+        classifier = "map"
+        if arrays["attn_pool.latent"].shape[1] != 1:
+            raise CheckpointError(f"{file}: attn_pool with {arrays['attn_pool.latent'].shape[1]} "
+                                  "latents is not supported (only 1)")
+        params["map_head"] = {"probe": get("attn_pool.latent"), "q": linear("attn_pool.q"),
+                              "kv": linear("attn_pool.kv"), "proj": linear("attn_pool.proj"),
+                              "norm": norm("attn_pool.norm"),
+                              "mlp": {"fc1": linear("attn_pool.mlp.fc1"),
+                                      "fc2": linear("attn_pool.mlp.fc2")}}
+    num_classes = 0
+    if "head.weight" in arrays:
+        params["head"] = linear("head")
+        num_classes = params["head"]["kernel"].shape[1]
+    if missing:
+        raise CheckpointError(f"{file}: unknown timm layout: expected keys missing: "
+                              f"{', '.join(missing[:6])}")
+    extra = sorted(set(arrays) - used)
+    if extra:  # fc_norm, norm_pre, attn_pool.q_norm, ...: a different model than ours
+        raise CheckpointError(f"{file}: timm keys not supported by this ViT: "
+                              f"{', '.join(extra[:6])}")
+
+    config = ViTConfig(
+        width=d, depth=depth, mlp_dim=blocks[0]["mlp"]["fc1"]["kernel"].shape[1] if depth else 0,
+        num_heads=_heads(tc, d, arrays, warnings), patch_size=(ph, pw),
+        image_size=(grid[0] * ph, grid[1] * pw), in_channels=channels, num_classes=num_classes,
+        class_token=class_token, classifier=classifier, num_registers=registers,
+        posemb="learn" if "pos_embed" in arrays else "sincos2d", qkv_bias=qkv_bias,
+        qk_norm=qk_norm, layer_scale=LAYER_SCALE_INIT if layer_scale else None,
+        layer_norm_eps=1e-6, gelu="tanh" if args.get("act_layer") == "gelu_tanh" else "exact")
+    warning = zero_head_warning(params)
+    labels = tc.get("label_names") or default_labels(num_classes)
+    return LoadedCheckpoint(
+        config=config, params=params, preprocessing=_preprocessing(tc, config.image_size),
+        labels=list(labels) if labels else None, source=f"{path} (timm safetensors)",
+        warnings=warnings + ([warning] if warning else []), family="timm")
+
+
+def _grid(tc: dict, arrays: dict, patch: tuple[int, int], prefix: int,
+          where: str) -> tuple[int, int]:
+    """The patch grid: from the config's input size, else from a square `pos_embed`."""
+    size = tc.get("pretrained_cfg", {}).get("input_size") or tc.get("model_args", {}).get(
+        "img_size")
+    rows = arrays["pos_embed"].shape[1] if "pos_embed" in arrays else None
+    if size:
+        size = size[-2:] if isinstance(size, list) else (size, size)
+        grid = size[0] // patch[0], size[1] // patch[1]
+        if rows is None or rows - grid[0] * grid[1] in (0, prefix):
+            return grid
+    if rows is None:
+        return 224 // patch[0], 224 // patch[1]
+    for n in (rows - prefix, rows):
+        side = math.isqrt(max(n, 0))
+        if side * side == n:
+            return side, side
+    raise CheckpointError(f"{where}: pos_embed has {rows} rows, not a square grid; add a "
+                          "config.json with pretrained_cfg.input_size")
+
+
+def _split_posemb(pe: np.ndarray, grid: tuple[int, int], class_token: bool, registers: int,
+                  reg_tokens: np.ndarray | None) -> dict[str, np.ndarray]:
+    """timm's pos_embed -> ours: [class row, patches]; register rows folded into the tokens."""
+    d = pe.shape[-1]
+    embedded_prefix = pe.shape[1] - grid[0] * grid[1]
+    out = {}
+    if embedded_prefix == 0:  # no_embed_class: prefix tokens get no position
+        cls_row = np.zeros((1, 1, d), np.float32)
+    else:
+        cls_row = pe[:, :1]
+        if registers:
+            regs = pe[:, int(class_token):embedded_prefix]
+            out["reg_tokens"] = (reg_tokens + regs).astype(np.float32)
+    patches = pe[:, embedded_prefix:]
+    out["pos_embed"] = np.concatenate([cls_row, patches], 1) if class_token else patches
+    return out
+
+
+def _preprocessing(tc: dict, image: tuple[int, int]) -> Preprocessing:
+    pc = tc.get("pretrained_cfg", {})
+    if not pc:  # timm's default for ViTs: [-1, 1], bicubic, crop 0.9
+        return Preprocessing(size=image, resample="bicubic", crop_pct=0.9)
+    size = pc.get("input_size", [3, *image])[-2:]
+    # crop_mode "squash" resizes straight to the size: our crop_pct=None.
+    crop_pct = None if pc.get("crop_mode") == "squash" else pc.get("crop_pct", 0.9)
+    return Preprocessing(size=tuple(size), resample=pc.get("interpolation", "bicubic"),
+                         crop_pct=crop_pct, mean=pc.get("mean", (0.5,) * 3),
+                         std=pc.get("std", (0.5,) * 3))
+
+
+# -- writing ----------------------------------------------------------------------------------
+def write(loaded: LoadedCheckpoint, dst) -> list[str]:
+    """A folder with `model.safetensors` + `config.json` (or just the file for a `.safetensors`
+    destination)."""
+    cfg, p = loaded.config, loaded.params
+    if cfg.representation_size:
+        raise CheckpointError("timm's ViT cannot hold a pre-logits (representation) layer; "
+                              "use --format npz or orbax instead")
+    warnings, out = [], {}
+
+    def put_linear(name, dense):
+        out[f"{name}.weight"] = np.asarray(dense["kernel"]).T
+        if "bias" in dense:
+            out[f"{name}.bias"] = dense["bias"]
+
+    def put_norm(name, norm):
+        out[f"{name}.weight"], out[f"{name}.bias"] = norm["scale"], norm["bias"]
+
+    out["patch_embed.proj.weight"] = np.asarray(p["patch_kernel"]).transpose(3, 2, 0, 1)
+    out["patch_embed.proj.bias"] = p["patch_bias"]
+    if cfg.class_token:
+        out["cls_token"] = p["cls_token"]
+    if cfg.num_registers:
+        out["reg_token"] = p["reg_tokens"]
+    pe = p.get("pos_embed")
+    if pe is None:
+        from vit.models.posemb import sincos_2d
+
+        pe = np.asarray(sincos_2d(cfg.grid, cfg.width))
+        if cfg.class_token:
+            pe = np.concatenate([np.zeros((1, 1, cfg.width), np.float32), pe], 1)
+        warnings.append("sin-cos position embeddings written as timm's learned pos_embed")
+    if cfg.num_registers:  # registers get zero rows: x + 0 leaves them exact
+        n_cls = int(cfg.class_token)
+        zeros = np.zeros((1, cfg.num_registers, cfg.width), np.float32)
+        pe = np.concatenate([pe[:, :n_cls], zeros, pe[:, n_cls:]], 1)
+    out["pos_embed"] = pe
+    for i in range(cfg.depth):
+        b, name = p["blocks"][i], f"blocks.{i}"
+        put_norm(f"{name}.norm1", b["norm1"])
+        put_linear(f"{name}.attn.qkv", b["attn"]["qkv"])
+        put_linear(f"{name}.attn.proj", b["attn"]["proj"])
+        if cfg.qk_norm:
+            put_norm(f"{name}.attn.q_norm", b["attn"]["q_norm"])
+            put_norm(f"{name}.attn.k_norm", b["attn"]["k_norm"])
+        put_norm(f"{name}.norm2", b["norm2"])
+        put_linear(f"{name}.mlp.fc1", b["mlp"]["fc1"])
+        put_linear(f"{name}.mlp.fc2", b["mlp"]["fc2"])
+        if cfg.layer_scale is not None:
+            out[f"{name}.ls1.gamma"] = b["ls1"]["gamma"]
+            out[f"{name}.ls2.gamma"] = b["ls2"]["gamma"]
+    put_norm("norm", p["norm"])
+    if cfg.classifier == "map":
+        m = p["map_head"]
+        out["attn_pool.latent"] = m["probe"]
+        for part in ("q", "kv", "proj"):
+            put_linear(f"attn_pool.{part}", m[part])
+        put_norm("attn_pool.norm", m["norm"])
+        put_linear("attn_pool.mlp.fc1", m["mlp"]["fc1"])
+        put_linear("attn_pool.mlp.fc2", m["mlp"]["fc2"])
+    if cfg.num_classes:
+        put_linear("head", p["head"])
+    if cfg.layer_norm_eps != 1e-6:
+        warnings.append(f"timm's ViT uses LayerNorm eps 1e-6; this model uses "
+                        f"{cfg.layer_norm_eps:g}, so timm's outputs will differ slightly")
+
+    dst = Path(dst)
+    if dst.suffix == ".safetensors":
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        write_safetensors(out, dst)
+        return warnings
+    dst.mkdir(parents=True, exist_ok=True)
+    write_safetensors(out, dst / "model.safetensors")
+    (dst / "config.json").write_text(json.dumps(_timm_config_json(loaded), indent=2) + "\n")
+    return warnings
+
+
+def _timm_config_json(loaded: LoadedCheckpoint) -> dict:
+    cfg, pre = loaded.config, loaded.preprocessing
+    pool = {"token": "token", "gap": "avg", "map": "map"}[cfg.classifier]
+    args = {"img_size": list(cfg.image_size), "patch_size": cfg.patch_size[0],
+            "in_chans": cfg.in_channels, "embed_dim": cfg.width, "depth": cfg.depth,
+            "num_heads": cfg.num_heads, "mlp_ratio": cfg.mlp_dim / cfg.width,
+            "qkv_bias": cfg.qkv_bias, "qk_norm": cfg.qk_norm, "init_values": cfg.layer_scale,
+            "class_token": cfg.class_token, "reg_tokens": cfg.num_registers,
+            "no_embed_class": False, "global_pool": pool, "fc_norm": False}
+    if cfg.gelu == "tanh":
+        args["act_layer"] = "gelu_tanh"
+    out = {"architecture": timm_name(cfg), "num_classes": cfg.num_classes,
+           "num_features": cfg.width, "global_pool": pool, "model_args": args,
+           "pretrained_cfg": {"input_size": [cfg.in_channels, *pre.size],
+                              "interpolation": pre.resample, "mean": list(pre.mean),
+                              "std": list(pre.std), "crop_pct": pre.crop_pct or 1.0,
+                              "crop_mode": "squash" if pre.crop_pct is None else "center",
+                              "num_classes": cfg.num_classes}}
+    if loaded.labels:
+        out["label_names"] = list(loaded.labels)
+    return out
