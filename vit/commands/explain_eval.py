@@ -1,0 +1,69 @@
+"""`vit explain-eval`: deletion / insertion faithfulness of attention maps on a dataset."""
+
+from __future__ import annotations
+
+METHODS = ("attention", "rollout", "grad-rollout", "relevancy")
+METRICS = ("deletion", "insertion")
+SUBSTRATES = ("mean", "zero", "blur")
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--checkpoint", required=True, help="any checkpoint vit can load")
+    parser.add_argument("--data", required=True, help="dataset, e.g. digits")
+    parser.add_argument("--split", default="test", help="dataset split (default test)")
+    parser.add_argument("--limit", type=int, default=None, help="at most this many images")
+    parser.add_argument("--data-dir", default=None, help="where the dataset lives (TFDS)")
+    parser.add_argument("--metric", choices=METRICS, default="deletion")
+    parser.add_argument("--method", nargs="+", choices=METHODS, default=["rollout", "relevancy"],
+                        help="maps to score (a random ranking is always added)")
+    parser.add_argument("--steps", type=int, default=None,
+                        help="points on the curve (default: patches, at most 20)")
+    parser.add_argument("--substrate", choices=SUBSTRATES, default="mean",
+                        help="what replaces a patch (default: the dataset mean)")
+    parser.add_argument("--head-fusion", choices=("mean", "max", "min"), default="mean")
+    parser.add_argument("--discard-ratio", type=float, default=0.0)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--seed", type=int, default=0, help="random baseline and bootstrap")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def run(args) -> int:
+    import json
+
+    import numpy as np
+
+    from vit.checkpoints import load_checkpoint
+    from vit.errors import ConfigError, DataError
+    from vit.explain import faithfulness, inputs
+
+    if args.steps is not None and args.steps < 1:
+        raise ConfigError(f"--steps {args.steps}: must be at least 1")
+    if not 0.0 <= args.discard_ratio < 1.0:
+        raise ConfigError(f"--discard-ratio {args.discard_ratio}: must lie in [0, 1)")
+    ckpt = load_checkpoint(args.checkpoint)
+    items = inputs.gather([], args.data, args.split, args.limit, args.data_dir)
+    pre = ckpt.preprocessing
+    arrays = [b.arrays[:len(b.items)] for b in inputs.batches(items, pre, args.batch_size)]
+    arrays = [a for a in arrays if len(a)]
+    if not arrays:
+        raise DataError(f"{args.data}:{args.split} gave no images to score")
+    everything = np.concatenate(arrays)
+    model = ckpt.build_model()
+    report = faithfulness.evaluate(
+        model, arrays, list(dict.fromkeys(args.method)), metric=args.metric, steps=args.steps,
+        substrate_kind=args.substrate, mean=everything.mean((0, 1, 2)),
+        black=-np.asarray(pre.mean, np.float32) / np.asarray(pre.std, np.float32),
+        explain_options=dict(head_fusion=args.head_fusion, discard_ratio=args.discard_ratio),
+        seed=args.seed)
+    if args.json:
+        print(json.dumps(report))
+        return 0
+    grid = model.grid_for(everything.shape[1:3])
+    steps = args.steps or faithfulness.default_steps(grid[0] * grid[1])
+    better = "lower" if args.metric == "deletion" else "higher"
+    print(f"{args.metric} AUC on {args.data}:{args.split}, {len(everything)} images, {steps} "
+          f"steps, substrate {args.substrate} ({better} is better)")
+    print(f"{'method':<14}{'auc':>8}   95% CI")
+    for name, r in report["results"].items():
+        print(f"{name:<14}{r['auc']:>8.4f}   [{r['ci95'][0]:.4f}, {r['ci95'][1]:.4f}]")
+    return 0

@@ -1,0 +1,13 @@
+"""Explanations for ViT predictions: attention maps, faithfulness scores, rendering.
+
+- `layout`: where tokens sit and what the classifier reads out;
+- `rules`: per-layer rollout, grad-rollout and relevancy rules (self- and cross-attention);
+- `capture`: explain mode that keeps every layer's attention and gradient (reference, analysis);
+- `maps`: `explain(model, images, method)`, batched, jitted, memory flat in depth;
+- `faithfulness`: deletion / insertion curves with bootstrap intervals;
+- `render`: overlays, raw maps, safe output names, the HTML gallery.
+"""
+
+from vit.explain.maps import GRADIENT_METHODS, METHODS, Explanation, explain
+
+__all__ = ["GRADIENT_METHODS", "METHODS", "Explanation", "explain"]
