@@ -41,7 +41,7 @@ for i in range(6):
     Image.fromarray(item["image"]).resize((64, 64), Image.NEAREST).save(
         out / "enlarged" / f"test{i}_label{item['label']}.png")
 PY
-vit predict "$RUN"/digits/*.png --checkpoint "$RUN" --top-k 3
+vit predict "$RUN"/digits/*.png --checkpoint "$PWD/$RUN" --top-k 3
 
 # ---- rollout step (added by the rollout issue) --------------------------------------------
 # vit rollout ... --checkpoint "$RUN" --out "$RUN/rollout"

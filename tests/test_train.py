@@ -1,0 +1,388 @@
+"""Training: exact resume, crash safety, divergence, data parallelism, optimiser recipes,
+`--init` adaptation, and eval-vs-predict consistency. Tiny models on the bundled digits."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from vit.checkpoints import layout
+from vit.config import load_config
+from vit.train.metrics import read_metrics
+
+pytestmark = pytest.mark.timeout(600)
+
+ROOT = Path(__file__).parent.parent
+TINY = ["model.width=16", "model.mlp_dim=32", "model.depth=1", "model.num_heads=2",
+        "train.batch_size=16", "train.steps=8", "train.eval_every=4", "train.checkpoint_every=4",
+        "train.log_every=1", "train.eval_batch_size=144", "data.num_threads=1",
+        "optim.warmup_steps=2", "model.drop_path=0.1", "train.ema_decay=0.9"]
+
+
+def tiny(*extra):
+    return load_config(ROOT / "configs" / "digits.py", TINY + list(extra))
+
+
+def train_losses(workdir):
+    return {r["step"]: r["loss"] for r in read_metrics(Path(workdir) / "metrics.jsonl")
+            if r["split"] == "train"}
+
+
+def restore_params(workdir, step, item=layout.PARAMS):
+    import orbax.checkpoint as ocp
+
+    path = Path(workdir) / layout.CHECKPOINTS_DIR / str(step) / item
+    return ocp.StandardCheckpointer().restore(path.absolute())
+
+
+@pytest.fixture(scope="module")
+def straight_run(tmp_path_factory):
+    from vit.train.loop import train
+
+    workdir = tmp_path_factory.mktemp("straight")
+    result = train(tiny(), workdir)
+    return workdir, result
+
+
+def test_resumed_run_matches_uninterrupted_run_step_for_step(straight_run, tmp_path, capsys):
+    from vit.train.loop import train
+
+    workdir, result = straight_run
+    train(tiny(), tmp_path, stop_after=3)  # "interrupted" after step 3 (saved there)
+    assert (tmp_path / "checkpoints" / "3").is_dir()
+    train(tiny(), tmp_path)
+    assert "resumed from step 3" in capsys.readouterr().out
+    want, got = train_losses(workdir), train_losses(tmp_path)
+    assert sorted(got) == list(range(1, 9))
+    np.testing.assert_allclose([got[s] for s in range(1, 9)], [want[s] for s in range(1, 9)],
+                               rtol=1e-6)
+    for item in (layout.PARAMS, layout.EMA_PARAMS):
+        a, b = restore_params(workdir, 8, item), restore_params(tmp_path, 8, item)
+        jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-7), a, b)
+    # Artefacts: curves, best.json pointing at a kept step, metrics with validation records.
+    assert (workdir / "curves.png").stat().st_size > 1000
+    best = json.loads((workdir / "checkpoints" / "best.json").read_text())
+    assert (workdir / "checkpoints" / str(best["step"])).is_dir()
+    assert best["val_accuracy"] == result["best_val_accuracy"]
+
+
+def test_checkpoint_layout_and_retention(straight_run):
+    import orbax.checkpoint as ocp
+
+    workdir, _ = straight_run
+    steps = sorted(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())
+    assert 8 in steps and len(steps) <= 3  # last 2 plus the best, latest never deleted
+    step_dir = (workdir / "checkpoints" / "8").absolute()
+    for item in (layout.PARAMS, layout.META, layout.OPT_STATE, layout.DATA_ITER,
+                 layout.TRAIN_STATE, layout.EMA_PARAMS):
+        assert (step_dir / item).exists(), item
+    meta = ocp.Checkpointer(ocp.JsonCheckpointHandler()).restore(step_dir / layout.META)
+    assert meta["format"] == layout.FORMAT and meta["step"] == 8
+    assert meta["labels"] == [str(d) for d in range(10)]
+    assert meta["preprocessing"]["size"] == [8, 8]
+    assert meta["model_config"]["num_classes"] == 10
+
+
+def test_eval_on_arrays_matches_predict_on_exported_pngs(straight_run, tmp_path, capsys):
+    from PIL import Image
+
+    from vit.cli import main
+    from vit.data import open_source
+
+    workdir, _ = straight_run
+    assert main(["eval", "--workdir", str(workdir), "--split", "test", "--json",
+                 "--out", str(tmp_path / "ev")]) == 0
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert report["num_examples"] == 360 and 0 <= report["accuracy"] <= 1
+    assert report["top5_accuracy"] >= report["accuracy"]
+    assert (tmp_path / "ev" / "confusion.png").exists()
+    # Predictions of the same checkpoint on 6 test digits: arrays (eval path) vs PNG files.
+    from flax import nnx
+
+    from vit.checkpoints import load_checkpoint
+    from vit.data import eval_batches
+
+    loaded = load_checkpoint(str(workdir))
+    model = loaded.build_model()
+    test = open_source("digits", "test")
+    batch = next(eval_batches(test, loaded.preprocessing, batch_size=6))
+    eval_top1 = np.asarray(nnx.jit(lambda m, x: m(x))(model, batch["image"])).argmax(-1)
+    paths = []
+    for i in range(6):
+        paths.append(str(tmp_path / f"digit{i}.png"))
+        Image.fromarray(test[i]["image"]).save(paths[-1])
+    assert main(["predict", *paths, "--checkpoint", str(workdir), "--json", "--top-k", "1"]) == 0
+    lines = [json.loads(x) for x in capsys.readouterr().out.strip().splitlines()]
+    by_image = {Path(x["image"]).name: x["top_k"][0]["index"] for x in lines}
+    assert [by_image[f"digit{i}.png"] for i in range(6)] == eval_top1.tolist()
+
+
+def test_init_replaces_head_and_resizes_posemb(straight_run, tmp_path):
+    from vit.checkpoints import load_checkpoint
+    from vit.models.posemb import resize_posemb
+    from vit.train.loop import start_from_init, train
+
+    workdir, _ = straight_run
+    src = load_checkpoint(str(workdir))
+    folder = tmp_path / "imgs"
+    rng = np.random.default_rng(0)
+    for c in ("a", "b", "c"):
+        (folder / c).mkdir(parents=True)
+        for i in range(6):
+            from PIL import Image
+            Image.fromarray(rng.integers(0, 256, (16, 16, 3)).astype(np.uint8)).save(
+                folder / c / f"{i}.png")
+    config = tiny(f"data.name={folder}", "input.image_size=16", "train.steps=2",
+                  "train.eval_every=2", "train.checkpoint_every=2", "train.eval_batch_size=6",
+                  "train.batch_size=8")
+    model_config, params, pre = start_from_init(str(workdir), config, num_classes=3)
+    assert model_config.num_classes == 3 and model_config.image_size == (16, 16)
+    assert not np.any(np.asarray(params["head"]["kernel"])) and params["head"]["kernel"].shape \
+        == (16, 3)
+    np.testing.assert_array_equal(params["blocks"][0]["mlp"]["fc1"]["kernel"],
+                                  src.params["blocks"][0]["mlp"]["fc1"]["kernel"])
+    want = resize_posemb(np.asarray(src.params["pos_embed"]), (4, 4), (8, 8), 0, "bicubic")
+    np.testing.assert_allclose(params["pos_embed"], want, rtol=1e-6)
+    assert pre.size == (16, 16) and pre.mean == src.preprocessing.mean
+    result = train(config, tmp_path / "ft", init=str(workdir))
+    assert result["step"] == 2 and np.isfinite(result["loss"])
+
+
+def test_adapt_params_zero_head_and_shape_errors():
+    from vit.errors import CheckpointError
+    from vit.models.config import get_config
+    from vit.train.init import adapt_params
+    from vit.train.loop import abstract_params
+
+    src_cfg = get_config("Ti/16", width=16, depth=1, mlp_dim=32, num_heads=2, patch_size=4,
+                         image_size=16, num_classes=5, representation_size=8)
+    dst_cfg = src_cfg.replace(num_classes=3, representation_size=None, image_size=(24, 24))
+    _, src = abstract_params(src_cfg)
+    src = jax.tree.map(lambda s: np.ones(s.shape, np.float32), src)
+    _, dst = abstract_params(dst_cfg)
+    out = adapt_params(src, src_cfg, dst_cfg, dst_template=dst)
+    assert "pre_logits" not in out and out["head"]["kernel"].shape == (16, 3)
+    assert not out["head"]["kernel"].any()
+    assert out["pos_embed"].shape == (1, 1 + 36, 16)
+    np.testing.assert_allclose(out["pos_embed"], 1.0, rtol=1e-5)  # constant stays constant
+    wrong = get_config("Ti/16", width=32, depth=1, mlp_dim=32, num_heads=2, patch_size=4,
+                       image_size=16, num_classes=5)
+    _, wrong_tpl = abstract_params(wrong)
+    with pytest.raises(CheckpointError, match="has shape"):
+        adapt_params(src, src_cfg, wrong, dst_template=wrong_tpl)
+
+
+def test_optimizer_recipes():
+    import ml_collections
+    import optax
+
+    from vit.train.optim import layer_id, make_optimizer, path_names
+
+    params = {"patch_kernel": jnp.ones((2, 2, 3, 4)), "pos_embed": jnp.ones((1, 5, 4)),
+              "blocks": {0: {"norm1": {"scale": jnp.ones(4)}, "mlp": {"fc1": {
+                  "kernel": jnp.ones((4, 4)), "bias": jnp.ones(4)}}}},
+              "head": {"kernel": jnp.ones((4, 3)), "bias": jnp.ones(3)}}
+    zero_grads = jax.tree.map(jnp.zeros_like, params)
+    base = dict(name="adamw", lr=0.1, warmup_steps=0, schedule="constant", weight_decay=0.5,
+                b1=0.9, b2=0.999, momentum=0.9, clip_norm=1.0, layer_decay=1.0, trainable=".*")
+    # Weight decay only on kernels: a zero gradient moves kernels, nothing else.
+    tx, _ = make_optimizer(ml_collections.ConfigDict(base), params, depth=1, steps=10)
+    updates, _ = tx.update(zero_grads, tx.init(params), params)
+    moved = jax.tree.map(lambda u: bool(jnp.any(u != 0)), updates)
+    assert moved["patch_kernel"] and moved["blocks"][0]["mlp"]["fc1"]["kernel"]
+    assert not moved["pos_embed"] and not moved["blocks"][0]["mlp"]["fc1"]["bias"]
+    assert not moved["blocks"][0]["norm1"]["scale"] and not moved["head"]["bias"]
+    # Freezing: only the head trains.
+    tx, _ = make_optimizer(ml_collections.ConfigDict({**base, "trainable": "head/.*"}), params,
+                           depth=1, steps=10)
+    grads = jax.tree.map(jnp.ones_like, params)
+    updates, _ = tx.update(grads, tx.init(params), params)
+    assert all(not jnp.any(u) for u in jax.tree.leaves({k: v for k, v in updates.items()
+                                                         if k != "head"}))
+    assert jnp.all(updates["head"]["kernel"] != 0)
+    # Layer-wise decay: SGD updates scale by decay ** (depth + 1 - layer).
+    sgd = {**base, "name": "sgd", "momentum": 0.0, "clip_norm": 0.0, "layer_decay": 0.5}
+    tx, _ = make_optimizer(ml_collections.ConfigDict(sgd), params, depth=1, steps=10)
+    updates, _ = tx.update(grads, tx.init(params), params)
+    names = path_names(params)
+    for u, n in zip(jax.tree.leaves(updates), jax.tree.leaves(names), strict=True):
+        np.testing.assert_allclose(u, -0.1 * 0.5 ** (2 - layer_id(n, 1)), rtol=1e-6)
+    assert layer_id("blocks/0/mlp/fc1/kernel", 1) == 1 and layer_id("pos_embed", 1) == 0
+    # The vit_jax schedule: warmup then cosine to 0.
+    _, lr = make_optimizer(ml_collections.ConfigDict({**sgd, "schedule": "cosine",
+                                                      "warmup_steps": 5}), params, 1, 105)
+    np.testing.assert_allclose([lr(0), lr(5), lr(55), lr(105)], [0, 0.1, 0.05, 0], atol=1e-7)
+    assert isinstance(tx, optax.GradientTransformation)
+
+
+def test_gradient_accumulation_equals_one_big_batch():
+    from vit.models.config import get_config
+    from vit.train import parallel
+    from vit.train.loop import fresh_params, make_train_step, model_fields
+    from vit.train.optim import make_optimizer
+
+    config = tiny("model.drop_path=0.0")
+
+    cfg = get_config("Ti/16", num_classes=10, image_size=8, **model_fields(config))
+    graphdef, params = fresh_params(cfg, 0)
+    tx, _ = make_optimizer(config.optim, params, cfg.depth, 8)
+    mesh = parallel.make_mesh(1)
+    rng = np.random.default_rng(0)
+    batch = {"image": rng.normal(size=(8, 8, 8, 3)).astype(np.float32),
+             "label": rng.integers(0, 10, 8)}
+    batch["target"] = np.eye(10, dtype=np.float32)[batch["label"]]
+    outs = []
+    for accum in (1, 4):
+        step = make_train_step(graphdef, tx, mesh, accum_steps=accum, ema_decay=0.0)
+        p = jax.tree.map(jnp.array, params)
+        p, _, _, m = step(p, tx.init(p), None, parallel.to_global(batch, mesh), 0, 0)
+        outs.append((p, float(m["loss"])))
+    np.testing.assert_allclose(outs[0][1], outs[1][1], rtol=1e-5)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6),
+                 outs[0][0], outs[1][0])
+
+
+TWO_DEVICE_SCRIPT = r"""
+import jax, jax.numpy as jnp, numpy as np
+from vit.config import load_config
+from vit.models.config import get_config
+from vit.train import parallel
+from vit.train.loop import fresh_params, make_train_step, model_fields
+from vit.train.optim import make_optimizer
+assert jax.device_count() == 2, jax.devices()
+config = load_config("configs/digits.py", %r)
+cfg = get_config("Ti/16", num_classes=10, image_size=8, **model_fields(config))
+graphdef, params = fresh_params(cfg, 0)
+tx, _ = make_optimizer(config.optim, params, cfg.depth, 8)
+rng = np.random.default_rng(0)
+batch = {"image": rng.normal(size=(8, 8, 8, 3)).astype(np.float32),
+         "label": rng.integers(0, 10, 8)}
+batch["target"] = np.eye(10, dtype=np.float32)[batch["label"]]
+out = []
+for n in (1, 2):
+    mesh = parallel.make_mesh(n)
+    step = make_train_step(graphdef, tx, mesh, accum_steps=1, ema_decay=0.9)
+    p = jax.device_put(jax.tree.map(jnp.array, params), parallel.replicated(mesh))
+    gb = parallel.to_global(batch, mesh)
+    assert len(gb["image"].sharding.device_set) == n
+    p, _, e, m = step(p, tx.init(p), jax.tree.map(jnp.copy, p), gb, 0, 0)
+    out.append((jax.tree.map(np.asarray, p), float(m["loss"])))
+np.testing.assert_allclose(out[0][1], out[1][1], rtol=1e-5)
+jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6),
+             out[0][0], out[1][0])
+print("OK", out[0][1], out[1][1])
+"""
+
+
+def test_two_device_data_parallel_step_equals_one_device_step():
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2",
+           "JAX_PLATFORMS": "cpu"}
+    proc = subprocess.run([sys.executable, "-c", TWO_DEVICE_SCRIPT % (TINY,)], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "OK" in proc.stdout
+
+
+def test_nan_loss_stops_with_a_clear_message_and_keeps_good_checkpoint(tmp_path):
+    from vit.train.loop import Diverged, train
+
+    config = tiny("optim.name=sgd", "optim.lr=1e30", "optim.clip_norm=0.0",
+                  "optim.warmup_steps=0", "optim.schedule=constant", "train.checkpoint_every=1",
+                  "train.steps=50")
+    with pytest.raises(Diverged, match="(loss became (nan|inf)|weights became non-finite)") as err:
+        train(config, tmp_path)
+    assert "last good checkpoint" in str(err.value) and "\n" not in str(err.value)
+    steps = sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir()
+                   if p.name.isdigit())
+    assert steps, "no checkpoint kept"
+    params = restore_params(tmp_path, steps[-1])
+    assert all(np.isfinite(x).all() for x in jax.tree.leaves(params))
+
+
+def _vit_train(workdir, *extra):
+    cmd = [sys.executable, "-m", "vit.cli", "train", "--config", "configs/digits.py",
+           "--workdir", str(workdir)]
+    for item in TINY + list(extra):
+        cmd += ["--set", item]
+    return cmd
+
+
+def _wait_for_checkpoints(workdir, n, proc, timeout=240):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        steps = [p for p in (workdir / "checkpoints").glob("*") if p.name.isdigit()] \
+            if (workdir / "checkpoints").is_dir() else []
+        if len(steps) >= n:
+            return
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        time.sleep(0.2)
+    raise AssertionError("no checkpoints appeared")
+
+
+def test_sigterm_saves_and_sigkill_mid_save_leaves_a_usable_checkpoint(tmp_path):
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    long_run = ["train.steps=100000", "train.eval_every=100000", "model.width=64",
+                "model.mlp_dim=256", "model.depth=4"]
+    # SIGTERM: saves the current step and exits 0.
+    work = tmp_path / "term"
+    proc = subprocess.Popen(_vit_train(work, *long_run, "train.checkpoint_every=1000"),
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    deadline = time.time() + 240
+    while not (work / "metrics.jsonl").exists() and time.time() < deadline:
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-3000:]
+    assert "SIGTERM: saved step" in err
+    saved = [p.name for p in (work / "checkpoints").iterdir() if p.name.isdigit()]
+    assert len(saved) == 1
+    # SIGKILL while saving every step: the newest complete checkpoint restores and resumes.
+    work = tmp_path / "kill"
+    proc = subprocess.Popen(_vit_train(work, *long_run, "train.checkpoint_every=1",
+                                       "train.keep_checkpoints=3"),
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    _wait_for_checkpoints(work, 3, proc)
+    time.sleep(0.3)
+    proc.kill()
+    proc.communicate()
+    from vit.train.checkpointing import TrainCheckpoints
+
+    latest = TrainCheckpoints(work).latest_step()
+    assert latest is not None
+    params = restore_params(work, latest)
+    assert all(np.isfinite(x).all() for x in jax.tree.leaves(params))
+    resumed = subprocess.run(_vit_train(work, *long_run[1:], f"train.steps={latest + 1}"),
+                             cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"resumed from step {latest}" in resumed.stdout
+
+
+@pytest.mark.parametrize("recipe", ["cifar10_finetune", "pets_finetune", "imagefolder"])
+def test_finetune_recipes_smoke(recipe, straight_run, tmp_path):
+    """The big recipes as shipped (SGD, inception crop, flip, accumulation), shrunk with --set
+    to two steps on a tiny TFDS dataset, starting from a tiny checkpoint."""
+    from test_data import make_tiny_tfds
+
+    from vit.train.loop import train
+
+    workdir, _ = straight_run
+    make_tiny_tfds(tmp_path / "tfds")
+    config = load_config(ROOT / "configs" / f"{recipe}.py", [
+        "data.name=tfds:tiny_shapes", f"data.data_dir={tmp_path / 'tfds'}",
+        "data.train_split=train[:50%]", "data.val_split=test", "input.image_size=8",
+        "train.steps=2", "train.batch_size=4", "train.accum_steps=2", "train.eval_every=2",
+        "train.checkpoint_every=2", "train.eval_batch_size=8", "train.log_every=1",
+        "optim.warmup_steps=1", "data.num_threads=1", "model.attention_impl=xla"])
+    result = train(config, tmp_path / "run", init=str(workdir))
+    assert result["step"] == 2 and np.isfinite(result["loss"])
+    assert (tmp_path / "run" / "checkpoints" / "2").is_dir()

@@ -1,0 +1,93 @@
+"""`vit eval`: top-1 / top-5 / per-class accuracy and a confusion-matrix PNG.
+
+    vit eval --workdir runs/demo [--split test] [--json]          # a training run's own data
+    vit eval --checkpoint PATH --data NAME --split SPLIT [--json] # any checkpoint, any dataset
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+
+def add_arguments(parser) -> None:
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--workdir", help="a `vit train` workdir: its best (else latest) "
+                                         "checkpoint, on its config's dataset")
+    where.add_argument("--checkpoint", help="any checkpoint vit reads (needs --data)")
+    parser.add_argument("--data", help="dataset: digits, tfds:NAME or an image folder")
+    parser.add_argument("--data-dir", default=None, help="TFDS data_dir")
+    parser.add_argument("--split", default=None,
+                        help="split (default: the run's test split, else 'test')")
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--out", default=None,
+                        help="folder for confusion.png and eval.json "
+                             "(default WORKDIR/eval_SPLIT, or ./eval_SPLIT)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def run(args) -> int:
+    import ml_collections
+
+    from vit.checkpoints import load_checkpoint
+    from vit.data import eval_batches, open_source
+    from vit.errors import ConfigError
+    from vit.train import parallel
+    from vit.train.evaluate import evaluate, make_logits_fn, save_confusion_png
+
+    if args.workdir:
+        config_file = Path(args.workdir) / "config.json"
+        if not config_file.is_file():
+            raise ConfigError(f"{args.workdir}: no config.json; is it a `vit train` workdir?")
+        config = ml_collections.ConfigDict(json.loads(config_file.read_text()))
+        name, data_dir = config.data.name, config.data.data_dir
+        split = args.split or config.data.test_split or "test"
+        loaded = load_checkpoint(str(Path(args.workdir).absolute()))
+        out = Path(args.out or Path(args.workdir) / f"eval_{_safe(split)}")
+    else:
+        if not args.data:
+            raise ConfigError("--checkpoint needs --data NAME (digits, tfds:NAME or a folder)")
+        name, data_dir, split = args.data, args.data_dir, args.split or "test"
+        loaded = load_checkpoint(args.checkpoint)
+        out = Path(args.out or f"eval_{_safe(split)}")
+    source = open_source(name, split, data_dir=data_dir)
+    class_names = source.class_names
+    if loaded.config.num_classes != len(class_names):
+        raise ConfigError(f"the checkpoint has {loaded.config.num_classes} classes but "
+                          f"{source.name} has {len(class_names)}; evaluate on its own dataset")
+    if loaded.labels and list(loaded.labels) != list(class_names):
+        print(f"warning: checkpoint labels {loaded.labels[:3]}... differ from the dataset's "
+              f"{class_names[:3]}...; scoring by index", file=sys.stderr)
+
+    model = loaded.build_model()
+    from flax import nnx
+
+    graphdef, params = nnx.split(model, nnx.Param)
+    mesh = parallel.make_mesh(1)
+    batches = eval_batches(source, loaded.preprocessing, batch_size=args.batch_size)
+    res = evaluate(make_logits_fn(graphdef, mesh), params, batches, len(class_names), mesh)
+    out.mkdir(parents=True, exist_ok=True)
+    save_confusion_png(res["confusion"], class_names, out / "confusion.png")
+    report = {"checkpoint": loaded.source, "data": source.name, "split": split,
+              "accuracy": res["accuracy"], "top5_accuracy": res["top5_accuracy"],
+              "num_examples": res["num_examples"], "loss": res["loss"],
+              "per_class_accuracy": dict(zip(class_names, res["per_class_accuracy"],
+                                             strict=True)),
+              "confusion_png": str(out / "confusion.png")}
+    (out / "eval.json").write_text(json.dumps({**report, "confusion": res["confusion"]},
+                                              indent=2))
+    if args.json:
+        print(json.dumps(report))
+        return 0
+    print(f"{loaded.source} on {source.name}: {res['num_examples']} images")
+    print(f"  top-1 accuracy {res['accuracy']:.4f}")
+    print(f"  top-5 accuracy {res['top5_accuracy']:.4f}")
+    worst = sorted(report["per_class_accuracy"].items(), key=lambda kv: kv[1])[:5]
+    print("  lowest per-class: " + ", ".join(f"{k} {v:.3f}" for k, v in worst))
+    print(f"  confusion matrix {out / 'confusion.png'}, figures {out / 'eval.json'}")
+    return 0
+
+
+def _safe(split: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_" else "_" for c in split)

@@ -1,0 +1,114 @@
+"""Input pipelines on grain: seeded global shuffle, parallel decode, batches, a per-host shard.
+
+The training pipeline is a grain `MapDataset` (random access all the way down), so its position
+is one number: the iterator's `get_state()` is `{"next_index": n}` and is saved with every
+checkpoint; `set_state` puts a resumed run on exactly the batch it would have seen. Random
+augmentations draw from generators grain seeds with (pipeline seed, element index), so they
+replay exactly too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from typing import Any
+
+import grain
+import numpy as np
+
+from vit.data import transforms as T
+from vit.preprocess import Preprocessing
+
+
+@dataclasses.dataclass(frozen=True)
+class Augment:
+    """Training-time augmentation; each field off by default."""
+
+    inception_crop: bool = False  # random-resized crop (else resize / centre-crop as eval)
+    crop_area: tuple[float, float] = (0.05, 1.0)
+    flip: bool = False
+    shift: float = 0.0  # random affine, for tiny images: pixels
+    rotate: float = 0.0  # degrees
+    scale: float = 0.0  # log-zoom range
+    mixup: float = 0.0  # Beta alpha; 0 = off
+    cutmix: float = 0.0
+    label_smoothing: float = 0.0
+
+
+class TrainTransform(grain.transforms.RandomMap):
+    def __init__(self, pre: Preprocessing, aug: Augment):
+        self.pre, self.aug = pre, aug
+
+    def random_map(self, element: dict, rng: np.random.Generator) -> dict:
+        image, pre, aug = element["image"], self.pre, self.aug
+        if aug.inception_crop:
+            image = T.inception_crop(image, rng, pre.size, aug.crop_area, resample=pre.resample)
+        else:
+            image = T.center_crop(image, pre.size, pre.crop_pct, pre.resample)
+        if aug.flip:
+            image = T.flip(image, rng)
+        return {"image": image, "label": element["label"]}
+
+
+class EvalTransform(grain.transforms.Map):
+    """The same arithmetic as `Preprocessing.__call__` on a PIL image (predict's path)."""
+
+    def __init__(self, pre: Preprocessing):
+        self.pre = pre
+
+    def map(self, element: dict) -> dict:
+        image = T.center_crop(element["image"], self.pre.size, self.pre.crop_pct,
+                              self.pre.resample)
+        return {"image": T.normalize(image, self.pre.mean, self.pre.std),
+                "label": element["label"]}
+
+
+class BatchTransform(grain.transforms.RandomMap):
+    """uint8 batch -> {"image", "label", "target"}: affine jitter (vectorised), normalisation,
+    one-hot targets, smoothed and mixed."""
+
+    def __init__(self, pre: Preprocessing, num_classes: int, aug: Augment):
+        self.pre, self.num_classes, self.aug = pre, num_classes, aug
+
+    def random_map(self, batch: dict, rng: np.random.Generator) -> dict:
+        aug, image = self.aug, batch["image"]
+        if aug.shift or aug.rotate or aug.scale:
+            image = T.random_affine(image, rng, shift=aug.shift, rotate=aug.rotate,
+                                    scale=aug.scale)
+        image = T.normalize(image, self.pre.mean, self.pre.std)
+        target = T.one_hot(batch["label"], self.num_classes, aug.label_smoothing)
+        image, target = T.mixup_cutmix(image, target, rng, mixup=aug.mixup, cutmix=aug.cutmix)
+        return {"image": image, "label": batch["label"], "target": target}
+
+
+def shard_of(dataset: grain.MapDataset, index: int, count: int) -> grain.MapDataset:
+    return dataset[index::count] if count > 1 else dataset
+
+
+def train_iterator(source, pre: Preprocessing, aug: Augment, *, batch_size: int, seed: int,
+                   num_classes: int, shard_index: int = 0, shard_count: int = 1,
+                   num_threads: int = 2) -> grain.DatasetIterator:
+    """An endless iterator of this host's training batches; checkpoint it with `get_state()`.
+
+    `batch_size` is the per-host batch.
+    """
+    ds = shard_of(grain.MapDataset.source(source).seed(seed), shard_index, shard_count)
+    ds = (ds.shuffle().repeat(None).random_map(TrainTransform(pre, aug))
+          .batch(batch_size, drop_remainder=True)
+          .random_map(BatchTransform(pre, num_classes, aug)))
+    read = grain.ReadOptions(num_threads=num_threads, prefetch_buffer_size=4 * batch_size)
+    return iter(ds.to_iter_dataset(read))
+
+
+def eval_batches(source, pre: Preprocessing, *, batch_size: int, shard_index: int = 0,
+                 shard_count: int = 1, num_threads: int = 2) -> Iterator[dict[str, Any]]:
+    """One pass in order; the last batch is padded to `batch_size`, with `mask` 0 on padding."""
+    ds = shard_of(grain.MapDataset.source(source), shard_index, shard_count)
+    ds = ds.map(EvalTransform(pre)).batch(batch_size, drop_remainder=False)
+    read = grain.ReadOptions(num_threads=num_threads, prefetch_buffer_size=4 * batch_size)
+    for batch in ds.to_iter_dataset(read):
+        n = len(batch["label"])
+        pad = batch_size - n
+        yield {"image": np.pad(batch["image"], ((0, pad), (0, 0), (0, 0), (0, 0))),
+               "label": np.pad(batch["label"], (0, pad)),
+               "mask": np.pad(np.ones(n, np.float32), (0, pad))}

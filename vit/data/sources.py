@@ -1,0 +1,209 @@
+"""Random-access image datasets: the bundled digits, image folders, TensorFlow Datasets.
+
+Every source has `len()`, `source[i] -> {"image": uint8 [h, w, 3], "label": int}`,
+`.class_names` and `.name`. Random access is what lets the grain pipeline shuffle globally,
+decode in parallel and resume at any example.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from pathlib import Path
+
+import numpy as np
+
+from vit.errors import DataError
+from vit.preprocess import open_image, to_rgb
+
+log = logging.getLogger(__name__)
+
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm")
+DIGITS_SPLITS = ("train", "validation", "test")
+
+
+class ArraySource:
+    """In-memory images and labels."""
+
+    def __init__(self, images: np.ndarray, labels: np.ndarray, class_names: list[str],
+                 name: str):
+        self.images, self.labels = images, labels
+        self.class_names, self.name = list(class_names), name
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, i: int) -> dict:
+        return {"image": self.images[i], "label": int(self.labels[i])}
+
+
+def digits(split: str) -> ArraySource:
+    """scikit-learn's copy of the UCI handwritten digits, 8x8, as uint8 RGB.
+
+    A fixed stratified split: 20% (360 images) is `test`; 10% of the rest (144) is
+    `validation`, for choosing checkpoints without looking at test; 1,293 images are `train`.
+    """
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    if split not in DIGITS_SPLITS:
+        raise DataError(f"digits has no split {split!r}; use one of {', '.join(DIGITS_SPLITS)}")
+    data = load_digits()
+    # Values are 0..16 (counts of set pixels in 4x4 blocks): scale to 0..255, grey to RGB.
+    images = np.repeat((data.images * 255.0 / 16.0).round().astype(np.uint8)[..., None], 3, -1)
+    index = np.arange(len(images))
+    rest, test = train_test_split(index, test_size=0.2, stratify=data.target, random_state=0)
+    train, val = train_test_split(rest, test_size=0.1, stratify=data.target[rest],
+                                  random_state=0)
+    chosen = {"train": train, "validation": val, "test": test}[split]
+    return ArraySource(images[chosen], data.target[chosen], [str(d) for d in range(10)],
+                       f"digits:{split}")
+
+
+class FolderSource:
+    """`root/<class>/<image>`; class names are the sorted folder names.
+
+    A file that fails to decode is replaced by the next readable example and counted; the first
+    few are named in a warning (`strict=True` raises instead), so one bad file never kills an
+    epoch.
+    """
+
+    def __init__(self, files: list[Path], labels: list[int], class_names: list[str], name: str,
+                 strict: bool = False):
+        self.files, self.labels = files, np.asarray(labels, np.int64)
+        self.class_names, self.name, self.strict = class_names, name, strict
+        self.bad: list[str] = []
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, i: int) -> dict:
+        for offset in range(len(self.files)):
+            j = (i + offset) % len(self.files)
+            try:
+                image = np.asarray(to_rgb(open_image(self.files[j])))
+                return {"image": image, "label": int(self.labels[j])}
+            except DataError as err:
+                if self.strict:
+                    raise
+                self._record_bad(str(self.files[j]), err)
+        raise DataError(f"{self.name}: no readable image in the dataset")
+
+    def _record_bad(self, path: str, err: DataError) -> None:
+        if path in self.bad:
+            return
+        self.bad.append(path)
+        if len(self.bad) <= 3:
+            log.warning("skipping unreadable image %s (%d bad so far): %s", path, len(self.bad),
+                        err)
+
+
+def _list_folder(root: Path) -> dict[str, list[Path]]:
+    classes = sorted(d.name for d in root.iterdir() if d.is_dir() and not d.name.startswith("."))
+    return {c: sorted(p for p in (root / c).rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES)
+            for c in classes}
+
+
+def folder(root: str | os.PathLike, split: str, *, val_fraction: float = 0.1, seed: int = 0,
+           strict: bool = False) -> FolderSource:
+    """An image folder. With `root/train` (and `root/val` or `root/validation`, `root/test`)
+    subfolders each split is one of them; otherwise `val_fraction` of each class, chosen
+    by `seed`, is `validation` and the rest `train`."""
+    root = Path(root)
+    if not root.is_dir():
+        raise DataError(f"{root}: no such folder; give a folder with one subfolder per class")
+    split_dirs = {"train": ["train"], "validation": ["val", "validation"],
+                  "test": ["test"]}
+    if (root / "train").is_dir():
+        names = split_dirs.get(split, [split])
+        found = next((root / n for n in names if (root / n).is_dir()), None)
+        if found is None:
+            raise DataError(f"{root}: no {'/'.join(names)} subfolder for split {split!r}")
+        by_class = _list_folder(found)
+        classes = sorted(_list_folder(root / "train"))  # every split shares train's labels
+        chosen = {c: by_class.get(c, []) for c in classes}
+    else:
+        if split not in ("train", "validation"):
+            raise DataError(f"{root}: split {split!r} needs a {split}/ subfolder; without "
+                            "subfolders the splits are 'train' and 'validation'")
+        chosen, classes = {}, sorted(_list_folder(root))
+        rng = np.random.default_rng(seed)
+        for c, files in _list_folder(root).items():
+            order = rng.permutation(len(files))
+            n_val = int(round(len(files) * val_fraction))
+            if val_fraction > 0 and len(files) > 1:  # every class is validated
+                n_val = max(n_val, 1)
+            keep = order[:n_val] if split == "validation" else order[n_val:]
+            chosen[c] = [files[i] for i in sorted(keep)]
+    files, labels = [], []
+    for label, c in enumerate(classes):
+        files += chosen[c]
+        labels += [label] * len(chosen[c])
+    if not files:
+        raise DataError(f"{root}: no images ({', '.join(IMAGE_SUFFIXES)}) for split {split!r}; "
+                        "expected root/<class>/<image> files")
+    return FolderSource(files, labels, classes, f"{root}:{split}", strict=strict)
+
+
+class TfdsSource:
+    """A TFDS dataset prepared as array_record, read through `tfds.data_source`."""
+
+    def __init__(self, name: str, split: str, data_dir: str | None = None,
+                 image_key: str = "image", label_key: str = "label"):
+        import tensorflow_datasets as tfds
+
+        self.name = f"tfds:{name}:{split}"
+        self.image_key, self.label_key = image_key, label_key
+        hint = (f"prepare it once with: pip install tensorflow && tfds build {name} "
+                f"--file_format=array_record" + (f" --data_dir {data_dir}" if data_dir else ""))
+        try:
+            builder = tfds.builder(name, data_dir=data_dir)
+        except tfds.core.registered.DatasetNotFoundError:
+            raise DataError(f"TFDS dataset {name!r} not found; {hint}") from None
+        file_format = getattr(builder.info, "file_format", None)
+        if not builder.is_prepared() or str(getattr(file_format, "value", file_format)) not in (
+                "array_record", "parquet"):
+            raise DataError(f"TFDS dataset {name!r} is not prepared as array_record in "
+                            f"{builder.data_dir}; {hint}")
+        try:
+            self.source = builder.as_data_source(split=split)
+        except ValueError as err:
+            raise DataError(f"TFDS dataset {name!r}: bad split {split!r} ({err}); available: "
+                            f"{', '.join(builder.info.splits)}") from None
+        label = builder.info.features[label_key]
+        self.class_names = list(getattr(label, "names", None) or
+                                [str(i) for i in range(label.num_classes)])
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+    def __getitem__(self, i: int) -> dict:
+        record = self.source[i]
+        image = record[self.image_key]
+        if isinstance(image, bytes):  # an undecoded Image feature: decode with PIL
+            import io
+
+            from PIL import Image
+            image = to_rgb(Image.open(io.BytesIO(image)))
+        image = np.asarray(image)
+        if image.ndim == 2 or image.shape[-1] == 1:
+            image = np.repeat(image.reshape(image.shape[:2] + (1,)), 3, -1)
+        return {"image": image.astype(np.uint8), "label": int(record[self.label_key])}
+
+
+def open_source(name: str, split: str, *, data_dir: str | None = None, strict: bool = False,
+                val_fraction: float = 0.1):
+    """`"digits"`, `"tfds:NAME"` (or a TFDS name), or a folder path -> a random-access source.
+
+    `split` is a split name; TFDS takes slicing such as `train[:90%]`.
+    """
+    if name == "digits":
+        return digits(split)
+    if name.startswith("tfds:"):
+        return TfdsSource(name.removeprefix("tfds:"), split, data_dir)
+    if os.sep in name or Path(name).is_dir():
+        return folder(name, split, val_fraction=val_fraction, strict=strict)
+    if re.fullmatch(r"[a-z0-9_]+(/[\w.=,-]+)?(:[\d.]+)?", name):
+        return TfdsSource(name, split, data_dir)
+    raise DataError(f"unknown dataset {name!r}; use 'digits', 'tfds:NAME' or an image folder")
