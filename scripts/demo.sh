@@ -41,11 +41,11 @@ for i in range(6):
     Image.fromarray(item["image"]).resize((64, 64), Image.NEAREST).save(
         out / "enlarged" / f"test{i}_label{item['label']}.png")
 PY
-vit predict "$RUN"/digits/*.png --checkpoint "$PWD/$RUN" --top-k 3
+vit predict "$RUN"/digits/*.png --checkpoint "$RUN" --top-k 3
 
-# ---- rollout step (added by the rollout issue) --------------------------------------------
-# vit rollout ... --checkpoint "$RUN" --out "$RUN/rollout"
-# --------------------------------------------------------------------------------------------
+echo "== demo: attention rollout for 8 test digits, with an HTML gallery"
+vit rollout --checkpoint "$RUN" --data digits --split test --limit 8 --method rollout \
+  --out "$RUN/rollout" --html
 
 echo "== demo: done in $(( $(date +%s) - START )) s"
 echo "  checkpoints    $RUN/checkpoints (best: $RUN/checkpoints/best.json)"
@@ -53,3 +53,4 @@ echo "  metrics        $RUN/metrics.jsonl"
 echo "  curves         $RUN/curves.png"
 echo "  test results   $RUN/eval_test/eval.json, confusion matrix $RUN/eval_test/confusion.png"
 echo "  digit images   $RUN/digits/ (8x8 as classified; enlarged/ to look at)"
+echo "  rollout        $RUN/rollout/index.html (overlays/, maps/, manifest.jsonl)"

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import importlib.util
 import sys
 
 from vit.errors import VitError
@@ -33,8 +32,6 @@ def build_parser() -> argparse.ArgumentParser:
                         version=f"vit {importlib.import_module('vit').__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, (module, help_text) in COMMANDS.items():
-        if importlib.util.find_spec(module) is None:
-            continue  # TODO(foundation): drop once every command module has landed
         command = sub.add_parser(name, help=help_text, description=help_text)
         importlib.import_module(module).add_arguments(command)
         command.set_defaults(_module=module)

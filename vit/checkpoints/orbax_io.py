@@ -73,7 +73,7 @@ def _restore_meta(directory: Path) -> dict:
 
 def read(path) -> LoadedCheckpoint:
     """A workdir, a step directory or an export."""
-    path = Path(path)
+    path = Path(path).absolute()  # orbax's metadata lookup fails on relative paths
     which = None
     if is_workdir(path):
         step_dir, which = find_workdir_checkpoint(path)

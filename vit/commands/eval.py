@@ -43,7 +43,7 @@ def run(args) -> int:
         config = ml_collections.ConfigDict(json.loads(config_file.read_text()))
         name, data_dir = config.data.name, config.data.data_dir
         split = args.split or config.data.test_split or "test"
-        loaded = load_checkpoint(str(Path(args.workdir).absolute()))
+        loaded = load_checkpoint(args.workdir)
         out = Path(args.out or Path(args.workdir) / f"eval_{_safe(split)}")
     else:
         if not args.data:
