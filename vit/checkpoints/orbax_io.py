@@ -8,6 +8,7 @@ Parameters are restored as host numpy arrays, whatever sharding they were saved 
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -59,7 +60,15 @@ def _restore_params(directory: Path) -> dict:
     import orbax.checkpoint as ocp
 
     checkpointer = ocp.PyTreeCheckpointer()
-    tree = checkpointer.metadata(directory).item_metadata.tree
+    # An item saved inside a composite checkpoint has no _CHECKPOINT_METADATA of its own; orbax
+    # logs that as a warning on every load although the tree metadata it needs is there.
+    absl_logger = logging.getLogger("absl")
+    level = absl_logger.level
+    absl_logger.setLevel(logging.ERROR)
+    try:
+        tree = checkpointer.metadata(directory).item_metadata.tree
+    finally:
+        absl_logger.setLevel(level)
     as_numpy = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), tree)
     params = checkpointer.restore(directory, args=ocp.args.PyTreeRestore(restore_args=as_numpy))
     return nest({k: np.asarray(v) for k, v in flatten(params).items()})  # "0" -> 0
