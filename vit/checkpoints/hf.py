@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from vit.checkpoints import LoadedCheckpoint, zero_head_warning
+from vit.checkpoints import LoadedCheckpoint, torch_writers, zero_head_warning
 from vit.checkpoints.labels import default_labels
 from vit.errors import CheckpointError
 from vit.models.config import ViTConfig
@@ -256,15 +256,7 @@ def write(loaded: LoadedCheckpoint, dst) -> list[str]:
     classify = cfg.num_classes > 0
     prefix = "vit." if classify else ""
     out = {}
-
-    def put_linear(name, dense):
-        out[f"{prefix}{name}.weight"] = np.asarray(dense["kernel"]).T
-        if "bias" in dense:
-            out[f"{prefix}{name}.bias"] = dense["bias"]
-
-    def put_norm(name, norm):
-        out[f"{prefix}{name}.weight"], out[f"{prefix}{name}.bias"] = norm["scale"], norm["bias"]
-
+    put_linear, put_norm = torch_writers(out, prefix)
     out[f"{prefix}embeddings.cls_token"] = p["cls_token"]
     out[f"{prefix}embeddings.position_embeddings"] = p["pos_embed"]
     out[f"{prefix}embeddings.patch_embeddings.projection.weight"] = (

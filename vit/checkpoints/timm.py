@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from vit.checkpoints import LoadedCheckpoint, zero_head_warning
+from vit.checkpoints import LoadedCheckpoint, torch_writers, zero_head_warning
 from vit.checkpoints.hf import read_safetensors, write_safetensors
 from vit.checkpoints.labels import default_labels
 from vit.errors import CheckpointError
@@ -244,15 +244,7 @@ def write(loaded: LoadedCheckpoint, dst) -> list[str]:
         raise CheckpointError("timm's ViT cannot hold a pre-logits (representation) layer; "
                               "use --format npz or orbax instead")
     warnings, out = [], {}
-
-    def put_linear(name, dense):
-        out[f"{name}.weight"] = np.asarray(dense["kernel"]).T
-        if "bias" in dense:
-            out[f"{name}.bias"] = dense["bias"]
-
-    def put_norm(name, norm):
-        out[f"{name}.weight"], out[f"{name}.bias"] = norm["scale"], norm["bias"]
-
+    put_linear, put_norm = torch_writers(out)
     out["patch_embed.proj.weight"] = np.asarray(p["patch_kernel"]).transpose(3, 2, 0, 1)
     out["patch_embed.proj.bias"] = p["patch_bias"]
     if cfg.class_token:
