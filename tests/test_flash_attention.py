@@ -4,6 +4,7 @@ With VIT_TEST_COMPILED=1 (scripts/gpu_check.sh sets it) the same tests must run 
 GPU/TPU; they fail rather than quietly fall back to the interpreter on CPU.
 """
 
+import contextlib
 import functools
 import json
 import os
@@ -197,6 +198,17 @@ def test_supported():
     assert fa.flash_attention_supported((2, 197, 12, 64), (2, 50, 12, 64), jnp.float32, "cpu")[0]
 
 
+def _target_device(platform):
+    """Names the GPU to lower for when there is none: from jax 0.11 the Triton lowering reads
+    the compute capability off the device, else off the abstract mesh's device."""
+    if platform != "gpu" or jax.default_backend() == "gpu":
+        return contextlib.nullcontext()
+    from jax.sharding import AbstractDevice, AbstractMesh, use_abstract_mesh
+
+    device = AbstractDevice(device_kind="NVIDIA H100", num_cores=None, platform="gpu")
+    return use_abstract_mesh(AbstractMesh((1,), ("x",), abstract_device=device))
+
+
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
 @pytest.mark.parametrize("platform,target,kernel_call", [
     ("gpu", "cuda", "custom_call @__gpu$xla.gpu.triton("),
@@ -216,8 +228,9 @@ def test_lowers_for_accelerators(monkeypatch, platform, target, kernel_call, dty
         return _with_vjp(functools.partial(fa.flash_attention, kv_len=kv_len, interpret=False),
                          q, k, v, do)
 
-    lowered = jax.jit(step).trace(spec, spec, spec, spec, kv_len).lower(
-        lowering_platforms=(target,))
+    with _target_device(platform):
+        lowered = jax.jit(step).trace(spec, spec, spec, spec, kv_len).lower(
+            lowering_platforms=(target,))
     assert lowered.as_text().count(kernel_call) == 3  # forward, dK/dV and dQ kernels
 
 
