@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # GPU check of the flash-attention kernel, under 8 minutes on one H200:
-#   1. tests/test_flash_attention.py compiled for the GPU (VIT_TEST_COMPILED=1: no interpreter);
+#   1. the kernel tests compiled for the GPU (VIT_TEST_COMPILED=1: no interpreter), and the
+#      dispatcher tests: a ViT on the kernel equals the XLA path at float32 "highest" precision;
 #   2. scripts/bench_attention.py: compiled correctness at ViT shapes, attention TFLOP/s (ours,
-#      cuDNN, XLA, jax's Pallas mha) and a ViT-B/16 training step per attention path.
+#      cuDNN, XLA, jax's Pallas mha), a ViT-B/16 training step per attention path, and a
+#      block-size sweep of our kernel in the time left.
 # Results go to RESULTS_DIR (default benchmarks/): bench_attention.json, flash_attention_tests.*.
 # Runs with the machine's python3 (PYTHON to override) from the repo root; installs nothing.
 #
@@ -25,7 +27,8 @@ echo "== 1/2 kernel tests, compiled"
 if "$PY" -c "import pytest" 2>/dev/null; then
   # Our own flags only (no project addopts or warning filters: pytest-timeout may be missing).
   # The CPU-only dry-run test is left to CI.
-  VIT_TEST_COMPILED=1 timeout 200 "$PY" -m pytest tests/test_flash_attention.py -q \
+  VIT_TEST_COMPILED=1 timeout 150 "$PY" -m pytest tests/test_flash_attention.py \
+    tests/test_attention_dispatch.py -q \
     -o addopts="" -p no:warnings -p no:cacheprovider -m "not slow" -k "not dry_run" \
     --junitxml="$RESULTS_DIR/flash_attention_tests.xml" 2>&1 \
     | tee "$RESULTS_DIR/flash_attention_tests.log" | tail -n 25
@@ -37,7 +40,7 @@ fi
 echo "== 2/2 benchmarks"
 # --budget-s stops new measurements in time; timeout is the hard stop. The JSON is rewritten
 # after each section, so a stop keeps what was measured.
-timeout 270 "$PY" scripts/bench_attention.py --out "$RESULTS_DIR" --budget-s 230 || status=1
+timeout 310 "$PY" scripts/bench_attention.py --out "$RESULTS_DIR" --budget-s 270 || status=1
 
 echo "== gpu_check: $([ $status -eq 0 ] && echo PASSED || echo FAILED); results in $RESULTS_DIR"
 exit $status

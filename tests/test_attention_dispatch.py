@@ -15,17 +15,35 @@ from vit.ops import attention
 pytestmark = pytest.mark.timeout(600)
 
 
-def test_choices_and_fallbacks_on_cpu():
-    shape = (2, 197, 12, 64)
-    pick = lambda impl, **kw: attention.choose_impl(  # noqa: E731
-        impl, shape, shape, jnp.float32, **{"has_mask": False, "dropout": False, **kw})[0]
-    assert pick("auto") == "xla"  # CPU: auto never picks the interpreter
-    assert pick("pallas") == "pallas"  # explicit: the kernel in interpret mode
-    assert pick("cudnn") == "xla"  # no cuDNN on CPU: fall back, never fail
-    assert pick("pallas", has_mask=True) == "xla"  # the kernel takes kv_len, not masks
-    assert pick("pallas", dropout=True) == "xla"
+def _pick(impl, shape=(2, 197, 12, 64), dtype=jnp.float32, **kw):
+    return attention.choose_impl(
+        impl, shape, shape, dtype, **{"has_mask": False, "dropout": False, **kw})[0]
+
+
+def test_choices_and_fallbacks_on_cpu(monkeypatch):
+    monkeypatch.setattr(attention, "_platform", lambda: "cpu")
+    assert _pick("auto") == "xla"  # CPU: auto never picks the interpreter
+    assert _pick("pallas") == "pallas"  # explicit: the kernel in interpret mode
+    assert _pick("cudnn") == "xla"  # no cuDNN on CPU: fall back, never fail
+    assert _pick("pallas", has_mask=True) == "xla"  # the kernel takes kv_len, not masks
+    assert _pick("pallas", dropout=True) == "xla"
     with pytest.raises(ValueError, match="not one of"):
-        pick("flash")
+        _pick("flash")
+
+
+def test_choices_and_fallbacks_on_accelerators(monkeypatch):
+    """The decisions a GPU/TPU host makes, checked on any host by naming the platform."""
+    monkeypatch.setattr(attention, "_platform", lambda: "gpu")
+    assert _pick("auto", dtype=jnp.bfloat16) == "pallas"
+    assert _pick("cudnn", dtype=jnp.bfloat16) == "cudnn"
+    assert _pick("cudnn", dtype=jnp.float32) == "xla"  # cuDNN flash needs 16-bit inputs
+    assert _pick("auto", dtype=jnp.bfloat16, has_mask=True) == "xla"  # cuDNN takes no mask here
+    assert _pick("auto", shape=(2, 197, 2, 512), dtype=jnp.bfloat16) == "xla"  # head_dim 512
+    assert _pick("auto", dtype=jnp.int8) == "xla"
+    monkeypatch.setattr(attention, "_platform", lambda: "tpu")
+    assert _pick("auto", dtype=jnp.bfloat16) == "pallas"
+    assert _pick("auto", dtype=jnp.float16) == "xla"  # no float16 kernel on TPU, no cuDNN
+    assert _pick("cudnn", dtype=jnp.bfloat16) == "xla"
 
 
 def test_choice_is_logged_once(caplog):
@@ -62,7 +80,8 @@ def test_vit_forward_on_pallas_equals_xla():
     xla, pallas = _pair()  # 1 + 1 + 20 = 22 tokens: ragged against every block size
     x = jax.random.normal(jax.random.key(2), (2, 20, 16, 3))
     fwd = nnx.jit(lambda m, x: m(x))
-    np.testing.assert_allclose(fwd(pallas, x), fwd(xla, x), atol=1e-4, rtol=1e-4)
+    with jax.default_matmul_precision("highest"):  # on GPU, float32 matmuls default to TF32
+        np.testing.assert_allclose(fwd(pallas, x), fwd(xla, x), atol=1e-4, rtol=1e-4)
 
 
 def test_one_training_step_on_pallas_equals_xla():
@@ -83,7 +102,8 @@ def test_one_training_step_on_pallas_equals_xla():
     for model in (xla, pallas):
         # SGD: Adam's first step is sign(g), which turns rounding noise near zero into +-lr.
         opt = nnx.Optimizer(model, optax.sgd(0.5), wrt=nnx.Param)
-        losses.append(step(model, opt))
+        with jax.default_matmul_precision("highest"):
+            losses.append(step(model, opt))
         params.append(nnx.state(model, nnx.Param))
     np.testing.assert_allclose(losses[1], losses[0], rtol=1e-5)
     for a, b in zip(jax.tree.leaves(params[0]), jax.tree.leaves(params[1]), strict=True):

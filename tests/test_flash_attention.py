@@ -269,7 +269,7 @@ def test_bench_script_dry_run(tmp_path):
     )
     result = json.loads((tmp_path / "bench_attention.json").read_text())
     assert {"command", "machine", "versions", "flop_convention", "correctness", "attention",
-            "train_step"} <= set(result)
+            "train_step", "block_sweep"} <= set(result)
     assert {"platform", "device_kind"} <= set(result["machine"])
     assert {"jax", "jaxlib"} <= set(result["versions"])
     assert all(c["ok"] for c in result["correctness"]), result["correctness"]
@@ -277,3 +277,4 @@ def test_bench_script_dry_run(tmp_path):
     assert ours and all(r.get("tflops", 0) > 0 for r in ours), ours
     assert {"fwd", "fwd_bwd"} == {r["mode"] for r in ours}
     assert any(r.get("images_per_s", 0) > 0 for r in result["train_step"]["runs"]), result
+    assert all(r.get("tflops", 0) > 0 for r in result["block_sweep"]), result["block_sweep"]
