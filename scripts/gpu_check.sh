@@ -8,11 +8,23 @@
 # Results go to RESULTS_DIR (default benchmarks/): bench_attention.json, flash_attention_tests.*.
 # Runs with the machine's python3 (PYTHON to override) from the repo root; installs nothing.
 #
-#   scripts/gpu_check.sh [RESULTS_DIR]
+#   scripts/gpu_check.sh [--dry-run] [RESULTS_DIR]
+#
+# --dry-run (CPU, for CI): collects the tests instead of running them (CI's suite runs them) and
+# runs the benchmark on tiny shapes in Pallas interpret mode, so the script is proven to work.
 set -uo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
-RESULTS_DIR="${1:-$ROOT/benchmarks}"
-mkdir -p "$RESULTS_DIR"
+DRY_RUN=0
+RESULTS_DIR="$ROOT/benchmarks"
+for arg in "$@"; do
+  case "$arg" in
+    --dry-run) DRY_RUN=1 ;;
+    -*) echo "gpu_check.sh: unknown option $arg; usage: scripts/gpu_check.sh [--dry-run] [RESULTS_DIR]" >&2
+        exit 2 ;;
+    *) RESULTS_DIR="$arg" ;;
+  esac
+done
+mkdir -p "$RESULTS_DIR" || exit 2
 RESULTS_DIR="$(cd "$RESULTS_DIR" && pwd)"
 cd "$ROOT"
 PY="${PYTHON:-python3}"
@@ -23,12 +35,13 @@ command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,m
   --format=csv,noheader
 "$PY" -c "import jax; print('jax', jax.__version__, jax.devices())" || exit 1
 
-echo "== 1/2 kernel tests, compiled"
+echo "== 1/2 kernel and dispatcher tests, compiled"
 if "$PY" -c "import pytest" 2>/dev/null; then
   # Our own flags only (no project addopts or warning filters: pytest-timeout may be missing).
   # The CPU-only dry-run test is left to CI.
-  VIT_TEST_COMPILED=1 timeout 150 "$PY" -m pytest tests/test_flash_attention.py \
-    tests/test_attention_dispatch.py -q \
+  if [ $DRY_RUN -eq 1 ]; then mode=(--collect-only); compiled=0; else mode=(); compiled=1; fi
+  VIT_TEST_COMPILED=$compiled timeout 150 "$PY" -m pytest tests/test_flash_attention.py \
+    tests/test_attention_dispatch.py -q "${mode[@]}" \
     -o addopts="" -p no:warnings -p no:cacheprovider -m "not slow" -k "not dry_run" \
     --junitxml="$RESULTS_DIR/flash_attention_tests.xml" 2>&1 \
     | tee "$RESULTS_DIR/flash_attention_tests.log" | tail -n 25
@@ -40,7 +53,8 @@ fi
 echo "== 2/2 benchmarks"
 # --budget-s stops new measurements in time; timeout is the hard stop. The JSON is rewritten
 # after each section, so a stop keeps what was measured.
-timeout 310 "$PY" scripts/bench_attention.py --out "$RESULTS_DIR" --budget-s 270 || status=1
+if [ $DRY_RUN -eq 1 ]; then bench=(--dry-run); else bench=(--budget-s 270); fi
+timeout 310 "$PY" scripts/bench_attention.py --out "$RESULTS_DIR" "${bench[@]}" || status=1
 
 echo "== gpu_check: $([ $status -eq 0 ] && echo PASSED || echo FAILED); results in $RESULTS_DIR"
 exit $status

@@ -260,13 +260,16 @@ def test_vit_lengths_all_head_dims(seq, head_dim):
         _assert_close(a, b, jnp.bfloat16, name)
 
 
-def test_bench_script_dry_run(tmp_path):
-    env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu")
-    subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "bench_attention.py"), "--dry-run",
-         "--out", str(tmp_path)],
-        check=True, cwd=ROOT, env=env, timeout=240,
+def test_gpu_check_dry_run(tmp_path):
+    """scripts/gpu_check.sh --dry-run: collects the GPU tests, runs the benchmark on tiny shapes."""
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHON=sys.executable)
+    proc = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "gpu_check.sh"), "--dry-run", str(tmp_path)],
+        cwd=ROOT, env=env, timeout=300, capture_output=True, text=True,
     )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "gpu_check: PASSED" in proc.stdout
+    assert " tests collected" in (tmp_path / "flash_attention_tests.log").read_text()
     result = json.loads((tmp_path / "bench_attention.json").read_text())
     assert {"command", "machine", "versions", "flop_convention", "correctness", "attention",
             "train_step", "block_sweep"} <= set(result)
