@@ -21,6 +21,7 @@ import argparse
 import contextlib
 import functools
 import importlib.metadata
+import itertools
 import json
 import math
 import pathlib
@@ -196,22 +197,23 @@ def attention_bench(dry_run: bool, iters: int, deadline: Deadline, reserve_s: fl
 
 
 def block_sweep(dry_run: bool, iters: int, deadline: Deadline) -> list[dict]:
-    """Our kernel over (block_q, block_k) tiles at ViT-B shapes, with whatever time is left:
-    the data for tuning `default_block_sizes`. The tiles apply to all three kernels."""
+    """Our kernel over (block_q, block_k) tiles and warps at ViT-B shapes, in whatever time is
+    left: the data for tuning `default_block_sizes`. Each setting applies to all three kernels."""
     from vit.ops.flash_attention import flash_attention
 
     shapes = [(1, 50, 2, 64)] if dry_run else [(128, 577, 12, 64), (128, 197, 12, 64)]
-    tiles = [(16, 16)] if dry_run else [
-        (128, 64), (64, 64), (128, 32), (64, 32), (128, 128), (64, 128), (32, 64)]
+    tiles = [(16, 16)] if dry_run else [(128, 64), (64, 64), (128, 32), (64, 128), (128, 128)]
+    warps = (4,) if dry_run else (4, 8)
     results = []
     for batch, seq, heads, d in shapes:
         q, k, v, do = _inputs(jax.random.PRNGKey(0), batch, seq, seq, heads, d, jnp.bfloat16)
         fwd_flop = 4 * batch * heads * seq * seq * d
-        for block_q, block_k in tiles:
-            attention = functools.partial(flash_attention, block_q=block_q, block_k=block_k)
+        for (block_q, block_k), num_warps in itertools.product(tiles, warps):
+            attention = functools.partial(flash_attention, block_q=block_q, block_k=block_k,
+                                          num_warps=num_warps)
             for mode, flop in (("fwd", fwd_flop), ("fwd_bwd", 3.5 * fwd_flop)):
-                row = dict(block_q=block_q, block_k=block_k, mode=mode, batch=batch, seq=seq,
-                           heads=heads, head_dim=d, dtype="bfloat16")
+                row = dict(block_q=block_q, block_k=block_k, num_warps=num_warps, mode=mode,
+                           batch=batch, seq=seq, heads=heads, head_dim=d, dtype="bfloat16")
                 if deadline.left() <= 0:
                     row["error"] = "skipped: time budget"
                 else:
@@ -320,7 +322,7 @@ def _summary(result: dict) -> None:
             best[key] = r
     for (mode, seq), r in sorted(best.items()):
         print(f"best tiles {mode:<8} seq {seq}: block_q={r['block_q']} block_k={r['block_k']}"
-              f" {r['tflops']:.1f} TFLOP/s")
+              f" num_warps={r['num_warps']} {r['tflops']:.1f} TFLOP/s")
     for r in result.get("train_step", {}).get("runs", []):
         if "images_per_s" in r:
             print(f"train {r['impl']:<8} {r['images_per_s']:>9.1f} img/s  MFU {r['mfu']:.1%}"

@@ -260,6 +260,25 @@ def test_vit_lengths_all_head_dims(seq, head_dim):
         _assert_close(a, b, jnp.bfloat16, name)
 
 
+@pytest.mark.skipif(COMPILED, reason="on a GPU the kernels are compiled and run for real")
+def test_gpu_kernels_fit_registers_and_shared_memory_on_sm90(tmp_path):
+    """Compiles the three kernels' Triton IR for Hopper with pip's triton: no register spills
+    and shared memory within the 227 KiB a block may use, at the default tiles."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu")
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "kernel_resources.py"), "--head-dims", "32",
+         "64", "80", "128", "--dtypes", "bfloat16", "--out", str(tmp_path)],
+        cwd=ROOT, env=env, timeout=280, capture_output=True, text=True,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = json.loads((tmp_path / "kernel_resources.json").read_text())["kernels"]
+    assert len(rows) == 12 and {r["kernel"] for r in rows} == {
+        "flash_attention_fwd", "flash_attention_dkv", "flash_attention_dq"}
+    for r in rows:
+        assert r["spill_bytes"] == 0 and 0 < r["shared_bytes"] <= 227 * 1024, r
+        assert r["registers"] <= 255, r
+
+
 def test_gpu_check_dry_run(tmp_path):
     """scripts/gpu_check.sh --dry-run: collects the GPU tests, runs the benchmark on tiny shapes."""
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHON=sys.executable)

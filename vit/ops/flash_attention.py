@@ -59,28 +59,32 @@ _TPU_VMEM_BUDGET = 12 * 2**20
 
 @dataclasses.dataclass(frozen=True)
 class BlockSizes:
-    """(query rows, key rows) per tile for the forward, dK/dV and dQ kernels."""
+    """(query rows, key rows) per tile, and Triton warps, for the forward, dK/dV and dQ kernels."""
 
     fwd: tuple[int, int]
     dkv: tuple[int, int]
     dq: tuple[int, int]
-    num_warps: int = 4
+    warps: tuple[int, int, int] = (4, 4, 4)  # num_warps of the fwd, dkv and dq kernels
     num_stages: int = 2
 
 
 def default_block_sizes(platform: str, head_dim: int) -> BlockSizes:
-    """Default tiles. Untuned guesses on GPU, after Triton's fused-attention tutorial.
+    """Default tiles, after Triton's fused-attention tutorial; not yet timed on a GPU.
 
     The backward kernels keep a large block resident and stream small blocks of the other
-    operand: dK/dV holds 128 keys and streams 32 queries, dQ the reverse.
+    operand: dK/dV holds 128 keys and streams 32 queries, dQ the reverse. The warps are chosen
+    so that no kernel spills registers on sm_90 (`scripts/kernel_resources.py` compiles them on
+    any host): with 4 warps the dK/dV kernel spills at head_dim 64, with 8 it does not.
     """
     if platform == "tpu":
         return BlockSizes(fwd=(128, 128), dkv=(128, 128), dq=(128, 128))
+    if head_dim <= 32:
+        return BlockSizes(fwd=(128, 64), dkv=(32, 128), dq=(128, 32), warps=(4, 4, 4))
     if head_dim <= 64:
-        return BlockSizes(fwd=(128, 64), dkv=(32, 128), dq=(128, 32), num_warps=4)
+        return BlockSizes(fwd=(128, 64), dkv=(32, 128), dq=(128, 32), warps=(8, 8, 8))
     if head_dim <= 128:
-        return BlockSizes(fwd=(128, 64), dkv=(32, 64), dq=(64, 32), num_warps=8)
-    return BlockSizes(fwd=(64, 32), dkv=(16, 64), dq=(64, 16), num_warps=8)
+        return BlockSizes(fwd=(128, 64), dkv=(32, 64), dq=(64, 32), warps=(8, 8, 8))
+    return BlockSizes(fwd=(64, 32), dkv=(16, 32), dq=(64, 16), warps=(8, 8, 8))
 
 
 def flash_attention_supported(q_shape, k_shape, dtype, platform: str) -> tuple[bool, str]:
@@ -190,7 +194,8 @@ class _Plan:
 
         return pl.BlockSpec((None, None, block, 1), index_map)
 
-    def call(self, kernel, *, n_blocks, in_specs, out_specs, out_shape, name, kv_len, args):
+    def call(self, kernel, *, n_blocks, in_specs, out_specs, out_shape, name, kv_len, args,
+             warps):
         batch, heads = (args[0].shape[0], args[0].shape[1 if self.tpu else 2])
         grid = self.grid(batch, heads, n_blocks)
         kernel = functools.partial(kernel, plan=self)
@@ -215,9 +220,7 @@ class _Plan:
             in_specs=[kv_len_spec, *in_specs],
             out_specs=out_specs,
             out_shape=out_shape,
-            compiler_params=_triton_compiler_params(
-                self.blocks.num_warps, self.blocks.num_stages
-            ),
+            compiler_params=_triton_compiler_params(warps, self.blocks.num_stages),
             interpret=self.interpret,
             name=name,
         )(kv_len, *args)
@@ -360,6 +363,7 @@ def _forward(plan, q, k, v, kv_len):
             jax.ShapeDtypeStruct((batch, heads, sq, 1), jnp.float32),
         ],
         name="flash_attention_fwd",
+        warps=plan.blocks.warps[0],
         kv_len=kv_len,
         args=(q, k, v),
     )
@@ -383,6 +387,7 @@ def _backward(plan, q, k, v, kv_len, o, lse, do):
         out_specs=[kv_tile, kv_tile],
         out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype)] * 2,
         name="flash_attention_dkv",
+        warps=plan.blocks.warps[1],
         kv_len=kv_len,
         args=(q, k, v, do, lse, delta),
     )
@@ -396,6 +401,7 @@ def _backward(plan, q, k, v, kv_len, o, lse, do):
         out_specs=q_tile,
         out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
         name="flash_attention_dq",
+        warps=plan.blocks.warps[2],
         kv_len=kv_len,
         args=(q, k, v, do, lse, delta),
     )
@@ -449,7 +455,7 @@ def _resolve_blocks(tpu, head_dim, seq_q, seq_k, block_q, block_k) -> BlockSizes
 
 
 def flash_attention(q, k, v, *, kv_len=None, scale=None, block_q=None, block_k=None,
-                    interpret=None):
+                    num_warps=None, interpret=None):
     """Softmax attention `softmax(q k^T * scale) v` with a Pallas flash-attention kernel.
 
     Args:
@@ -461,6 +467,7 @@ def flash_attention(q, k, v, *, kv_len=None, scale=None, block_q=None, block_k=N
       scale: static float; defaults to 1/sqrt(head_dim).
       block_q, block_k: tile rows for queries and keys, for all three kernels (defaults:
         `default_block_sizes`). Powers of two >= 16 on GPU/CPU, multiples of 16 on TPU.
+      num_warps: Triton warps for all three kernels on GPU (default: per kernel and head_dim).
       interpret: None runs interpreted exactly on CPU; True/False force it; a
         `pltpu.InterpretParams` runs the TPU (Mosaic) variant in the TPU interpreter.
 
@@ -482,6 +489,10 @@ def flash_attention(q, k, v, *, kv_len=None, scale=None, block_q=None, block_k=N
     tpu = platform == "tpu" or _is_tpu_interpret(interpret)
     interpret = platform == "cpu" if interpret is None else interpret
     blocks = _resolve_blocks(tpu, head_dim, seq_q, seq_k, block_q, block_k)
+    if num_warps is not None:
+        if num_warps not in (1, 2, 4, 8, 16):
+            raise ValueError(f"num_warps={num_warps} must be one of 1, 2, 4, 8, 16")
+        blocks = dataclasses.replace(blocks, warps=(num_warps,) * 3)
     pad_q = math.lcm(blocks.fwd[0], blocks.dkv[0], blocks.dq[0])
     pad_k = math.lcm(blocks.fwd[1], blocks.dkv[1], blocks.dq[1])
     sq, sk = _round_up(seq_q, pad_q), _round_up(seq_k, pad_k)

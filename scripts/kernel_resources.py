@@ -1,0 +1,190 @@
+#!/usr/bin/env python3
+"""Registers, spills and shared memory of our flash-attention kernels on an NVIDIA GPU, found on
+any host: JAX lowers the three kernels (forward, dK/dV, dQ) to Triton IR for CUDA, and pip's
+`triton` compiles that IR for the target (sm_90, Hopper, by default) and ptxas reports resources.
+No GPU needed.
+
+    PYTHONPATH=$PWD python scripts/kernel_resources.py [--head-dims 32 64 128] [--out DIR]
+
+Writes DIR/kernel_resources.json (default benchmarks/) and prints a table. Exits 1 when a
+kernel needs more shared memory than the target has, or a 16-bit kernel spills registers.
+
+The figures come from pip's Triton, not the Triton inside XLA that compiles the kernels on a real
+GPU, so they catch gross misfits (spills, oversize tiles) before a GPU run; they do not replace
+`scripts/gpu_check.sh`. Needs `pip install triton` (part of the test extra).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import glob
+import json
+import os
+import pathlib
+import re
+import subprocess
+import sys
+import tempfile
+import warnings
+
+import jax
+import jax.numpy as jnp
+
+KERNELS = ("flash_attention_fwd", "flash_attention_dkv", "flash_attention_dq")
+# Largest shared memory one block may use, by compute capability (CUDA programming guide).
+MAX_SHARED = {80: 163 * 1024, 86: 99 * 1024, 89: 99 * 1024, 90: 227 * 1024}
+# An abstract device names the target when the host has no GPU (jax >= 0.11 reads it).
+DEVICE_KIND = {80: "NVIDIA A100", 86: "NVIDIA A10", 89: "NVIDIA L4", 90: "NVIDIA H100"}
+
+
+def triton_ir(head_dim: int, dtype, seq: int, capability: int) -> dict[str, str]:
+    """Triton IR of the forward and both backward kernels, by kernel name."""
+    from jax._src.pallas.triton import lowering  # where jax turns a kernel into Triton IR
+
+    from vit.ops.flash_attention import flash_attention
+
+    captured = {}
+    original = lowering.lower_jaxpr_to_triton_module
+
+    def capture(*args, **kwargs):
+        result = original(*args, **kwargs)
+        text = result.module.operation.get_asm(enable_debug_info=False)
+        captured[re.search(r"module @(\w+)", text).group(1)] = text
+        return result
+
+    spec = jax.ShapeDtypeStruct((2, seq, 4, head_dim), dtype)
+
+    def step(q, k, v, do):
+        out, vjp = jax.vjp(functools.partial(flash_attention, interpret=False), q, k, v)
+        return out, vjp(do)
+
+    lowering.lower_jaxpr_to_triton_module = capture
+    try:
+        with _target(capability):
+            jax.jit(step).trace(spec, spec, spec, spec).lower(lowering_platforms=("cuda",))
+    finally:
+        lowering.lower_jaxpr_to_triton_module = original
+    missing = set(KERNELS) - set(captured)
+    if missing:
+        raise RuntimeError(f"kernels not lowered: {sorted(missing)}")
+    return captured
+
+
+def _target(capability: int):
+    if jax.default_backend() == "gpu":
+        return contextlib.nullcontext()
+    from jax.sharding import AbstractDevice, AbstractMesh, use_abstract_mesh
+
+    device = AbstractDevice(device_kind=DEVICE_KIND[capability], num_cores=None, platform="gpu")
+    return use_abstract_mesh(AbstractMesh((1,), ("x",), abstract_device=device))
+
+
+def compile_resources(ir: str, capability: int, warps: int, stages: int) -> dict:
+    """Compiles Triton IR with pip's triton; shared memory from triton, registers from ptxas."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # silences a 3.9 notice; the default
+    with tempfile.TemporaryDirectory() as tmp:
+        path = pathlib.Path(tmp, "kernel.ttir")
+        path.write_text(ir)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            kernel = triton.compile(str(path), target=GPUTarget("cuda", capability, 32),
+                                    options={"num_warps": warps, "num_stages": stages})
+        ptx = pathlib.Path(tmp, "kernel.ptx")
+        ptx.write_text(kernel.asm["ptx"])
+        report = _ptxas_report(ptx, capability)
+    registers = int(re.search(r"Used (\d+) registers", report).group(1))
+    spills = int(re.search(r"(\d+) bytes spill stores", report).group(1))
+    return dict(registers=registers, spill_bytes=spills, shared_bytes=int(kernel.metadata.shared))
+
+
+def _ptxas_report(ptx: pathlib.Path, capability: int) -> str:
+    """`ptxas -v` output from the first ptxas bundled with triton that accepts this PTX."""
+    import triton
+
+    arch = f"sm_{capability}a" if capability >= 90 else f"sm_{capability}"
+    tools = sorted(glob.glob(os.path.join(os.path.dirname(triton.__file__),
+                                          "backends", "nvidia", "bin", "ptxas*")))
+    errors = []
+    for tool in tools:
+        proc = subprocess.run([tool, "-v", f"-arch={arch}", str(ptx), "-o", os.devnull],
+                              capture_output=True, text=True)
+        if proc.returncode == 0:
+            return proc.stdout + proc.stderr
+        errors.append(f"{os.path.basename(tool)}: {proc.stderr.strip().splitlines()[0:1]}")
+    raise RuntimeError(f"no bundled ptxas accepted the PTX: {errors or 'none found'}")
+
+
+def measure(head_dims, dtypes, seq: int, capability: int) -> list[dict]:
+    from vit.ops.flash_attention import default_block_sizes
+
+    rows = []
+    for dtype_name in dtypes:
+        dtype = jnp.dtype(dtype_name)
+        for head_dim in head_dims:
+            blocks = default_block_sizes("gpu", head_dim)
+            irs = triton_ir(head_dim, dtype, seq, capability)
+            for index, name in enumerate(KERNELS):
+                tile = getattr(blocks, name.rsplit("_", 1)[1])
+                row = dict(kernel=name, head_dim=head_dim, dtype=dtype_name, seq=seq,
+                           tile=list(tile), warps=blocks.warps[index], stages=blocks.num_stages)
+                try:
+                    row.update(compile_resources(irs[name], capability, row["warps"],
+                                                 row["stages"]))
+                    fits = row["shared_bytes"] <= MAX_SHARED[capability]
+                    # Spills cost speed, not correctness: flagged for the 16-bit fast path only.
+                    row["ok"] = fits and (row["spill_bytes"] == 0 or dtype_name == "float32")
+                except Exception as exc:  # recorded; the other kernels still report
+                    row.update(ok=False, error=f"{type(exc).__name__}: {exc}"[:400])
+                rows.append(row)
+                print(_line(row), flush=True)
+    return rows
+
+
+def _line(r: dict) -> str:
+    if "error" in r:
+        return f"{r['kernel']:<20} d={r['head_dim']:<4} {r['dtype']:<9} ERROR {r['error']}"
+    return (f"{r['kernel']:<20} d={r['head_dim']:<4} {r['dtype']:<9} tile={r['tile']} "
+            f"warps={r['warps']} regs={r['registers']:<4} spill={r['spill_bytes']:<5} "
+            f"shared={r['shared_bytes'] // 1024} KiB {'ok' if r['ok'] else 'NOT OK'}")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--head-dims", type=int, nargs="+", default=[32, 64, 128, 256])
+    parser.add_argument("--dtypes", nargs="+", default=["bfloat16", "float32"],
+                        choices=["bfloat16", "float16", "float32"])
+    parser.add_argument("--seq", type=int, default=577, help="sequence length (ViT-B/16, 384 px)")
+    parser.add_argument("--capability", type=int, default=90, choices=sorted(MAX_SHARED),
+                        help="CUDA compute capability to compile for (90: H100/H200)")
+    parser.add_argument("--out", default="benchmarks", help="results directory")
+    args = parser.parse_args(argv)
+    try:
+        import triton
+    except ImportError:
+        print("kernel_resources: needs pip's triton; install it with `pip install triton`",
+              file=sys.stderr)
+        return 2
+    rows = measure(args.head_dims, args.dtypes, args.seq, args.capability)
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    result = {
+        "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
+        "target": f"sm_{args.capability}",
+        "max_shared_bytes": MAX_SHARED[args.capability],
+        "versions": {"jax": jax.__version__, "triton": triton.__version__},
+        "note": "compiled by pip's triton, not XLA's; indicative of fit, not of speed",
+        "kernels": rows,
+    }
+    (out / "kernel_resources.json").write_text(json.dumps(result, indent=1))
+    bad = [r for r in rows if not r["ok"]]
+    print(f"{len(rows) - len(bad)}/{len(rows)} kernels fit; wrote {out / 'kernel_resources.json'}")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
