@@ -60,8 +60,9 @@ def test_xla_reference_matches_jax_nn():
     k1, k2, k3 = jax.random.split(jax.random.key(0), 3)
     q, k, v = (jax.random.normal(key, (2, 7, 3, 16)) for key in (k1, k2, k3))
     mask = jnp.tril(jnp.ones((7, 7), bool))[None, None]
-    ours = attention.reference_attention(q, k, v, mask=mask)
-    theirs = jax.nn.dot_product_attention(q, k, v, mask=mask, implementation="xla")
+    with jax.default_matmul_precision("highest"):  # on GPU, float32 matmuls default to TF32
+        ours = attention.reference_attention(q, k, v, mask=mask)
+        theirs = jax.nn.dot_product_attention(q, k, v, mask=mask, implementation="xla")
     np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-6)
 
 
