@@ -180,6 +180,8 @@ def test_scale_and_validation():
         fa.flash_attention(q, k, v, kv_len=jnp.array([1, 2]))
     with pytest.raises(ValueError, match="share"):
         fa.flash_attention(q, k.astype(jnp.bfloat16), v)
+    with pytest.raises(ValueError, match="num_warps"):
+        fa.flash_attention(q, k, v, num_warps=3)
 
 
 def test_supported():
