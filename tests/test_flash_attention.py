@@ -9,6 +9,7 @@ import functools
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -233,7 +234,11 @@ def test_lowers_for_accelerators(monkeypatch, platform, target, kernel_call, dty
     with _target_device(platform):
         lowered = jax.jit(step).trace(spec, spec, spec, spec, kv_len).lower(
             lowering_platforms=(target,))
-    assert lowered.as_text().count(kernel_call) == 3  # forward, dK/dV and dQ kernels
+    text = lowered.as_text()
+    assert text.count(kernel_call) == 3  # forward, dK/dV and dQ kernels
+    if platform == "gpu":  # each Triton call carries its kernel's warps
+        warps = sorted(int(w) for w in re.findall(r"num_warps = (\d+)", text))
+        assert warps == sorted(fa.default_block_sizes("gpu", 80).warps)
 
 
 @pytest.mark.skipif(COMPILED or jax.default_backend() != "cpu",
