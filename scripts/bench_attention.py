@@ -165,6 +165,29 @@ def correctness(dry_run: bool) -> list[dict]:
     return results
 
 
+def _measure_modes(attention, batch, seq, heads, d, inputs, iters, skip: bool, **labels):
+    """Forward and forward+backward rows (ms, TFLOP/s) for one attention function and shape."""
+    q, k, v, do = inputs
+    fwd_flop = 4 * batch * heads * seq * seq * d
+    rows = []
+    for mode, flop in (("fwd", fwd_flop), ("fwd_bwd", 3.5 * fwd_flop)):
+        row = dict(**labels, mode=mode, batch=batch, seq=seq, heads=heads, head_dim=d,
+                   dtype="bfloat16")
+        if skip:
+            row["error"] = "skipped: time budget"
+        else:
+            fn = jax.jit(attention if mode == "fwd"
+                         else functools.partial(_with_grads, attention))
+            args = (q, k, v) if mode == "fwd" else (q, k, v, do)
+            try:
+                seconds = _time(fn, *args, iters=iters)
+                row.update(ms=seconds * 1e3, tflops=flop / seconds / 1e12)
+            except Exception as exc:
+                row["error"] = _error(exc)
+        rows.append(row)
+    return rows
+
+
 def attention_bench(dry_run: bool, iters: int, deadline: Deadline, reserve_s: float):
     interpret = jax.default_backend() == "cpu"
     impls = attention_impls(interpret)
@@ -174,23 +197,10 @@ def attention_bench(dry_run: bool, iters: int, deadline: Deadline, reserve_s: fl
     ]
     results = []
     for batch, seq, heads, d in shapes:
-        q, k, v, do = _inputs(jax.random.PRNGKey(0), batch, seq, seq, heads, d, jnp.bfloat16)
-        fwd_flop = 4 * batch * heads * seq * seq * d
+        inputs = _inputs(jax.random.PRNGKey(0), batch, seq, seq, heads, d, jnp.bfloat16)
         for name, attention in impls.items():
-            for mode, flop in (("fwd", fwd_flop), ("fwd_bwd", 3.5 * fwd_flop)):
-                row = dict(impl=name, mode=mode, batch=batch, seq=seq, heads=heads, head_dim=d,
-                           dtype="bfloat16")
-                if deadline.left() < reserve_s:
-                    row["error"] = "skipped: time budget"
-                else:
-                    fn = jax.jit(attention if mode == "fwd"
-                                 else functools.partial(_with_grads, attention))
-                    args = (q, k, v) if mode == "fwd" else (q, k, v, do)
-                    try:
-                        seconds = _time(fn, *args, iters=iters)
-                        row.update(ms=seconds * 1e3, tflops=flop / seconds / 1e12)
-                    except Exception as exc:
-                        row["error"] = _error(exc)
+            for row in _measure_modes(attention, batch, seq, heads, d, inputs, iters,
+                                      skip=deadline.left() < reserve_s, impl=name):
                 results.append(row)
                 print(f"attention {row}", flush=True)
     return results
@@ -206,25 +216,13 @@ def block_sweep(dry_run: bool, iters: int, deadline: Deadline) -> list[dict]:
     warps = (4,) if dry_run else (4, 8)
     results = []
     for batch, seq, heads, d in shapes:
-        q, k, v, do = _inputs(jax.random.PRNGKey(0), batch, seq, seq, heads, d, jnp.bfloat16)
-        fwd_flop = 4 * batch * heads * seq * seq * d
+        inputs = _inputs(jax.random.PRNGKey(0), batch, seq, seq, heads, d, jnp.bfloat16)
         for (block_q, block_k), num_warps in itertools.product(tiles, warps):
             attention = functools.partial(flash_attention, block_q=block_q, block_k=block_k,
                                           num_warps=num_warps)
-            for mode, flop in (("fwd", fwd_flop), ("fwd_bwd", 3.5 * fwd_flop)):
-                row = dict(block_q=block_q, block_k=block_k, num_warps=num_warps, mode=mode,
-                           batch=batch, seq=seq, heads=heads, head_dim=d, dtype="bfloat16")
-                if deadline.left() <= 0:
-                    row["error"] = "skipped: time budget"
-                else:
-                    fn = jax.jit(attention if mode == "fwd"
-                                 else functools.partial(_with_grads, attention))
-                    args = (q, k, v) if mode == "fwd" else (q, k, v, do)
-                    try:
-                        seconds = _time(fn, *args, iters=iters)
-                        row.update(ms=seconds * 1e3, tflops=flop / seconds / 1e12)
-                    except Exception as exc:
-                        row["error"] = _error(exc)
+            for row in _measure_modes(attention, batch, seq, heads, d, inputs, iters,
+                                      skip=deadline.left() <= 0, block_q=block_q,
+                                      block_k=block_k, num_warps=num_warps):
                 results.append(row)
                 print(f"blocks {row}", flush=True)
     return results
