@@ -11,6 +11,7 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+from einops import rearrange
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,7 +41,7 @@ class TokenLayout:
 
     def patch_grid(self, row: jax.Array) -> jax.Array:
         """`[batch, tokens]` scores -> `[batch, rows, cols]` over the patches alone."""
-        return row[:, self.num_prefix:].reshape(row.shape[0], *self.grid)
+        return rearrange(row[:, self.num_prefix:], "b (gh gw) -> b gh gw", gh=self.grid[0])
 
     def fixed_readout(self, batch: int) -> jax.Array:
         """The readout row for `token` and `gap` heads: `[batch, tokens]`, summing to 1.
@@ -62,10 +63,11 @@ def map_readout(map_head, tokens: jax.Array) -> jax.Array:
     This is what the head actually reads, so it is the readout row for `map` classifiers (the
     alternative, a uniform mean over patches, ignores what the probe learned to look at).
     """
-    b, n, d = tokens.shape
+    b, _, d = tokens.shape
     probe = jnp.broadcast_to(map_head.probe[...], (b, 1, d)).astype(tokens.dtype)
-    q = map_head.q(probe).reshape(b, 1, map_head.num_heads, map_head.head_dim)
-    k = map_head.kv(tokens).reshape(b, n, 2, map_head.num_heads, map_head.head_dim)[:, :, 0]
+    q = rearrange(map_head.q(probe), "b 1 (h d) -> b 1 h d", h=map_head.num_heads)
+    k = rearrange(map_head.kv(tokens), "b n (two h d) -> two b n h d", two=2,
+                  h=map_head.num_heads)[0]
     logits = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32)
     probs = jax.nn.softmax(logits / jnp.sqrt(map_head.head_dim).astype(jnp.float32), axis=-1)
     return probs[:, :, 0].mean(1)

@@ -38,7 +38,7 @@ from flax import nnx
 
 from vit.explain import rules
 from vit.explain.layout import TokenLayout, map_readout
-from vit.models.vit import Keys
+from vit.models.blocks import Keys
 
 METHODS = ("attention", "rollout", "grad-rollout", "relevancy")
 GRADIENT_METHODS = ("grad-rollout", "relevancy")

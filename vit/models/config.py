@@ -44,6 +44,52 @@ POSEMBS = ("learn", "sincos2d")
 GELUS = ("exact", "tanh")
 DTYPES = ("float32", "bfloat16", "float16")
 ATTENTION_IMPLS = ("auto", "pallas", "cudnn", "xla")
+POSEMB_RESIZES = ("linear", "bicubic")  # the methods of vit.models.posemb.resize_posemb
+
+
+TEXT_SOURCES = ("bytes", "embeddings")
+
+
+@dataclasses.dataclass(frozen=True)
+class TextConfig:
+    """Text conditioning: a text path and gated cross-attention from image tokens to text.
+
+    A cross-attention block follows encoder block `i` when `i >= xattn_start` and
+    `(i - xattn_start) % xattn_every == 0`. `source="bytes"` encodes UTF-8 prompts with our
+    own small Transformer (`width`, `depth`, `num_heads`, `mlp_dim`, `max_len` tokens);
+    `source="embeddings"` takes `[batch, tokens, embed_dim]` vectors from a frozen text model
+    run elsewhere. `similarity_dim > 0` adds a SigLIP-style image-text similarity head.
+    """
+
+    source: str = "bytes"
+    max_len: int = 32  # text tokens, including the end token; longer prompts are truncated
+    width: int = 128
+    depth: int = 2
+    num_heads: int = 4
+    mlp_dim: int = 512
+    embed_dim: int = 0  # width of user-supplied embeddings (source="embeddings")
+    xattn_start: int = 0
+    xattn_every: int = 1
+    similarity_dim: int = 0
+
+    def __post_init__(self):
+        _check_choice("text.source", self.source, TEXT_SOURCES)
+        if self.source == "embeddings" and self.embed_dim <= 0:
+            raise ConfigError("text.source='embeddings' needs text.embed_dim > 0 (the width of "
+                              "the supplied embeddings)")
+        for name in ("max_len", "width", "depth", "num_heads", "mlp_dim", "xattn_every"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"text.{name} must be positive, got {getattr(self, name)}")
+        if self.xattn_start < 0 or self.similarity_dim < 0:
+            raise ConfigError("text.xattn_start and text.similarity_dim must be >= 0")
+        if self.width % self.num_heads:
+            raise ConfigError(f"text.width {self.width} is not divisible by text.num_heads "
+                              f"{self.num_heads}")
+
+    def xattn_layers(self, depth: int) -> tuple[int, ...]:
+        """The encoder blocks that a cross-attention block follows."""
+        return tuple(i for i in range(self.xattn_start, depth)
+                     if (i - self.xattn_start) % self.xattn_every == 0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,6 +121,10 @@ class ViTConfig:
     remat: bool = False  # rematerialise each block in the backward pass
     attention_impl: str = "auto"  # auto | pallas | cudnn | xla
     dynamic_image_size: bool = False  # resize position embeddings on the fly for other sizes
+    # How position embeddings are resized for another grid: the convention of the checkpoint's
+    # source ("linear" for vit_jax/big_vision npz, "bicubic" for timm/Hugging Face/ours).
+    posemb_resize: str = "bicubic"
+    text: TextConfig | None = None  # text conditioning (cross-attention); None: a plain ViT
 
     def __post_init__(self):
         for name in ("patch_size", "image_size"):
@@ -86,6 +136,17 @@ class ViTConfig:
         _check_choice("gelu", self.gelu, GELUS)
         _check_choice("dtype", self.dtype, DTYPES)
         _check_choice("attention_impl", self.attention_impl, ATTENTION_IMPLS)
+        _check_choice("posemb_resize", self.posemb_resize, POSEMB_RESIZES)
+        if isinstance(self.text, dict):  # from a saved config or a recipe file
+            fields = {f.name for f in dataclasses.fields(TextConfig)}
+            unknown = sorted(set(self.text) - fields)
+            if unknown:
+                raise ConfigError(f"unknown text field(s) {', '.join(unknown)}; valid fields: "
+                                  f"{', '.join(sorted(fields))}")
+            object.__setattr__(self, "text", TextConfig(**self.text))
+        if self.text is not None and not self.text.xattn_layers(self.depth):
+            raise ConfigError(f"text.xattn_start={self.text.xattn_start} is past the last "
+                              f"block (depth {self.depth}): no cross-attention would be built")
         if self.width % self.num_heads:
             raise ConfigError(f"width {self.width} is not divisible by num_heads {self.num_heads}")
         for i in range(2):

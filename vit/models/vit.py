@@ -15,149 +15,18 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import jax.scipy.special
+from einops import rearrange
 from flax import nnx
 
 from vit.models import posemb as posemb_lib
+from vit.models.blocks import Block, Keys, Mlp, dense, dropout, layer_norm, xavier
 from vit.models.config import ViTConfig, get_config
-from vit.ops.attention import dot_product_attention, reference_attention
+from vit.models.cross_attention import CrossAttentionBlock, PromptHead, SimilarityHead
+from vit.models.text import PAD, TextPath
+from vit.ops.attention import reference_attention
 
-xavier = nnx.initializers.xavier_uniform()
 # Probability hook used by the explain tools: (layer_index, probs) -> probs.
 ProbsHook = Callable[[int, jax.Array], jax.Array]
-
-
-def _gelu(kind: str) -> Callable[[jax.Array], jax.Array]:
-    if kind == "tanh":
-        return lambda x: jax.nn.gelu(x, approximate=True)
-    # Exact GELU, x * Phi(x). In float32 it is written with ndtr: on XLA CPU 2.5x faster than
-    # jax.nn.gelu's erf form (6 ms vs 15 ms per ViT-B/16 MLP activation at batch 8), same values
-    # to 1e-7. ndtr takes float32/64 only, so other dtypes keep the erf form.
-    def exact(x):
-        if x.dtype in (jnp.float32, jnp.float64):
-            return x * jax.scipy.special.ndtr(x)
-        return jax.nn.gelu(x, approximate=False)
-
-    return exact
-
-
-def _layer_norm(dim: int, cfg: ViTConfig, rngs: nnx.Rngs) -> nnx.LayerNorm:
-    return nnx.LayerNorm(dim, epsilon=cfg.layer_norm_eps, dtype=jnp.float32, rngs=rngs)
-
-
-def _dense(din: int, dout: int, cfg: ViTConfig, rngs: nnx.Rngs, *, bias: bool = True,
-           kernel_init=xavier) -> nnx.Linear:
-    return nnx.Linear(din, dout, use_bias=bias, dtype=jnp.dtype(cfg.dtype),
-                      kernel_init=kernel_init, rngs=rngs)
-
-
-def _dropout(x: jax.Array, rate: float, rng: jax.Array | None) -> jax.Array:
-    if rate == 0.0 or rng is None:
-        return x
-    keep = jax.random.bernoulli(rng, 1.0 - rate, x.shape)
-    return jnp.where(keep, x / (1.0 - rate), 0).astype(x.dtype)
-
-
-def _drop_path(x: jax.Array, rate: float, rng: jax.Array | None) -> jax.Array:
-    # Stochastic depth: drop a whole residual branch per example.
-    if rate == 0.0 or rng is None:
-        return x
-    keep = jax.random.bernoulli(rng, 1.0 - rate, (x.shape[0],) + (1,) * (x.ndim - 1))
-    return jnp.where(keep, x / (1.0 - rate), 0).astype(x.dtype)
-
-
-class Keys:
-    """Splits one key into named, per-use keys; hands out None when not training."""
-
-    def __init__(self, rng: jax.Array | None):
-        self.rng = rng
-
-    def __call__(self, *tags: int) -> jax.Array | None:
-        if self.rng is None:
-            return None
-        key = self.rng
-        for tag in tags:
-            key = jax.random.fold_in(key, tag)
-        return key
-
-
-class Mlp(nnx.Module):
-    def __init__(self, width: int, hidden: int, cfg: ViTConfig, rngs: nnx.Rngs):
-        bias_init = nnx.initializers.normal(1e-6)
-        self.fc1 = nnx.Linear(width, hidden, dtype=jnp.dtype(cfg.dtype), kernel_init=xavier,
-                              bias_init=bias_init, rngs=rngs)
-        self.fc2 = nnx.Linear(hidden, width, dtype=jnp.dtype(cfg.dtype), kernel_init=xavier,
-                              bias_init=bias_init, rngs=rngs)
-        self.act = _gelu(cfg.gelu)
-        self.rate = cfg.dropout
-
-    def __call__(self, x: jax.Array, keys: Keys) -> jax.Array:
-        x = _dropout(self.act(self.fc1(x)), self.rate, keys(0))
-        return _dropout(self.fc2(x), self.rate, keys(1))
-
-
-class Attention(nnx.Module):
-    """Multi-head self-attention through `vit.ops.attention`."""
-
-    def __init__(self, cfg: ViTConfig, rngs: nnx.Rngs):
-        self.num_heads, self.head_dim = cfg.num_heads, cfg.head_dim
-        self.qkv = _dense(cfg.width, 3 * cfg.width, cfg, rngs, bias=cfg.qkv_bias)
-        self.proj = _dense(cfg.width, cfg.width, cfg, rngs)
-        if cfg.qk_norm:
-            self.q_norm = _layer_norm(cfg.head_dim, cfg, rngs)
-            self.k_norm = _layer_norm(cfg.head_dim, cfg, rngs)
-        else:
-            self.q_norm = self.k_norm = None
-        self.impl, self.attn_rate = cfg.attention_impl, cfg.attention_dropout
-
-    def __call__(self, x: jax.Array, keys: Keys,
-                 probs_hook: Callable[[jax.Array], jax.Array] | None = None) -> jax.Array:
-        b, n, _ = x.shape
-        qkv = self.qkv(x).reshape(b, n, 3, self.num_heads, self.head_dim)
-        q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
-        if self.q_norm is not None:
-            q, k = self.q_norm(q).astype(v.dtype), self.k_norm(k).astype(v.dtype)
-        if probs_hook is not None:
-            # Explain mode: materialise the probabilities and let the hook see (or perturb) them.
-            _, probs = reference_attention(q, k, v, return_probs=True)
-            probs = probs_hook(probs)
-            out = jnp.einsum("bhqk,bkhd->bqhd", probs.astype(v.dtype), v)
-        else:
-            out = dot_product_attention(q, k, v, impl=self.impl, dropout_rate=self.attn_rate,
-                                        dropout_rng=keys(0))
-        return self.proj(out.reshape(b, n, -1))
-
-
-class LayerScale(nnx.Module):
-    def __init__(self, width: int, init: float):
-        self.gamma = nnx.Param(jnp.full((width,), init, jnp.float32))
-
-    def __call__(self, x: jax.Array) -> jax.Array:
-        return x * self.gamma[...].astype(x.dtype)
-
-
-class Block(nnx.Module):
-    """Pre-norm transformer encoder block."""
-
-    def __init__(self, cfg: ViTConfig, drop_path: float, rngs: nnx.Rngs):
-        self.norm1 = _layer_norm(cfg.width, cfg, rngs)
-        self.attn = Attention(cfg, rngs)
-        self.norm2 = _layer_norm(cfg.width, cfg, rngs)
-        self.mlp = Mlp(cfg.width, cfg.mlp_dim, cfg, rngs)
-        scaled = cfg.layer_scale is not None
-        self.ls1 = LayerScale(cfg.width, cfg.layer_scale) if scaled else None
-        self.ls2 = LayerScale(cfg.width, cfg.layer_scale) if scaled else None
-        self.drop_path, self.dropout = drop_path, cfg.dropout
-        self.dtype = jnp.dtype(cfg.dtype)
-
-    def __call__(self, x: jax.Array, keys: Keys, probs_hook=None) -> jax.Array:
-        y = self.attn(self.norm1(x).astype(self.dtype), Keys(keys(0)), probs_hook)
-        y = _dropout(y, self.dropout, keys(1))
-        y = self.ls1(y) if self.ls1 is not None else y
-        x = x + _drop_path(y, self.drop_path, keys(2))
-        y = self.mlp(self.norm2(x).astype(self.dtype), Keys(keys(3)))
-        y = self.ls2(y) if self.ls2 is not None else y
-        return x + _drop_path(y, self.drop_path, keys(4))
 
 
 class MAPHead(nnx.Module):
@@ -167,20 +36,20 @@ class MAPHead(nnx.Module):
         d = cfg.width
         self.num_heads, self.head_dim = cfg.num_heads, cfg.head_dim
         self.probe = nnx.Param(xavier(rngs.params(), (1, 1, d), jnp.float32))
-        self.q = _dense(d, d, cfg, rngs)
-        self.kv = _dense(d, 2 * d, cfg, rngs)
-        self.proj = _dense(d, d, cfg, rngs)
-        self.norm = _layer_norm(d, cfg, rngs)
+        self.q = dense(d, d, cfg, rngs)
+        self.kv = dense(d, 2 * d, cfg, rngs)
+        self.proj = dense(d, d, cfg, rngs)
+        self.norm = layer_norm(d, cfg, rngs)
         self.mlp = Mlp(d, cfg.mlp_dim, cfg, rngs)
         self.dtype = jnp.dtype(cfg.dtype)
 
     def __call__(self, x: jax.Array, keys: Keys) -> jax.Array:
-        b, n, d = x.shape
+        b, _, d = x.shape
         probe = jnp.broadcast_to(self.probe[...], (b, 1, d)).astype(self.dtype)
-        q = self.q(probe).reshape(b, 1, self.num_heads, self.head_dim)
-        kv = self.kv(x).reshape(b, n, 2, self.num_heads, self.head_dim)
-        out = reference_attention(q, kv[:, :, 0], kv[:, :, 1])  # 1 query: nothing to tile
-        x = self.proj(out.reshape(b, 1, d))
+        q = rearrange(self.q(probe), "b 1 (h d) -> b 1 h d", h=self.num_heads)
+        k, v = rearrange(self.kv(x), "b n (two h d) -> two b n h d", two=2, h=self.num_heads)
+        out = reference_attention(q, k, v)  # 1 query: nothing to tile
+        x = self.proj(rearrange(out, "b 1 h d -> b 1 (h d)"))
         x = x + self.mlp(self.norm(x).astype(self.dtype), keys)
         return x[:, 0]
 
@@ -210,16 +79,27 @@ class VisionTransformer(nnx.Module):
             self.pos_embed = None
         rates = [cfg.drop_path * i / max(cfg.depth - 1, 1) for i in range(cfg.depth)]
         self.blocks = nnx.List([Block(cfg, rate, rngs) for rate in rates])
-        self.norm = _layer_norm(d, cfg, rngs)
+        self.norm = layer_norm(d, cfg, rngs)
         self.map_head = MAPHead(cfg, rngs) if cfg.classifier == "map" else None
         if cfg.representation_size:
-            self.pre_logits = _dense(d, cfg.representation_size, cfg, rngs)
+            self.pre_logits = dense(d, cfg.representation_size, cfg, rngs)
             d = cfg.representation_size
         else:
             self.pre_logits = None
         # Zero-initialised head, as vit_jax and big_vision: fine-tuning starts from a neutral head.
         self.head = (nnx.Linear(d, cfg.num_classes, kernel_init=nnx.initializers.zeros,
                                 dtype=self.dtype, rngs=rngs) if cfg.num_classes else None)
+        # Text conditioning lives in its own subtrees (built after, and apart from, the image
+        # model's parameters), so a plain ViT checkpoint loads into a text model unchanged.
+        if cfg.text is not None:
+            self.text_path = TextPath(cfg, rngs)
+            self.xattn = nnx.List([CrossAttentionBlock(cfg, rngs)
+                                   for _ in cfg.text.xattn_layers(cfg.depth)])
+            self.prompt_head = PromptHead(cfg.width, cfg, rngs)
+            self.similarity = (SimilarityHead(cfg.width, cfg.width, cfg.text.similarity_dim, rngs)
+                               if cfg.text.similarity_dim else None)
+        else:
+            self.text_path = self.xattn = self.prompt_head = self.similarity = None
 
     # -- token layout, used by the explain tools and loaders --------------------------------
     @property
@@ -246,7 +126,8 @@ class VisionTransformer(nnx.Module):
                     f"images give a {grid} patch grid but the model was built for {cfg.grid} "
                     f"(image_size={cfg.image_size}); resize the images, rebuild with that "
                     "image_size, or set dynamic_image_size=True")
-            pe = posemb_lib.resize_posemb(pe, cfg.grid, grid, int(cfg.class_token), "bicubic")
+            pe = posemb_lib.resize_posemb(pe, cfg.grid, grid, int(cfg.class_token),
+                                         cfg.posemb_resize)
         return pe
 
     def embed(self, images: jax.Array, keys: Keys | None = None) -> jax.Array:
@@ -258,9 +139,9 @@ class VisionTransformer(nnx.Module):
         b, h, w, c = images.shape
         gh, gw = self.grid_for((h, w))
         ph, pw = cfg.patch_size
-        patches = images.reshape(b, gh, ph, gw, pw, c).transpose(0, 1, 3, 2, 4, 5)
-        patches = patches.reshape(b, gh * gw, ph * pw * c).astype(self.dtype)
-        kernel = self.patch_kernel[...].reshape(ph * pw * c, -1).astype(self.dtype)
+        patches = rearrange(images, "b (gh ph) (gw pw) c -> b (gh gw) (ph pw c)", ph=ph, pw=pw)
+        kernel = rearrange(self.patch_kernel[...], "ph pw c d -> (ph pw c) d")
+        patches, kernel = patches.astype(self.dtype), kernel.astype(self.dtype)
         x = patches @ kernel + self.patch_bias[...].astype(self.dtype)
         if self.cls_token is not None:
             cls = jnp.broadcast_to(self.cls_token[...].astype(self.dtype), (b, 1, cfg.width))
@@ -271,17 +152,28 @@ class VisionTransformer(nnx.Module):
                                     (b, cfg.num_registers, cfg.width))
             n_cls = int(cfg.class_token)
             x = jnp.concatenate([x[:, :n_cls], regs, x[:, n_cls:]], axis=1)
-        return _dropout(x, cfg.dropout, keys(0) if keys else None)
+        return dropout(x, cfg.dropout, keys(0) if keys else None)
 
-    def features(self, images: jax.Array, *, train: bool = False, rng: jax.Array | None = None,
-                 return_intermediates: bool = False, probs_hook: ProbsHook | None = None):
+    def features(self, images: jax.Array, *, text: jax.Array | None = None,
+                 text_mask: jax.Array | None = None, train: bool = False,
+                 rng: jax.Array | None = None, return_intermediates: bool = False,
+                 probs_hook: ProbsHook | None = None, xattn_hook: ProbsHook | None = None):
         """Final normalised tokens `[batch, tokens, width]`, as timm's `forward_features`.
 
+        With `text` (a text model only), cross-attention blocks condition the image tokens on
+        it; several prompts per image (`text [batch, prompts, len]`) share the image tokens up
+        to the first cross-attention block and give `[batch * prompts, tokens, width]`.
         With `return_intermediates`, also the list of every block's (un-normalised) output,
-        as timm's `forward_intermediates`.
+        as timm's `forward_intermediates`. `xattn_hook(j, probs)` sees cross-attention block
+        j's image-to-text probabilities (explain mode).
         """
         keys = _keys_for(train, rng, self.config)
         x = self.embed(images, Keys(keys(0)))
+        after = {}
+        if text is not None:
+            text, text_mask, prompts = self._flat_prompts(text, text_mask)
+            txt, kv_len = self.text_path(text, text_mask, Keys(keys(3)))
+            after = {i: j for j, i in enumerate(self.config.text.xattn_layers(len(self.blocks)))}
         intermediates = []
         for i, block in enumerate(self.blocks):
             hook = (lambda p, i=i: probs_hook(i, p)) if probs_hook is not None else None
@@ -289,6 +181,12 @@ class VisionTransformer(nnx.Module):
                 x = nnx.remat(lambda blk, x, k: blk(x, Keys(k)))(block, x, keys(1, i))
             else:
                 x = block(x, Keys(keys(1, i)), hook)
+            if i in after:
+                if x.shape[0] != txt.shape[0]:  # the image prefix, computed once per prompt
+                    x = jnp.repeat(x, prompts, axis=0)
+                j = after[i]
+                xhook = (lambda p, j=j: xattn_hook(j, p)) if xattn_hook is not None else None
+                x = self.xattn[j](x, txt, kv_len, Keys(keys(4, i)), xhook)
             if return_intermediates:
                 intermediates.append(x)
         x = self.norm(x).astype(self.dtype)
@@ -309,11 +207,61 @@ class VisionTransformer(nnx.Module):
         x = jnp.tanh(self.pre_logits(pooled)) if self.pre_logits is not None else pooled
         return (self.head(x) if self.head is not None else x).astype(jnp.float32)
 
-    def __call__(self, images: jax.Array, *, train: bool = False,
+    def __call__(self, images: jax.Array, *, text: jax.Array | None = None,
+                 text_mask: jax.Array | None = None, train: bool = False,
                  rng: jax.Array | None = None) -> jax.Array:
-        """NHWC float images -> float32 logits `[batch, num_classes]`."""
+        """NHWC float images -> float32 logits `[batch, num_classes]`.
+
+        On a text model, `model(images, text=tokens, text_mask=mask)` gives instead the
+        prompt-match logit of each (image, prompt): `[batch]`, or `[batch, prompts]` for
+        `text [batch, prompts, len]`; sigmoid gives the probability the prompt is true.
+        Without text a text model is the plain ViT (its cross-attention is skipped).
+        """
+        if text is not None:
+            return self.prompt_logits(images, text, text_mask, train=train, rng=rng)
         tokens = self.features(images, train=train, rng=rng)
         return self.head_logits(self.pool(tokens, train=train, rng=rng))
+
+    # -- text conditioning -----------------------------------------------------------------
+    def _flat_prompts(self, text, text_mask):
+        """Checks text against the model; flattens `[batch, prompts, ...]` to one batch axis."""
+        if self.text_path is None:
+            raise ValueError("this model has no text path; build it with a text config "
+                             "(ViTConfig.text) to pass text")
+        ids = self.config.text.source == "bytes"
+        if text_mask is None:
+            if not ids:
+                raise ValueError("text embeddings need a text_mask [batch, len]")
+            text_mask = text != PAD
+        prompts = None
+        if text.ndim == (3 if ids else 4):
+            prompts = text.shape[1]
+            text = text.reshape(-1, *text.shape[2:])
+            text_mask = text_mask.reshape(-1, text_mask.shape[-1])
+        return text, text_mask, prompts
+
+    def prompt_logits(self, images, text, text_mask=None, *, train=False, rng=None):
+        """`[batch]` (or `[batch, prompts]`) logits that each prompt is true of its image."""
+        if self.prompt_head is None:
+            raise ValueError("this model has no text path, so no prompt head")
+        tokens = self.features(images, text=text, text_mask=text_mask, train=train, rng=rng)
+        logits = self.prompt_head(self.pool(tokens, train=train, rng=rng))
+        return logits.reshape(images.shape[0], -1) if logits.shape[0] != images.shape[0] \
+            else logits
+
+    def image_embedding(self, images: jax.Array) -> jax.Array:
+        """Unit image embeddings `[batch, dim]` of the similarity head (no text involved)."""
+        if self.similarity is None:
+            raise ValueError("this model has no similarity head (text.similarity_dim is 0)")
+        return self.similarity.embed_image(self.pool(self.features(images)))
+
+    def text_embedding(self, text: jax.Array, text_mask: jax.Array | None = None) -> jax.Array:
+        """Unit text embeddings `[texts, dim]` of the similarity head."""
+        if self.similarity is None:
+            raise ValueError("this model has no similarity head (text.similarity_dim is 0)")
+        text, text_mask, _ = self._flat_prompts(text, text_mask)
+        tokens, kv_len = self.text_path(text, text_mask, Keys(None))
+        return self.similarity.embed_text(self.text_path.pooled(tokens, kv_len))
 
 
 def _keys_for(train: bool, rng: jax.Array | None, cfg: ViTConfig) -> Keys:

@@ -1,0 +1,156 @@
+"""The Transformer building blocks shared by the image encoder, the text encoder and the
+cross-attention blocks: pre-norm self-attention blocks, MLPs, LayerNorm and dropout helpers.
+
+Parameter layout follows timm (fused `qkv`, `proj`, `fc1`/`fc2`, `norm1`/`norm2`). Parameters
+are float32; matmuls run in `config.dtype`; LayerNorm and softmax run in float32.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import jax.scipy.special
+from einops import rearrange
+from flax import nnx
+
+from vit.models.config import ViTConfig
+from vit.ops.attention import dot_product_attention, reference_attention
+
+xavier = nnx.initializers.xavier_uniform()
+
+
+def gelu(kind: str) -> Callable[[jax.Array], jax.Array]:
+    if kind == "tanh":
+        return lambda x: jax.nn.gelu(x, approximate=True)
+    # Exact GELU, x * Phi(x). In float32 it is written with ndtr: on XLA CPU 2.5x faster than
+    # jax.nn.gelu's erf form (6 ms vs 15 ms per ViT-B/16 MLP activation at batch 8), same values
+    # to 1e-7. ndtr takes float32/64 only, so other dtypes keep the erf form.
+    def exact(x):
+        if x.dtype in (jnp.float32, jnp.float64):
+            return x * jax.scipy.special.ndtr(x)
+        return jax.nn.gelu(x, approximate=False)
+
+    return exact
+
+
+def layer_norm(dim: int, cfg: ViTConfig, rngs: nnx.Rngs) -> nnx.LayerNorm:
+    return nnx.LayerNorm(dim, epsilon=cfg.layer_norm_eps, dtype=jnp.float32, rngs=rngs)
+
+
+def dense(din: int, dout: int, cfg: ViTConfig, rngs: nnx.Rngs, *, bias: bool = True,
+           kernel_init=xavier) -> nnx.Linear:
+    return nnx.Linear(din, dout, use_bias=bias, dtype=jnp.dtype(cfg.dtype),
+                      kernel_init=kernel_init, rngs=rngs)
+
+
+def dropout(x: jax.Array, rate: float, rng: jax.Array | None) -> jax.Array:
+    if rate == 0.0 or rng is None:
+        return x
+    keep = jax.random.bernoulli(rng, 1.0 - rate, x.shape)
+    return jnp.where(keep, x / (1.0 - rate), 0).astype(x.dtype)
+
+
+def drop_path(x: jax.Array, rate: float, rng: jax.Array | None) -> jax.Array:
+    # Stochastic depth: drop a whole residual branch per example.
+    if rate == 0.0 or rng is None:
+        return x
+    keep = jax.random.bernoulli(rng, 1.0 - rate, (x.shape[0],) + (1,) * (x.ndim - 1))
+    return jnp.where(keep, x / (1.0 - rate), 0).astype(x.dtype)
+
+
+class Keys:
+    """Splits one key into named, per-use keys; hands out None when not training."""
+
+    def __init__(self, rng: jax.Array | None):
+        self.rng = rng
+
+    def __call__(self, *tags: int) -> jax.Array | None:
+        if self.rng is None:
+            return None
+        key = self.rng
+        for tag in tags:
+            key = jax.random.fold_in(key, tag)
+        return key
+
+
+class Mlp(nnx.Module):
+    def __init__(self, width: int, hidden: int, cfg: ViTConfig, rngs: nnx.Rngs):
+        bias_init = nnx.initializers.normal(1e-6)
+        self.fc1 = nnx.Linear(width, hidden, dtype=jnp.dtype(cfg.dtype), kernel_init=xavier,
+                              bias_init=bias_init, rngs=rngs)
+        self.fc2 = nnx.Linear(hidden, width, dtype=jnp.dtype(cfg.dtype), kernel_init=xavier,
+                              bias_init=bias_init, rngs=rngs)
+        self.act = gelu(cfg.gelu)
+        self.rate = cfg.dropout
+
+    def __call__(self, x: jax.Array, keys: Keys) -> jax.Array:
+        x = dropout(self.act(self.fc1(x)), self.rate, keys(0))
+        return dropout(self.fc2(x), self.rate, keys(1))
+
+
+class Attention(nnx.Module):
+    """Multi-head self-attention through `vit.ops.attention`."""
+
+    def __init__(self, cfg: ViTConfig, rngs: nnx.Rngs):
+        self.num_heads, self.head_dim = cfg.num_heads, cfg.head_dim
+        self.qkv = dense(cfg.width, 3 * cfg.width, cfg, rngs, bias=cfg.qkv_bias)
+        self.proj = dense(cfg.width, cfg.width, cfg, rngs)
+        if cfg.qk_norm:
+            self.q_norm = layer_norm(cfg.head_dim, cfg, rngs)
+            self.k_norm = layer_norm(cfg.head_dim, cfg, rngs)
+        else:
+            self.q_norm = self.k_norm = None
+        self.impl, self.attn_rate = cfg.attention_impl, cfg.attention_dropout
+
+    def __call__(self, x: jax.Array, keys: Keys,
+                 probs_hook: Callable[[jax.Array], jax.Array] | None = None,
+                 kv_len: jax.Array | None = None) -> jax.Array:
+        q, k, v = rearrange(self.qkv(x), "b n (three h d) -> three b n h d", three=3,
+                            h=self.num_heads)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q).astype(v.dtype), self.k_norm(k).astype(v.dtype)
+        if probs_hook is not None:
+            # Explain mode: materialise the probabilities and let the hook see (or perturb) them.
+            _, probs = reference_attention(q, k, v, kv_len=kv_len, return_probs=True)
+            probs = probs_hook(probs)
+            out = jnp.einsum("bhqk,bkhd->bqhd", probs.astype(v.dtype), v)
+        else:
+            out = dot_product_attention(q, k, v, kv_len=kv_len, impl=self.impl,
+                                        dropout_rate=self.attn_rate, dropout_rng=keys(0))
+        return self.proj(rearrange(out, "b n h d -> b n (h d)"))
+
+
+class LayerScale(nnx.Module):
+    def __init__(self, width: int, init: float):
+        self.gamma = nnx.Param(jnp.full((width,), init, jnp.float32))
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return x * self.gamma[...].astype(x.dtype)
+
+
+class Block(nnx.Module):
+    """Pre-norm transformer encoder block."""
+
+    def __init__(self, cfg: ViTConfig, drop_path: float, rngs: nnx.Rngs):
+        self.norm1 = layer_norm(cfg.width, cfg, rngs)
+        self.attn = Attention(cfg, rngs)
+        self.norm2 = layer_norm(cfg.width, cfg, rngs)
+        self.mlp = Mlp(cfg.width, cfg.mlp_dim, cfg, rngs)
+        scaled = cfg.layer_scale is not None
+        self.ls1 = LayerScale(cfg.width, cfg.layer_scale) if scaled else None
+        self.ls2 = LayerScale(cfg.width, cfg.layer_scale) if scaled else None
+        self.drop_path, self.dropout = drop_path, cfg.dropout
+        self.dtype = jnp.dtype(cfg.dtype)
+
+    def __call__(self, x: jax.Array, keys: Keys, probs_hook=None,
+                 kv_len: jax.Array | None = None) -> jax.Array:
+        """`kv_len` (`[batch]`) masks padded tokens as keys (the text encoder's padding)."""
+        y = self.attn(self.norm1(x).astype(self.dtype), Keys(keys(0)), probs_hook, kv_len)
+        y = dropout(y, self.dropout, keys(1))
+        y = self.ls1(y) if self.ls1 is not None else y
+        x = x + drop_path(y, self.drop_path, keys(2))
+        y = self.mlp(self.norm2(x).astype(self.dtype), Keys(keys(3)))
+        y = self.ls2(y) if self.ls2 is not None else y
+        return x + drop_path(y, self.drop_path, keys(4))

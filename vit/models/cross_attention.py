@@ -1,0 +1,101 @@
+"""Gated cross-attention from image tokens to text tokens (Flamingo), and the text heads.
+
+`x + tanh(g_attn) * xattn(x, text)`, then `x + tanh(g_mlp) * mlp(x)`, with both gates 0 at
+initialisation: a cross-attention block added to a pretrained ViT leaves its outputs unchanged
+until the gates move. The projections are *not* zeroed, so the gates get gradients at step 0
+(a zero projection and a zero gate would both have zero gradients, and nothing would train).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+from einops import rearrange
+from flax import nnx
+
+from vit.models.blocks import Keys, Mlp, dense, dropout, layer_norm
+from vit.models.config import ViTConfig
+from vit.ops.attention import dot_product_attention, reference_attention
+
+
+class CrossAttentionBlock(nnx.Module):
+    """Image tokens (queries) attend to text tokens (keys/values), gated residuals."""
+
+    def __init__(self, cfg: ViTConfig, rngs: nnx.Rngs):
+        d = cfg.width
+        self.num_heads = cfg.num_heads
+        self.norm_q = layer_norm(d, cfg, rngs)
+        self.norm_kv = layer_norm(d, cfg, rngs)
+        self.q = dense(d, d, cfg, rngs)
+        self.kv = dense(d, 2 * d, cfg, rngs)
+        self.proj = dense(d, d, cfg, rngs)
+        self.attn_gate = nnx.Param(jnp.zeros((), jnp.float32))
+        self.norm_mlp = layer_norm(d, cfg, rngs)
+        self.mlp = Mlp(d, cfg.mlp_dim, cfg, rngs)
+        self.mlp_gate = nnx.Param(jnp.zeros((), jnp.float32))
+        self.impl, self.rate = cfg.attention_impl, cfg.dropout
+        self.dtype = jnp.dtype(cfg.dtype)
+
+    def __call__(self, x: jax.Array, text: jax.Array, kv_len: jax.Array, keys: Keys,
+                 probs_hook: Callable[[jax.Array], jax.Array] | None = None) -> jax.Array:
+        """`x [batch, tokens, width]`, `text [batch, text_len, width]` whose first `kv_len[b]`
+        rows are real (null token first, so kv_len >= 1)."""
+        q = rearrange(self.q(self.norm_q(x).astype(self.dtype)), "b n (h d) -> b n h d",
+                      h=self.num_heads)
+        k, v = rearrange(self.kv(self.norm_kv(text).astype(self.dtype)),
+                         "b t (two h d) -> two b t h d", two=2, h=self.num_heads)
+        if probs_hook is not None:
+            # Explain mode: materialise image->text probabilities for the bi-modal rules.
+            _, probs = reference_attention(q, k, v, kv_len=kv_len, return_probs=True)
+            probs = probs_hook(probs)
+            out = jnp.einsum("bhqk,bkhd->bqhd", probs.astype(v.dtype), v)
+        else:
+            out = dot_product_attention(q, k, v, kv_len=kv_len, impl=self.impl)
+        y = self.proj(rearrange(out, "b n h d -> b n (h d)"))
+        y = dropout(y, self.rate, keys(0))
+        x = x + jnp.tanh(self.attn_gate[...]).astype(y.dtype) * y
+        y = self.mlp(self.norm_mlp(x).astype(self.dtype), Keys(keys(1)))
+        return x + jnp.tanh(self.mlp_gate[...]).astype(y.dtype) * y
+
+
+class PromptHead(nnx.Module):
+    """Pooled text-conditioned features -> one logit: is the prompt true of the image?
+
+    Small random init (not zero): a zero head would block every gradient to the gates."""
+
+    def __init__(self, width: int, cfg: ViTConfig, rngs: nnx.Rngs):
+        self.norm = layer_norm(width, cfg, rngs)
+        self.out = nnx.Linear(width, 1, kernel_init=nnx.initializers.normal(0.02),
+                              dtype=jnp.float32, rngs=rngs)
+
+    def __call__(self, pooled: jax.Array) -> jax.Array:
+        return self.out(self.norm(pooled))[..., 0].astype(jnp.float32)
+
+
+class SimilarityHead(nnx.Module):
+    """SigLIP-style image-text similarity: `exp(t) * cos(img, txt) + b`, trained with a sigmoid
+    loss over every image-text pair of a batch; text written as prompts gives zero-shot labels."""
+
+    def __init__(self, image_width: int, text_width: int, dim: int, rngs: nnx.Rngs):
+        self.image = nnx.Linear(image_width, dim, kernel_init=nnx.initializers.xavier_uniform(),
+                                rngs=rngs)
+        self.text = nnx.Linear(text_width, dim, kernel_init=nnx.initializers.xavier_uniform(),
+                               rngs=rngs)
+        self.log_scale = nnx.Param(jnp.log(10.0) * jnp.ones((), jnp.float32))  # SigLIP's init
+        self.bias = nnx.Param(-10.0 * jnp.ones((), jnp.float32))
+
+    def embed_image(self, pooled: jax.Array) -> jax.Array:
+        return _unit(self.image(pooled.astype(jnp.float32)))
+
+    def embed_text(self, pooled: jax.Array) -> jax.Array:
+        return _unit(self.text(pooled.astype(jnp.float32)))
+
+    def logits(self, image_emb: jax.Array, text_emb: jax.Array) -> jax.Array:
+        """`[images, dim] x [texts, dim] -> [images, texts]` float32 logits."""
+        return jnp.exp(self.log_scale[...]) * image_emb @ text_emb.T + self.bias[...]
+
+
+def _unit(x: jax.Array) -> jax.Array:
+    return x / jnp.sqrt(jnp.sum(x * x, axis=-1, keepdims=True) + 1e-12)

@@ -1,0 +1,154 @@
+"""The text path: a byte-level tokenizer and the encoders that turn text into tokens that image
+tokens can attend to.
+
+Text reaches the model as `[batch, text_len]` token ids (or `[batch, text_len, embed_dim]`
+vectors from a frozen text model run elsewhere) plus a `[batch, text_len]` boolean mask whose
+True entries come first. The mask becomes per-example lengths (`kv_len`) rather than a dense
+mask, so the Pallas flash kernel serves cross-attention too. A learned null token is always put
+in front of the text, so no query ever attends to nothing (and an empty prompt is well defined).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from vit.models.blocks import Block, Keys, layer_norm
+from vit.models.config import TextConfig, ViTConfig
+
+# Ids 0-2 are reserved; byte b has id b + 3. No vocabulary file: any language round-trips.
+PAD, END, NULL = 0, 1, 2
+BYTE_OFFSET = 3
+VOCAB_SIZE = 256 + BYTE_OFFSET
+
+
+def tokenize(texts: str | list[str], max_len: int) -> tuple[np.ndarray, np.ndarray]:
+    """UTF-8 bytes + an end token, padded to `max_len` (static, so a new prompt never recompiles).
+
+    Returns `(tokens [batch, max_len] int32, mask [batch, max_len] bool)`. The empty string is
+    the null prompt: no tokens at all (the model still sees its learned null token). Longer
+    texts are truncated, with a warning.
+    """
+    texts = [texts] if isinstance(texts, str) else list(texts)
+    tokens = np.full((len(texts), max_len), PAD, np.int32)
+    mask = np.zeros((len(texts), max_len), bool)
+    for row, text in enumerate(texts):
+        if not text:
+            continue
+        ids = [b + BYTE_OFFSET for b in text.encode("utf-8")] + [END]
+        if len(ids) > max_len:
+            warnings.warn(f"prompt {text!r} is {len(ids)} tokens long (UTF-8 bytes + end); "
+                          f"truncated to the model's maximum of {max_len}", stacklevel=2)
+            ids = ids[:max_len]
+        tokens[row, :len(ids)] = ids
+        mask[row, :len(ids)] = True
+    return tokens, mask
+
+
+def detokenize(tokens: np.ndarray) -> list[str]:
+    """The inverse of `tokenize` (bytes up to the end token; invalid UTF-8 is replaced)."""
+    out = []
+    for row in np.atleast_2d(np.asarray(tokens)):
+        data = bytearray()
+        for t in row.tolist():
+            if t in (END, PAD):
+                break
+            if t >= BYTE_OFFSET:
+                data.append(t - BYTE_OFFSET)
+        out.append(data.decode("utf-8", errors="replace"))
+    return out
+
+
+def lengths_of(mask: jax.Array) -> jax.Array:
+    """`[batch, len]` prefix mask -> `[batch]` int32 lengths."""
+    return jnp.sum(mask.astype(jnp.int32), axis=-1)
+
+
+def check_prefix_mask(mask: np.ndarray, where: str) -> None:
+    """Masks must be True-then-False per row: lengths, not arbitrary holes, reach the kernel."""
+    mask = np.asarray(mask, bool)
+    lengths = mask.sum(-1, keepdims=True)
+    if not np.array_equal(mask, np.arange(mask.shape[-1]) < lengths):
+        raise ValueError(f"{where}: text mask must be True for the first tokens of each row and "
+                         "False after (left-aligned, padding at the end)")
+
+
+def text_block_config(cfg: ViTConfig) -> ViTConfig:
+    """The ViT config of the text encoder's blocks: the text sizes, the image model's dtype,
+    attention backend and numerics, and none of its image-only options."""
+    t = cfg.text
+    return dataclasses.replace(
+        cfg, width=t.width, depth=t.depth, num_heads=t.num_heads, mlp_dim=t.mlp_dim,
+        qk_norm=False, layer_scale=None, drop_path=0.0, remat=False, text=None,
+        posemb="learn", classifier="token", class_token=True, num_registers=0)
+
+
+class ByteTextEncoder(nnx.Module):
+    """Byte embeddings + learned positions -> pre-norm Transformer blocks -> LayerNorm."""
+
+    def __init__(self, cfg: ViTConfig, rngs: nnx.Rngs):
+        t, bcfg = cfg.text, text_block_config(cfg)
+        self.embed = nnx.Embed(VOCAB_SIZE, t.width, embedding_init=nnx.initializers.normal(0.02),
+                               rngs=rngs)
+        self.pos_embed = nnx.Param(0.02 * jax.random.normal(rngs.params(), (1, t.max_len,
+                                                                            t.width)))
+        self.blocks = nnx.List([Block(bcfg, 0.0, rngs) for _ in range(t.depth)])
+        self.norm = layer_norm(t.width, bcfg, rngs)
+        self.dtype = jnp.dtype(cfg.dtype)
+
+    def __call__(self, tokens: jax.Array, lengths: jax.Array, keys: Keys) -> jax.Array:
+        if tokens.shape[-1] > self.pos_embed.shape[1]:
+            raise ValueError(f"text of {tokens.shape[-1]} tokens is longer than the model's "
+                             f"max_len {self.pos_embed.shape[1]}; tokenize with that max_len")
+        x = self.embed(tokens) + self.pos_embed[:, :tokens.shape[-1]]
+        x = x.astype(self.dtype)
+        for i, block in enumerate(self.blocks):
+            x = block(x, Keys(keys(i)), kv_len=lengths)
+        return self.norm(x)
+
+
+class TextPath(nnx.Module):
+    """Text (token ids or supplied embeddings) -> `[batch, 1 + len, width]` tokens for
+    cross-attention, the learned null token first, and their `kv_len` (always >= 1)."""
+
+    def __init__(self, cfg: ViTConfig, rngs: nnx.Rngs):
+        t: TextConfig = cfg.text
+        self.source = t.source
+        if t.source == "bytes":
+            self.encoder = ByteTextEncoder(cfg, rngs)
+            din = t.width
+        else:
+            self.encoder = None
+            din = t.embed_dim
+        # A learned projection into the image model's width (the LiT/Flamingo adapter).
+        self.proj = nnx.Linear(din, cfg.width, dtype=jnp.dtype(cfg.dtype),
+                               kernel_init=nnx.initializers.xavier_uniform(), rngs=rngs)
+        self.null = nnx.Param(0.02 * jax.random.normal(rngs.params(), (1, 1, cfg.width)))
+        self.dtype = jnp.dtype(cfg.dtype)
+
+    def __call__(self, text: jax.Array, mask: jax.Array, keys: Keys
+                 ) -> tuple[jax.Array, jax.Array]:
+        lengths = lengths_of(mask)
+        if self.encoder is not None:
+            if text.ndim != 2:
+                raise ValueError(f"text must be [batch, len] token ids, got shape {text.shape}")
+            x = self.encoder(text, lengths, keys)
+        else:
+            if text.ndim != 3:
+                raise ValueError("text must be [batch, len, embed_dim] embeddings, got shape "
+                                 f"{text.shape}")
+            x = text
+        x = self.proj(x.astype(self.dtype))
+        null = jnp.broadcast_to(self.null[...].astype(x.dtype), (x.shape[0], 1, x.shape[-1]))
+        return jnp.concatenate([null, x], axis=1), lengths + 1
+
+    def pooled(self, tokens: jax.Array, kv_len: jax.Array) -> jax.Array:
+        """Mean over the real tokens (null included): one vector per text, for similarity."""
+        real = (jnp.arange(tokens.shape[1])[None, :] < kv_len[:, None])[..., None]
+        total = jnp.sum(jnp.where(real, tokens.astype(jnp.float32), 0.0), axis=1)
+        return total / kv_len[:, None].astype(jnp.float32)
