@@ -16,7 +16,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 import vit  # noqa: E402
-from vit.checkpoints import (  # noqa: E402  # noqa: E402
+from vit.checkpoints import (  # noqa: E402
     LoadedCheckpoint,
     flatten,
     load_checkpoint,
@@ -94,6 +94,7 @@ def test_hf_folder_matches_transformers_at_native_size(hf_exact):
     folder, ref = hf_exact
     loaded = load_checkpoint(folder)
     assert loaded.config.layer_norm_eps == 1e-12 and loaded.config.gelu == "exact"
+    assert loaded.config.posemb_resize == "bicubic"
     assert loaded.labels == [f"class {i}" for i in range(5)]
     x = images(3, 32)
     np.testing.assert_allclose(_probs(loaded.build_model(), x), hf_probs(ref, x), atol=1e-4)
@@ -198,6 +199,7 @@ def test_big_vision_npz_matches_transformers(tmp_path, hf_tanh, stacked):
     np.savez(path, **big_vision_arrays(tensors(hf_tanh), heads=4, stacked=stacked))
     loaded = load_checkpoint(path)
     assert loaded.family == "big_vision" and loaded.config.depth == 2
+    assert loaded.config.posemb_resize == "linear"
     x = images(2, 32, seed=3)
     np.testing.assert_allclose(_probs(loaded.build_model(), x), hf_probs(hf_tanh, x), atol=1e-4)
 
@@ -214,6 +216,40 @@ def test_npz_convention_only_differs_by_gelu_and_eps(tmp_path, hf_exact):
     as_hf = LoadedCheckpoint(exact, loaded.params, loaded.preprocessing).build_model()
     np.testing.assert_allclose(_probs(as_hf, x), hf_probs(ref, x), atol=1e-4)
     assert not np.allclose(_probs(loaded.build_model(), x), hf_probs(ref, x), atol=1e-7)
+
+
+def test_npz_dynamic_image_size_resizes_like_scipy_zoom(tmp_path, hf_tanh):
+    # vit_jax and big_vision resize with scipy.ndimage.zoom(order=1), corners aligned; an npz
+    # model run at another size (dynamic_image_size) must do the same, not timm's bicubic.
+    import scipy.ndimage
+
+    path = tmp_path / "v.npz"
+    np.savez(path, **vit_jax_arrays(tensors(hf_tanh), heads=4))
+    loaded = load_checkpoint(path, dynamic_image_size=True)
+    assert loaded.config.posemb_resize == "linear" and loaded.config.grid == (4, 4)
+    x = images(2, 48, seed=10)  # a 6x6 grid
+    ours = _probs(loaded.build_model(), x)
+
+    pe = loaded.params["pos_embed"]  # [1, 1 + 16, d]: the class row, then the 4x4 grid
+    d = pe.shape[-1]
+    zoomed = scipy.ndimage.zoom(pe[0, 1:].reshape(4, 4, d), (6 / 4, 6 / 4, 1), order=1)
+    assert zoomed.shape == (6, 6, d)
+    ref_params = {**loaded.params,
+                  "pos_embed": np.concatenate([pe[:, :1], zoomed.reshape(1, 36, d)], axis=1)}
+    ref_config = loaded.config.replace(image_size=48, dynamic_image_size=False)
+    ref = _probs(LoadedCheckpoint(ref_config, ref_params, loaded.preprocessing).build_model(), x)
+    np.testing.assert_allclose(ours, ref, atol=1e-5)
+    # Resizing at load time follows the same convention.
+    static = load_checkpoint(path, image_size=48)
+    np.testing.assert_allclose(_probs(static.build_model(), x), ref, atol=1e-5)
+    # The two conventions differ visibly here, so the checks above can tell them apart.
+    bicubic = loaded.config.replace(posemb_resize="bicubic")
+    as_bicubic = _probs(LoadedCheckpoint(bicubic, loaded.params,
+                                         loaded.preprocessing).build_model(), x)
+    assert not np.allclose(as_bicubic, ours, atol=1e-5)
+    # Our orbax checkpoints store the whole config: the npz convention survives a conversion.
+    save_checkpoint(loaded, tmp_path / "orbax", "orbax")
+    assert load_checkpoint(tmp_path / "orbax").config.posemb_resize == "linear"
 
 
 def test_i21k_zero_head_is_flagged(tmp_path, hf_tanh):
@@ -266,6 +302,7 @@ def test_timm_safetensors_matches_transformers(tmp_path):
                            "mean": [0.5] * 3, "std": [0.5] * 3, "crop_pct": 0.9}}))
     loaded = load_checkpoint(folder)
     assert loaded.family == "timm" and loaded.preprocessing.crop_pct == 0.9
+    assert loaded.config.posemb_resize == "bicubic"
     x = images(2, 32, seed=5)
     np.testing.assert_allclose(_probs(loaded.build_model(), x), hf_probs(ref, x), atol=1e-4)
     resized = load_checkpoint(folder, image_size=48)  # timm resizes bicubic like transformers
@@ -359,7 +396,9 @@ def test_workdir_uses_best_then_latest_and_skips_unfinished(tmp_path):
     from vit.checkpoints import layout
 
     src = featured()
-    meta = layout.make_meta(src.config.to_dict(), src.preprocessing.to_dict(), None, 0)
+    model_config = src.config.to_dict()
+    del model_config["posemb_resize"]  # as older checkpoints were written: the default applies
+    meta = layout.make_meta(model_config, src.preprocessing.to_dict(), None, 0)
     ckpt = tmp_path / "run" / "checkpoints"
     manager = ocp.CheckpointManager(ckpt, item_names=(layout.PARAMS, layout.META))
     for step in (100, 200):

@@ -26,12 +26,18 @@ def test_info_json_reports_params_gmacs_tokens():
     assert abs(info["gmacs"] - 17.58) < 0.03
     text = vit_cli("info", "B/32", "--set", "classifier=gap", "--set", "class_token=false")
     assert text.returncode == 0 and "gap classifier" in text.stdout
+    # The shared `--set` rules: AxB pairs, none, Python-style True.
+    big = vit_cli("info", "vit_b16", "--json", "--set", "image_size=384x384", "--set",
+                  "representation_size=none", "--set", "qkv_bias=True")
+    assert big.returncode == 0, big.stderr
+    assert json.loads(big.stdout)["tokens"] == 577
 
 
 @pytest.mark.parametrize("args,needle", [
     (("info", "vit_b61"), "unknown model 'vit_b61'"),
     (("info", "vit_b16", "--set", "num_head=3"), "did you mean num_heads"),
     (("info", "vit_b16", "--set", "depth=deep"), "depth=deep"),
+    (("info", "vit_b16", "--set", "class_token=maybe"), "expected true or false"),
     (("info", "vit_b16", "--image-size", "225"), "not a multiple of patch_size"),
 ])
 def test_user_mistakes_are_one_line_exit_2(args, needle):

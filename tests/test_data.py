@@ -9,7 +9,7 @@ from PIL import Image
 from vit.data import Augment, eval_batches, open_source, train_iterator
 from vit.data import transforms as T
 from vit.errors import DataError
-from vit.preprocess import Preprocessing
+from vit.preprocess import Preprocessing, normalize
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -72,6 +72,22 @@ def test_eval_batches_match_preprocessing_of_a_png(tmp_path):
     Image.fromarray(src[5]["image"]).save(tmp_path / "d.png")
     with Image.open(tmp_path / "d.png") as im:
         np.testing.assert_array_equal(PRE8(im), batches[0]["image"][5])
+
+
+def test_eval_batches_match_preprocessing_with_resize_and_crop(tmp_path):
+    """The two entry points of `vit.preprocess.resize_crop` (arrays in the pipeline, PIL images
+    in predict) agree bit for bit when the geometry does real work."""
+    src = open_source("digits", "test")
+    pre = Preprocessing(size=(12, 12), crop_pct=0.875, resample="bicubic",
+                        mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225))
+    batch = next(iter(eval_batches(src, pre, batch_size=8)))
+    for i in range(8):
+        Image.fromarray(src[i]["image"]).save(tmp_path / f"{i}.png")
+        with Image.open(tmp_path / f"{i}.png") as im:
+            np.testing.assert_array_equal(pre(im), batch["image"][i])
+    # Training without inception crop: centre_crop per example, normalize per batch.
+    crop = T.center_crop(src[0]["image"], pre.size, pre.crop_pct, pre.resample)
+    np.testing.assert_array_equal(normalize(crop, pre.mean, pre.std), batch["image"][0])
 
 
 def test_affine_is_identity_at_zero_and_shifts_by_whole_pixels():

@@ -1,10 +1,10 @@
 """Recipe files: `configs/*.py` define `get_config()` returning an `ml_collections.ConfigDict`
-(big_vision style); `--set a.b=value` overrides any field, typed by the field's current value.
+(big_vision style); `--set a.b=value` overrides any field, typed by the field's current value
+(the rules of `vit.overrides`, which model `--set` fields share).
 """
 
 from __future__ import annotations
 
-import ast
 import difflib
 import importlib.util
 from pathlib import Path
@@ -12,6 +12,7 @@ from pathlib import Path
 import ml_collections
 
 from vit.errors import ConfigError
+from vit.overrides import expected_type, parse_value, split_item
 
 
 def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> \
@@ -44,52 +45,11 @@ def _leaf_keys(config: ml_collections.ConfigDict, prefix: str = "") -> list[str]
     return keys
 
 
-def _parse(text: str, current, key: str):
-    """Parses `text` as the type of the field's current value."""
-    def fail(kind: str):
-        raise ConfigError(f"--set {key}={text}: expected {kind} (current value {current!r})")
-
-    if current is None or isinstance(current, str):
-        if current is None and text.lower() in ("none", "null"):
-            return None
-        if current is None:
-            try:
-                return ast.literal_eval(text)
-            except (ValueError, SyntaxError):
-                return text
-        return text
-    if isinstance(current, bool):
-        if text.lower() not in ("true", "false", "1", "0"):
-            fail("true or false")
-        return text.lower() in ("true", "1")
-    if isinstance(current, int | float):
-        try:
-            value = ast.literal_eval(text)
-        except (ValueError, SyntaxError):
-            fail(type(current).__name__)
-        if isinstance(value, bool) or not isinstance(value, int | float) or (
-                isinstance(current, int) and not isinstance(value, int)):
-            fail(type(current).__name__)
-        return type(current)(value)
-    if isinstance(current, tuple | list):
-        try:
-            value = ast.literal_eval(text if text.strip()[:1] in "([" else f"({text},)")
-        except (ValueError, SyntaxError):
-            fail("a list such as 1,2")
-        if not isinstance(value, tuple | list):
-            value = (value,)
-        return type(current)(value)
-    fail(type(current).__name__)
-
-
 def apply_overrides(config: ml_collections.ConfigDict, overrides) -> None:
     """`["train.steps=100", "model.depth=2"]`; an unknown key lists the nearest known ones."""
     keys = _leaf_keys(config)
     for item in overrides:
-        if "=" not in item:
-            raise ConfigError(f"--set {item!r}: write KEY=VALUE, e.g. --set train.steps=100")
-        key, text = item.split("=", 1)
-        key = key.strip()
+        key, text = split_item(item)
         if key not in keys:
             near = difflib.get_close_matches(key, keys, n=3, cutoff=0.5)
             hint = f"; did you mean {', '.join(near)}?" if near else ""
@@ -98,4 +58,5 @@ def apply_overrides(config: ml_collections.ConfigDict, overrides) -> None:
         node = config
         for part in parents:
             node = node[part]
-        node[leaf] = _parse(text, node[leaf], key)
+        current = node[leaf]
+        node[leaf] = parse_value(key, text, expected_type(current), current)

@@ -17,10 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from vit.errors import CheckpointError, DataError
-from vit.preprocess import Preprocessing, open_image
-
-IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm",
-                  ".pgm", ".pbm", ".ico"}
+from vit.preprocess import IMAGE_SUFFIXES, Preprocessing, open_image
 
 
 def load_pretrained(path, *, image_size: int | None = None, labels=None, **overrides):

@@ -24,6 +24,10 @@ RESAMPLE = {"nearest": Image.NEAREST, "bilinear": Image.BILINEAR, "bicubic": Ima
             "lanczos": Image.LANCZOS, "box": Image.BOX, "hamming": Image.HAMMING}
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
+# The files predict, rollout and the image-folder datasets pick out of a folder: one list, so
+# every command sees the same images. All are formats PIL decodes.
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm",
+                  ".pgm", ".pbm", ".ico")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,22 +65,37 @@ class Preprocessing:
 
     def __call__(self, image: Image.Image) -> np.ndarray:
         """PIL image of any mode -> float32 `[h, w, 3]` array."""
-        image = to_rgb(image)
-        h, w = self.size
-        if self.crop_pct is None:
-            image = image.resize((w, h), RESAMPLE[self.resample])
-        else:
-            scale = min(h, w) / self.crop_pct / min(image.size[1], image.size[0])
-            rw, rh = max(w, round(image.size[0] * scale)), max(h, round(image.size[1] * scale))
-            image = image.resize((rw, rh), RESAMPLE[self.resample])
-            left, top = (rw - w) // 2, (rh - h) // 2
-            image = image.crop((left, top, left + w, top + h))
-        x = np.asarray(image, np.float32) / 255.0
-        return (x - np.asarray(self.mean, np.float32)) / np.asarray(self.std, np.float32)
+        image = resize_crop(to_rgb(image), self.size, self.crop_pct, self.resample)
+        return normalize(image, self.mean, self.std)
 
 
 # vit_jax and big_vision checkpoints were trained on inputs in [-1, 1].
 INCEPTION = Preprocessing(mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5))
+
+
+def resize_crop(image: Image.Image, size: tuple[int, int], crop_pct: float | None,
+                resample: str = "bilinear") -> Image.Image:
+    """The geometry of `Preprocessing`: resize to `size`, or (with `crop_pct`) resize the shorter
+    side to `size / crop_pct` and centre-crop `size`.
+
+    The one copy of this arithmetic: prediction, rollout and the data pipeline's eval transform
+    all come here, so a model is evaluated on exactly what it is shown at prediction time.
+    """
+    h, w = size
+    if crop_pct is None:
+        return image.resize((w, h), RESAMPLE[resample])
+    scale = min(h, w) / crop_pct / min(image.size[1], image.size[0])
+    rw, rh = max(w, round(image.size[0] * scale)), max(h, round(image.size[1] * scale))
+    image = image.resize((rw, rh), RESAMPLE[resample])
+    left, top = (rw - w) // 2, (rh - h) // 2
+    return image.crop((left, top, left + w, top + h))
+
+
+def normalize(image, mean, std) -> np.ndarray:
+    """uint8 pixels (a PIL image, or a 0..255 array of any shape ending in channels) -> float32
+    `(x / 255 - mean) / std`."""
+    x = np.asarray(image, np.float32) / 255.0
+    return (x - np.asarray(mean, np.float32)) / np.asarray(std, np.float32)
 
 
 def to_rgb(image: Image.Image) -> Image.Image:

@@ -5,9 +5,6 @@ Keys as `save_pretrained` writes them (transformers 5 renames modules in memory,
 prefix and an optional `pooler` (Dense + tanh on the class token: our `pre_logits`). Linear
 weights are `(out, in)`; the patch projection is an OIHW convolution. `layer_norm_eps` (1e-12 by
 default) and `hidden_act` come from `config.json`; heads cannot be read from the shapes.
-
-Also the safetensors reading shared with timm: parsed here so that bfloat16 and float16 files
-load as float32 through numpy alone (no torch, no pickle).
 """
 
 from __future__ import annotations
@@ -18,10 +15,13 @@ from pathlib import Path
 
 import numpy as np
 
-from vit.checkpoints import LoadedCheckpoint, torch_writers, zero_head_warning
 from vit.checkpoints.labels import default_labels
+from vit.checkpoints.loaded import LoadedCheckpoint, zero_head_warning
+from vit.checkpoints.safetensors_io import read_safetensors_folder, write_safetensors
+from vit.checkpoints.torch_layout import torch_writers
 from vit.errors import CheckpointError
 from vit.models.config import ViTConfig
+from vit.models.posemb import METHOD_OF_SOURCE
 from vit.preprocess import Preprocessing
 
 # hidden_act -> our gelu
@@ -29,63 +29,6 @@ ACTS = {"gelu": "exact", "gelu_python": "exact", "gelu_pytorch_tanh": "tanh", "g
         "gelu_fast": "tanh"}
 # PIL's resampling enum, as preprocessor_config.json stores it.
 PIL_RESAMPLE = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic", 4: "box", 5: "hamming"}
-_DTYPES = {"F32": np.float32, "F16": np.float16, "F64": np.float64, "I64": np.int64,
-           "I32": np.int32, "U8": np.uint8, "BOOL": np.bool_}
-
-
-# -- safetensors --------------------------------------------------------------------------------
-def _read(path: Path, with_data: bool) -> tuple[dict, np.ndarray | None]:
-    try:
-        with open(path, "rb") as f:
-            n = int.from_bytes(f.read(8), "little")
-            header = json.loads(f.read(n))
-            data = np.frombuffer(f.read(), np.uint8) if with_data else None
-    except (OSError, ValueError) as err:
-        raise CheckpointError(f"{path}: not a readable safetensors file ({err})") from None
-    header.pop("__metadata__", None)
-    return header, data
-
-
-def read_safetensors_header(path: Path) -> dict:
-    """{name: {dtype, shape, data_offsets}} without reading the tensors."""
-    return _read(path, with_data=False)[0]
-
-
-def read_safetensors(path: Path) -> dict[str, np.ndarray]:
-    """All tensors of one file, floats as float32 (a header of JSON, then raw little-endian)."""
-    header, data = _read(path, with_data=True)
-    out = {}
-    for name, info in header.items():
-        start, end = info["data_offsets"]
-        raw = data[start:end]
-        if info["dtype"] == "BF16":  # the high half of a float32
-            value = (raw.view("<u2").astype(np.uint32) << 16).view(np.float32)
-        elif info["dtype"] in _DTYPES:
-            value = raw.view(np.dtype(_DTYPES[info["dtype"]]).newbyteorder("<"))
-        else:
-            raise CheckpointError(f"{path}: tensor {name} has unsupported dtype {info['dtype']}")
-        value = value.reshape(info["shape"])
-        out[name] = value.astype(np.float32) if value.dtype.kind == "f" else value
-    return out
-
-
-def read_safetensors_folder(folder: Path) -> dict[str, np.ndarray]:
-    """`model.safetensors`, or every shard that `model.safetensors.index.json` names."""
-    index = folder / "model.safetensors.index.json"
-    if index.exists():
-        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        out = {}
-        for shard in shards:
-            out.update(read_safetensors(folder / shard))
-        return out
-    return read_safetensors(folder / "model.safetensors")
-
-
-def write_safetensors(tensors: dict[str, np.ndarray], path: Path) -> None:
-    from safetensors.numpy import save_file
-
-    tensors = {k: np.ascontiguousarray(v, np.float32) for k, v in tensors.items()}
-    save_file(tensors, str(path), metadata={"format": "pt"})  # transformers checks "format"
 
 
 # -- reading ----------------------------------------------------------------------------------
@@ -177,7 +120,8 @@ def read(folder: Path) -> LoadedCheckpoint:
         width=d, depth=depth, mlp_dim=blocks[0]["mlp"]["fc1"]["kernel"].shape[1],
         num_heads=heads, patch_size=(ph, pw), image_size=image, in_channels=proj.shape[1],
         num_classes=num_classes, representation_size=representation, qkv_bias=qkv_bias,
-        layer_norm_eps=float(hc.get("layer_norm_eps", 1e-12)), gelu=ACTS[act])
+        layer_norm_eps=float(hc.get("layer_norm_eps", 1e-12)), gelu=ACTS[act],
+        posemb_resize=METHOD_OF_SOURCE["hf"])
     warning = zero_head_warning(params)
     return LoadedCheckpoint(
         config=config, params=params, preprocessing=_preprocessing(folder, image),

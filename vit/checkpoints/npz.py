@@ -18,10 +18,11 @@ from pathlib import Path
 
 import numpy as np
 
-from vit.checkpoints import LoadedCheckpoint, zero_head_warning
 from vit.checkpoints.labels import default_labels
+from vit.checkpoints.loaded import LoadedCheckpoint, zero_head_warning
 from vit.errors import CheckpointError
 from vit.models.config import ViTConfig
+from vit.models.posemb import METHOD_OF_SOURCE
 from vit.preprocess import INCEPTION
 
 PREFIXES = ("opt/target/", "params/img/", "params/", "")
@@ -189,7 +190,8 @@ def read(path: Path) -> LoadedCheckpoint:
         width=d, depth=depth, mlp_dim=mlp_dim, num_heads=heads, patch_size=(ph, pw),
         image_size=(grid[0] * ph, grid[1] * pw), in_channels=channels, num_classes=num_classes,
         class_token=class_token, classifier=classifier, representation_size=representation,
-        posemb=posemb, qkv_bias=qkv_bias, layer_norm_eps=1e-6, gelu="tanh")
+        posemb=posemb, qkv_bias=qkv_bias, layer_norm_eps=1e-6, gelu="tanh",
+        posemb_resize=METHOD_OF_SOURCE[layout])
     warning = zero_head_warning(params)
     return LoadedCheckpoint(
         config=config, params=params, preprocessing=INCEPTION.with_size(config.image_size),

@@ -13,7 +13,9 @@ from pathlib import Path
 
 import numpy as np
 
-from vit.checkpoints import LoadedCheckpoint, flatten, layout, nest, zero_head_warning
+import vit.checkpoints.layout as layout
+from vit.checkpoints.loaded import LoadedCheckpoint, zero_head_warning
+from vit.checkpoints.tree import flatten, nest
 from vit.errors import CheckpointError
 from vit.models.config import FIELDS, ViTConfig
 from vit.preprocess import Preprocessing

@@ -7,6 +7,12 @@ import os
 import re
 from pathlib import Path
 
+import vit.checkpoints.hf as hf
+import vit.checkpoints.npz as npz
+import vit.checkpoints.orbax_io as orbax_io
+import vit.checkpoints.timm as timm
+from vit.checkpoints.loaded import LoadedCheckpoint
+from vit.checkpoints.safetensors_io import read_safetensors_header
 from vit.errors import CheckpointError
 
 PICKLED = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
@@ -39,8 +45,6 @@ def cached_snapshot(repo_id: str) -> Path | None:
 
 def _resolve_name(name: str) -> Path:
     """A hub id (`google/vit-base-patch16-224`) or timm name, from the local cache."""
-    from vit.checkpoints import timm
-
     if timm.is_timm_name(name):
         repo_id = timm.hub_repo(name)
         found = cached_snapshot(repo_id)
@@ -62,8 +66,6 @@ def _resolve_name(name: str) -> Path:
 
 def detect(path) -> tuple[str, Path]:
     """(format, path) with format one of npz, hf, timm, orbax."""
-    from vit.checkpoints import hf, orbax_io, timm
-
     path = Path(path)
     if not path.exists():
         path = _resolve_name(str(path))
@@ -102,22 +104,11 @@ def detect(path) -> tuple[str, Path]:
 
 
 def _safetensors_keys(path: Path) -> list[str]:
-    from vit.checkpoints.hf import read_safetensors_header
-
     return list(read_safetensors_header(path))
 
 
-def read(path):
+def read(path) -> LoadedCheckpoint:
     """The `LoadedCheckpoint` at `path`, whatever its format."""
     kind, resolved = detect(path)
-    if kind == "npz":
-        from vit.checkpoints import npz
-        return npz.read(resolved)
-    if kind == "hf":
-        from vit.checkpoints import hf
-        return hf.read(resolved)
-    if kind == "timm":
-        from vit.checkpoints import timm
-        return timm.read(resolved)
-    from vit.checkpoints import orbax_io
-    return orbax_io.read(resolved)
+    reader = {"npz": npz.read, "hf": hf.read, "timm": timm.read, "orbax": orbax_io.read}[kind]
+    return reader(resolved)

@@ -21,11 +21,13 @@ from pathlib import Path
 
 import numpy as np
 
-from vit.checkpoints import LoadedCheckpoint, torch_writers, zero_head_warning
-from vit.checkpoints.hf import read_safetensors, write_safetensors
 from vit.checkpoints.labels import default_labels
+from vit.checkpoints.loaded import LoadedCheckpoint, zero_head_warning
+from vit.checkpoints.safetensors_io import read_safetensors, write_safetensors
+from vit.checkpoints.torch_layout import torch_writers
 from vit.errors import CheckpointError
 from vit.models.config import WIDTHS, ViTConfig, get_config
+from vit.models.posemb import METHOD_OF_SOURCE, sincos_2d
 from vit.preprocess import Preprocessing
 
 TIMM_SIZE_NAMES = {"Ti": "tiny", "S": "small", "M": "medium", "B": "base", "L": "large",
@@ -175,7 +177,8 @@ def read(path: Path) -> LoadedCheckpoint:
         class_token=class_token, classifier=classifier, num_registers=registers,
         posemb="learn" if "pos_embed" in arrays else "sincos2d", qkv_bias=qkv_bias,
         qk_norm=qk_norm, layer_scale=LAYER_SCALE_INIT if layer_scale else None,
-        layer_norm_eps=1e-6, gelu="tanh" if args.get("act_layer") == "gelu_tanh" else "exact")
+        layer_norm_eps=1e-6, gelu="tanh" if args.get("act_layer") == "gelu_tanh" else "exact",
+        posemb_resize=METHOD_OF_SOURCE["timm"])
     warning = zero_head_warning(params)
     labels = tc.get("label_names") or default_labels(num_classes)
     return LoadedCheckpoint(
@@ -253,8 +256,6 @@ def write(loaded: LoadedCheckpoint, dst) -> list[str]:
         out["reg_token"] = p["reg_tokens"]
     pe = p.get("pos_embed")
     if pe is None:
-        from vit.models.posemb import sincos_2d
-
         pe = np.asarray(sincos_2d(cfg.grid, cfg.width))
         if cfg.class_token:
             pe = np.concatenate([np.zeros((1, 1, cfg.width), np.float32), pe], 1)

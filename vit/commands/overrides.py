@@ -1,46 +1,37 @@
-"""Parsing `FIELD=VALUE` model overrides from the command line, typed by the config field."""
+"""Parsing `FIELD=VALUE` model overrides from the command line, typed by the config field.
+
+The typing rules are `vit.overrides`' (shared with recipe files); this module only says what
+each ViTConfig field expects.
+"""
 
 from __future__ import annotations
 
-import types
+import dataclasses
 import typing
 
-from vit.errors import ConfigError
 from vit.models.config import ViTConfig, check_fields
+from vit.overrides import parse_value, split_item
 
 _HINTS = typing.get_type_hints(ViTConfig)
+_DEFAULTS = {f.name: None if f.default is dataclasses.MISSING else f.default
+             for f in dataclasses.fields(ViTConfig)}
 
 
-def _parse_value(field: str, text: str):
+def field_type(field: str):
+    """The annotation of a ViTConfig field, widened where the config takes more."""
     hint = _HINTS[field]
     args = typing.get_args(hint)
-    if typing.get_origin(hint) in (typing.Union, types.UnionType):  # "X | None"
-        if text.lower() in ("none", "null"):
-            return None
-        hint = next(a for a in args if a is not type(None))
-    try:
-        if typing.get_origin(hint) is tuple:  # "384", "384,512" or "384x512"
-            parts = [int(p) for p in text.replace("x", ",").split(",")]
-            return tuple(parts) if len(parts) == 2 else parts[0]
-        if hint is bool:
-            if text.lower() not in ("true", "false", "1", "0"):
-                raise ValueError(text)
-            return text.lower() in ("true", "1")
-        return hint(text)
-    except ValueError:
-        raise ConfigError(f"--set {field}={text}: expected {getattr(hint, '__name__', hint)}, "
-                          f"e.g. --set {field}={ViTConfig.__dataclass_fields__[field].default}"
-                          ) from None
+    if typing.get_origin(hint) is tuple and args and all(a is int for a in args):
+        return int | hint  # ViTConfig takes one int for a square patch or image size
+    return hint
 
 
 def parse_model_overrides(items: list[str]) -> dict:
     """['classifier=gap', 'model.depth=6'] -> {'classifier': 'gap', 'depth': 6}."""
     out = {}
     for item in items:
-        if "=" not in item:
-            raise ConfigError(f"--set {item!r}: write FIELD=VALUE, e.g. --set classifier=gap")
-        key, value = item.split("=", 1)
+        key, text = split_item(item, "FIELD=VALUE", "classifier=gap")
         key = key.removeprefix("model.")
         check_fields({key: None})
-        out[key] = _parse_value(key, value)
+        out[key] = parse_value(key, text, field_type(key), _DEFAULTS[key])
     return out

@@ -15,9 +15,10 @@ from typing import Any
 
 import grain
 import numpy as np
+from PIL import Image
 
 from vit.data import transforms as T
-from vit.preprocess import Preprocessing
+from vit.preprocess import Preprocessing, normalize
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,16 +52,13 @@ class TrainTransform(grain.transforms.RandomMap):
 
 
 class EvalTransform(grain.transforms.Map):
-    """The same arithmetic as `Preprocessing.__call__` on a PIL image (predict's path)."""
+    """The `Preprocessing` itself, so eval sees exactly what `vit predict` feeds the model."""
 
     def __init__(self, pre: Preprocessing):
         self.pre = pre
 
     def map(self, element: dict) -> dict:
-        image = T.center_crop(element["image"], self.pre.size, self.pre.crop_pct,
-                              self.pre.resample)
-        return {"image": T.normalize(image, self.pre.mean, self.pre.std),
-                "label": element["label"]}
+        return {"image": self.pre(Image.fromarray(element["image"])), "label": element["label"]}
 
 
 class BatchTransform(grain.transforms.RandomMap):
@@ -75,7 +73,7 @@ class BatchTransform(grain.transforms.RandomMap):
         if aug.shift or aug.rotate or aug.scale:
             image = T.random_affine(image, rng, shift=aug.shift, rotate=aug.rotate,
                                     scale=aug.scale)
-        image = T.normalize(image, self.pre.mean, self.pre.std)
+        image = normalize(image, self.pre.mean, self.pre.std)
         target = T.one_hot(batch["label"], self.num_classes, aug.label_smoothing)
         image, target = T.mixup_cutmix(image, target, rng, mixup=aug.mixup, cutmix=aug.cutmix)
         return {"image": image, "label": batch["label"], "target": target}

@@ -15,11 +15,10 @@ from pathlib import Path
 import numpy as np
 
 from vit.errors import DataError
-from vit.preprocess import open_image, to_rgb
+from vit.preprocess import IMAGE_SUFFIXES, open_image, to_rgb
 
 log = logging.getLogger(__name__)
 
-IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm")
 DIGITS_SPLITS = ("train", "validation", "test")
 
 

@@ -2,9 +2,8 @@
 
 Per-example transforms take a uint8 `[h, w, 3]` image (and, when random, a `np.random.Generator`
 that grain seeds from the pipeline seed and the element index, so every run sees the same
-augmentations) and return a uint8 image; `normalize` turns the result into the model's float32
-input exactly as `vit.preprocess.Preprocessing` does for a PIL image. Batch transforms (mixup,
-cutmix) work on float images and one-hot labels.
+augmentations) and return a uint8 image; `vit.preprocess.normalize` then turns it into the
+model's float32 input. Batch transforms (mixup, cutmix) work on float images and one-hot labels.
 """
 
 from __future__ import annotations
@@ -14,7 +13,7 @@ import math
 import numpy as np
 from PIL import Image
 
-from vit.preprocess import RESAMPLE
+from vit.preprocess import RESAMPLE, resize_crop
 
 
 def resize(image: np.ndarray, size: tuple[int, int], resample: str = "bilinear") -> np.ndarray:
@@ -25,15 +24,8 @@ def resize(image: np.ndarray, size: tuple[int, int], resample: str = "bilinear")
 
 def center_crop(image: np.ndarray, size: tuple[int, int], crop_pct: float | None,
                 resample: str = "bilinear") -> np.ndarray:
-    """The eval transform of a `Preprocessing` (resize, or resize-shorter-side and crop)."""
-    if crop_pct is None:
-        return resize(image, size, resample)
-    h, w = size
-    scale = min(h, w) / crop_pct / min(image.shape[:2])
-    rw, rh = max(w, round(image.shape[1] * scale)), max(h, round(image.shape[0] * scale))
-    image = resize(image, (rh, rw), resample)
-    top, left = (rh - h) // 2, (rw - w) // 2
-    return image[top:top + h, left:left + w]
+    """The eval geometry of a `Preprocessing` on a uint8 array: `vit.preprocess.resize_crop`."""
+    return np.asarray(resize_crop(Image.fromarray(image), size, crop_pct, resample))
 
 
 def inception_crop(image: np.ndarray, rng: np.random.Generator, size: tuple[int, int],
@@ -85,12 +77,6 @@ def random_affine(images: np.ndarray, rng: np.random.Generator, *, shift: float 
 
     return ((1 - ty) * ((1 - tx) * tap(y0, x0) + tx * tap(y0, x0 + 1))
             + ty * ((1 - tx) * tap(y0 + 1, x0) + tx * tap(y0 + 1, x0 + 1)))
-
-
-def normalize(image: np.ndarray, mean, std) -> np.ndarray:
-    """uint8 (or 0..255 float) HWC -> float32, the same arithmetic as `Preprocessing`."""
-    x = np.asarray(image, np.float32) / 255.0
-    return (x - np.asarray(mean, np.float32)) / np.asarray(std, np.float32)
 
 
 def one_hot(labels: np.ndarray, num_classes: int, smoothing: float = 0.0) -> np.ndarray:

@@ -14,9 +14,7 @@ import numpy as np
 from PIL import Image
 
 from vit.errors import ConfigError, DataError
-from vit.preprocess import Preprocessing, open_image
-
-IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm")
+from vit.preprocess import IMAGE_SUFFIXES, Preprocessing, open_image
 
 
 @dataclasses.dataclass

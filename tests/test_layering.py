@@ -1,0 +1,163 @@
+"""Import layering: dependencies point one way, and packages hold no import cycles.
+
+    cli -> commands -> train / explain / predict -> checkpoints -> data / preprocess -> models
+        -> ops
+
+(`errors` is below everything; `overrides` parses `--set` text and `config` loads recipes, for
+the commands and training.) Every module under `vit/` is parsed, not imported, and every import
+of `vit.*` counts, whether at module level or inside a function: a local import is a dependency
+all the same.
+"""
+
+import ast
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.timeout(300)
+
+ROOT = Path(__file__).resolve().parents[1]
+VIT = ROOT / "vit"
+
+_BASE = {"errors"}
+_MODEL = _BASE | {"ops", "models"}
+_CHECKPOINTS = _MODEL | {"preprocess", "checkpoints"}
+_APPS = _CHECKPOINTS | {"data"}  # what explain and predict stand on
+# The part of vit (`vit.<unit>...`) each part may import: itself and the layers below it.
+ALLOWED = {
+    "errors": {"errors"},
+    "ops": _BASE | {"ops"},
+    "models": _MODEL,
+    "preprocess": _BASE | {"preprocess"},
+    "data": _BASE | {"preprocess", "data"},
+    "checkpoints": _CHECKPOINTS,
+    "explain": _APPS | {"explain"},
+    "predict": _APPS | {"predict"},
+    "overrides": _BASE | {"overrides"},
+    "config": _BASE | {"overrides", "config"},
+    "train": _APPS | {"explain", "predict", "overrides", "config", "train"},
+    "commands": _APPS | {"explain", "predict", "overrides", "config", "train", "commands"},
+    "cli": _APPS | {"explain", "predict", "overrides", "config", "train", "commands", "cli"},
+    # vit/__init__.py names its lazy attributes by string; it imports nothing of its own.
+    "vit": _APPS | {"explain", "predict", "overrides", "config", "train"},
+}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(p): p for p in sorted(VIT.rglob("*.py"))}
+PACKAGES = {module_name(p) for p in VIT.rglob("__init__.py")}
+
+
+def unit(module: str) -> str:
+    """`vit.checkpoints.npz` -> `checkpoints`; `vit` itself -> `vit`."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "vit"
+
+
+def imports(module: str) -> list[tuple[int, str, str]]:
+    """(line, statement, imported module) for every import of vit in `module`, module-level and
+    local alike. `from pkg import name` imports the module `pkg.name` when that is a submodule,
+    else `pkg` itself (`name` is taken from its `__init__`)."""
+    path = MODULES[module]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] == "vit":
+                    found.append((node.lineno, f"import {alias.name}", alias.name))
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: resolve against this module's package
+                package = module if module in PACKAGES else module.rpartition(".")[0]
+                parts = package.split(".")
+                base = ".".join(parts[:len(parts) - node.level + 1] + ([base] if base else []))
+            if base.split(".")[0] != "vit":
+                continue
+            for alias in node.names:
+                text = f"from {'.' * node.level}{node.module or ''} import {alias.name}"
+                sub = f"{base}.{alias.name}"
+                found.append((node.lineno, text, sub if sub in MODULES else base))
+    return found
+
+
+def where(module: str, line: int, text: str) -> str:
+    return f"{MODULES[module].relative_to(ROOT)}:{line}: {text}"
+
+
+def test_every_part_of_vit_has_a_rule():
+    assert {unit(m) for m in MODULES} <= set(ALLOWED), (
+        "a new part of vit: give it a place in ALLOWED")
+
+
+def test_dependencies_point_down_the_layers():
+    wrong = []
+    for module in MODULES:
+        for line, text, target in imports(module):
+            if unit(target) not in ALLOWED[unit(module)]:
+                wrong.append(f"{where(module, line, text)}  ({unit(module)} -> {unit(target)})")
+    assert not wrong, "imports against the layering:\n" + "\n".join(wrong)
+
+
+def test_only_the_cli_reaches_the_commands():
+    wrong = [where(module, line, text)
+             for module in MODULES if unit(module) not in ("cli", "commands")
+             for line, text, target in imports(module) if unit(target) == "commands"]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_no_module_imports_its_own_packages_init():
+    # Inside a package, names come from the module that defines them (`vit.checkpoints.tree`),
+    # never through the package's `__init__`, which only re-exports them for users.
+    wrong = []
+    for module in MODULES:
+        ancestors = {".".join(module.split(".")[:i]) for i in range(1, module.count(".") + 1)}
+        if module in PACKAGES:  # a package's __init__ may import its own submodules
+            ancestors.discard(module)
+        for line, text, target in imports(module):
+            if target in ancestors:
+                wrong.append(where(module, line, text))
+    assert not wrong, "imports through the package's own __init__:\n" + "\n".join(wrong)
+
+
+def test_no_import_cycles():
+    # Local imports count too: a cycle held together by function-level imports is still one.
+    graph = {m: {target for _, _, target in imports(m)} - {m} for m in MODULES}
+    cycles, done = [], set()
+
+    def visit(module, path):
+        if module in path:
+            cycles.append(" -> ".join(path[path.index(module):] + [module]))
+            return
+        if module in done:
+            return
+        for target in sorted(graph.get(module, ())):
+            visit(target, path + [module])
+        done.add(module)
+
+    for module in sorted(graph):
+        visit(module, [])
+    assert not cycles, "import cycles:\n" + "\n".join(cycles)
+
+
+def _imports_cleanly(module: str) -> tuple[str, int, str]:
+    proc = subprocess.run([sys.executable, "-c", f"import {module}"], cwd=ROOT,
+                          capture_output=True, text=True,
+                          env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    return module, proc.returncode, proc.stderr[-2000:]
+
+
+def test_checkpoint_modules_import_first_in_a_fresh_interpreter():
+    # Each submodule imported first, alone: a cycle shows up as an ImportError in one of them.
+    first = ["vit.checkpoints"] + sorted(m for m in MODULES if m.startswith("vit.checkpoints."))
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        results = list(pool.map(_imports_cleanly, first))
+    failed = [f"import {m} failed:\n{err}" for m, rc, err in results if rc]
+    assert not failed, "\n".join(failed)

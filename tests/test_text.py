@@ -1,0 +1,195 @@
+"""Text conditioning: tokenizer, text path, gated cross-attention, prompt and similarity heads."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import vit
+from vit.models.config import TextConfig
+from vit.models.text import detokenize, tokenize
+from vit.ops.attention import dot_product_attention
+
+TEXT = TextConfig(max_len=48, width=32, depth=1, num_heads=2, mlp_dim=64, xattn_start=1,
+                  xattn_every=2)
+
+
+def _models(**kw):
+    common = dict(num_classes=5, image_size=32, depth=4, width=64, num_heads=4, mlp_dim=128)
+    common.update(kw)
+    plain = vit.create_model("Ti/16", rngs=nnx.Rngs(0), **common)
+    text = vit.create_model("Ti/16", rngs=nnx.Rngs(0), text=TEXT, **common)
+    # Make the shared (image) weights non-trivial: the head is zero at init, so randomise it.
+    for m in (plain, text):
+        m.head.kernel[...] = jax.random.normal(jax.random.key(7), m.head.kernel.shape)
+    return plain, text
+
+
+def _images(b=3, seed=1):
+    return jax.random.normal(jax.random.key(seed), (b, 32, 32, 3))
+
+
+def _prompts(max_len=48):
+    return tokenize(["is there a red triangle?", "", "y a-t-il un carré bleu ?"], max_len)
+
+
+def test_tokenizer_round_trips_any_language_and_masks_a_prefix():
+    texts = ["is there a red triangle?", "gibt es ein grünes Dreieck?", "赤い三角形はありますか",
+             "🙂 emoji", ""]
+    tokens, mask = tokenize(texts, 64)
+    assert tokens.shape == mask.shape == (5, 64) and tokens.dtype == np.int32
+    assert detokenize(tokens) == texts
+    lengths = mask.sum(-1)
+    assert lengths[-1] == 0  # the empty prompt is the null prompt: no tokens at all
+    for row, n in zip(mask, lengths, strict=True):
+        assert row[:n].all() and not row[n:].any()
+    # one token per UTF-8 byte plus the end token
+    assert lengths[2] == len("赤い三角形はありますか".encode()) + 1
+
+
+def test_long_prompt_is_truncated_with_a_warning():
+    with pytest.warns(UserWarning, match="truncated"):
+        tokens, mask = tokenize(["x" * 100], 16)
+    assert mask.sum() == 16
+
+
+def test_kv_len_attention_equals_a_plain_formula_on_the_real_keys():
+    rng = np.random.default_rng(0)
+    q, k, v = (jnp.asarray(rng.normal(size=(3, 5, 2, 8)), jnp.float32) for _ in range(3))
+    kv_len = jnp.array([5, 2, 1])
+    k = k.at[1, 2:].set(jnp.nan)  # padding may hold anything
+    v = v.at[2, 1:].set(jnp.nan)
+    out = dot_product_attention(q, k, v, kv_len=kv_len, impl="xla")
+    for b, n in enumerate([5, 2, 1]):
+        qb, kb, vb = (np.asarray(x[b], np.float64) for x in (q, k[:, :n], v[:, :n]))
+        logits = np.einsum("qhd,khd->hqk", qb, kb) / math.sqrt(8)
+        p = np.exp(logits - logits.max(-1, keepdims=True))
+        p /= p.sum(-1, keepdims=True)
+        want = np.einsum("hqk,khd->qhd", p, vb)
+        np.testing.assert_allclose(np.asarray(out[b]), want, rtol=1e-5, atol=1e-6)
+
+
+def test_text_model_equals_the_plain_vit_at_initialisation():
+    plain, text = _models()
+    x = _images()
+    tokens, mask = _prompts()
+    want = plain.features(x)
+    got = text.features(x, text=jnp.asarray(tokens), text_mask=jnp.asarray(mask))
+    assert float(jnp.abs(want).max()) > 0.1
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))  # exact without jit
+    logits = text.head_logits(text.pool(got))
+    assert float(jnp.abs(logits).max()) > 0.1  # the comparison compares something
+    np.testing.assert_array_equal(np.asarray(logits), np.asarray(plain(x)))
+
+    @nnx.jit
+    def jitted(m, x, t, k):
+        return m.features(x, text=t, text_mask=k)
+
+    np.testing.assert_allclose(np.asarray(jitted(text, x, jnp.asarray(tokens), jnp.asarray(mask))),
+                               np.asarray(want), atol=1e-6, rtol=0)
+
+
+def test_gradients_reach_the_gates_at_step_0():
+    _, text = _models()
+    x = _images()
+    tokens, mask = _prompts()
+    graphdef, params = nnx.split(text, nnx.Param)
+
+    def loss(params):
+        m = nnx.merge(graphdef, params)
+        return jnp.sum(m(x, text=jnp.asarray(tokens), text_mask=jnp.asarray(mask)) ** 2)
+
+    grads = nnx.to_pure_dict(jax.grad(loss)(params))
+    for block in grads["xattn"].values():
+        assert abs(float(block["attn_gate"])) > 0
+        assert abs(float(block["mlp_gate"])) > 0
+
+
+def test_padding_does_not_change_outputs_and_empty_prompt_works():
+    _, text = _models()
+    # open the gates so the text actually matters
+    for block in text.xattn:
+        block.attn_gate[...] = jnp.float32(0.8)
+        block.mlp_gate[...] = jnp.float32(0.5)
+    x = _images()
+    short = tokenize(["is there a red triangle?", "", "blue"], 30)
+    long = tokenize(["is there a red triangle?", "", "blue"], 48)
+    a = text(x, text=jnp.asarray(short[0]), text_mask=jnp.asarray(short[1]))
+    b = text(x, text=jnp.asarray(long[0]), text_mask=jnp.asarray(long[1]))
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+    assert np.all(np.isfinite(np.asarray(a)))
+    # and the text matters once the gates are open
+    other = tokenize(["is there a green circle?", "a", "red"], 30)
+    c = text(x, text=jnp.asarray(other[0]), text_mask=jnp.asarray(other[1]))
+    assert float(jnp.abs(a - c).max()) > 1e-4
+
+
+def test_several_prompts_share_the_image_prefix_and_equal_one_at_a_time():
+    _, text = _models()
+    for block in text.xattn:
+        block.attn_gate[...] = jnp.float32(0.7)
+    x = _images(2)
+    prompts = ["is there a red triangle?", "", "is there a blue cross?"]
+    tokens, mask = tokenize(prompts, 48)
+    many = text(x, text=jnp.broadcast_to(tokens, (2, 3, 48)),
+                text_mask=jnp.broadcast_to(mask, (2, 3, 48)))
+    assert many.shape == (2, 3)
+    for p in range(3):
+        one = text(x, text=jnp.broadcast_to(tokens[p], (2, 48)),
+                   text_mask=jnp.broadcast_to(mask[p], (2, 48)))
+        np.testing.assert_allclose(np.asarray(many[:, p]), np.asarray(one), rtol=1e-5,
+                                   atol=1e-6)
+
+
+def test_cross_attention_on_pallas_equals_xla_forward_and_gradients():
+    _, text = _models()
+    for block in text.xattn:
+        block.attn_gate[...] = jnp.float32(0.9)
+        block.mlp_gate[...] = jnp.float32(0.3)
+    x = _images()
+    tokens, mask = tokenize(["is there a red triangle?", "", "ab"], 48)  # ragged: 25, 0, 3
+    graphdef, params = nnx.split(text, nnx.Param)
+
+    def run(impl):
+        cfg = text.config.replace(attention_impl=impl)
+        g = nnx.graphdef(vit.create_model(cfg, rngs=nnx.Rngs(0)))
+
+        def f(params):
+            out = nnx.merge(g, params)(x, text=jnp.asarray(tokens), text_mask=jnp.asarray(mask))
+            return jnp.sum(jnp.sin(out)), out
+
+        (_, out), grads = jax.value_and_grad(f, has_aux=True)(params)
+        return out, nnx.to_pure_dict(grads)
+
+    out_x, g_x = run("xla")
+    out_p, g_p = run("pallas")
+    np.testing.assert_allclose(np.asarray(out_p), np.asarray(out_x), rtol=1e-4, atol=1e-5)
+    leaves_x = jax.tree.leaves(g_x["xattn"]) + jax.tree.leaves(g_x["text_path"])
+    leaves_p = jax.tree.leaves(g_p["xattn"]) + jax.tree.leaves(g_p["text_path"])
+    assert max(float(jnp.abs(a).max()) for a in leaves_x) > 1e-3
+    for a, b in zip(leaves_p, leaves_x, strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-3,
+                                   atol=1e-4 + 1e-3 * float(jnp.abs(b).max()))
+
+
+def test_similarity_head_scores_every_image_against_every_text():
+    cfg = TextConfig(width=32, depth=1, num_heads=2, mlp_dim=64, similarity_dim=16)
+    model = vit.create_model("Ti/16", num_classes=0, image_size=32, depth=2, width=64,
+                             num_heads=4, mlp_dim=128, text=cfg, rngs=nnx.Rngs(0))
+    img = model.image_embedding(_images(3))
+    txt = model.text_embedding(*map(jnp.asarray, tokenize(["a red square", "a blue cross"], 32)))
+    assert img.shape == (3, 16) and txt.shape == (2, 16)
+    np.testing.assert_allclose(np.linalg.norm(np.asarray(img), axis=-1), 1.0, rtol=1e-5)
+    logits = model.similarity.logits(img, txt)
+    want = 10.0 * np.asarray(img) @ np.asarray(txt).T - 10.0
+    np.testing.assert_allclose(np.asarray(logits), want, rtol=1e-5, atol=1e-5)
+
+
+def test_text_on_a_plain_model_is_refused():
+    plain, _ = _models()
+    tokens, mask = _prompts()
+    with pytest.raises(ValueError, match="no text path"):
+        plain(_images(), text=jnp.asarray(tokens), text_mask=jnp.asarray(mask))

@@ -1,0 +1,79 @@
+"""The entry points: `load_checkpoint` reads any supported format and adapts it to the model
+asked for; `save_checkpoint` writes one of `WRITE_FORMATS`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+import vit.checkpoints.hf as hf
+import vit.checkpoints.npz as npz
+import vit.checkpoints.orbax_io as orbax_io
+import vit.checkpoints.resolve as resolve
+import vit.checkpoints.timm as timm
+from vit.checkpoints.loaded import LoadedCheckpoint, check_fits
+from vit.errors import CheckpointError
+from vit.models.posemb import resize_posemb
+from vit.preprocess import Preprocessing
+
+WRITE_FORMATS = ("npz", "hf", "timm", "orbax")
+
+
+def load_checkpoint(path, *, image_size: int | tuple[int, int] | None = None,
+                    **model_overrides: Any) -> LoadedCheckpoint:
+    """Reads any supported checkpoint (file, folder, training workdir or cached hub id).
+
+    `image_size` resizes the position embeddings as the source's library would (the
+    checkpoint's `config.posemb_resize`; the patch size stays). Other keywords override config
+    fields that do not change weight shapes (such as `attention_impl`, `dtype`, `dropout`,
+    `dynamic_image_size`); a different `num_classes` drops the head for fine-tuning (a fresh
+    zero head is built).
+    """
+    loaded = resolve.read(path)
+    cfg = loaded.config
+    num_classes = model_overrides.get("num_classes")
+    if num_classes is not None and num_classes != cfg.num_classes:
+        if "head" in loaded.params:
+            loaded.params = {k: v for k, v in loaded.params.items() if k != "head"}
+            loaded.warnings.append(f"head of {cfg.num_classes} classes dropped; a new zero head "
+                                   f"of {num_classes} classes is built")
+            loaded.warnings = [w for w in loaded.warnings if "head is all zeros" not in w]
+        loaded.labels = None
+    if image_size is not None:
+        size = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
+        grid = (size[0] // cfg.patch_size[0], size[1] // cfg.patch_size[1])
+        cfg = cfg.replace(image_size=size)  # checks divisibility by the patch size
+        if "pos_embed" in loaded.params:
+            loaded.params["pos_embed"] = resize_posemb(
+                loaded.params["pos_embed"], loaded.config.grid, grid, int(cfg.class_token),
+                cfg.posemb_resize)
+        loaded.preprocessing = loaded.preprocessing.with_size(size)
+    loaded.config = cfg = cfg.replace(**model_overrides)
+    if "head" not in loaded.params and cfg.num_classes:
+        # A dropped head is rebuilt zero-initialised, as the model itself would.
+        width = cfg.representation_size or cfg.width
+        loaded.params["head"] = {"kernel": np.zeros((width, cfg.num_classes), np.float32),
+                                 "bias": np.zeros((cfg.num_classes,), np.float32)}
+    check_fits(loaded.params, cfg, loaded.source)
+    return loaded
+
+
+def save_checkpoint(src, dst, format: str, *, preprocessing: Preprocessing | None = None,
+                    labels: list[str] | None = None) -> list[str]:
+    """Writes `src` (a `LoadedCheckpoint` or a model) to `dst` in `format`; returns warnings.
+
+    Raises CheckpointError, naming what does not fit, when the format cannot hold the model.
+    """
+    if not isinstance(src, LoadedCheckpoint):
+        src = LoadedCheckpoint.from_model(src, preprocessing, labels)
+    if format == "npz":
+        return npz.write(src, dst)
+    if format == "hf":
+        return hf.write(src, dst)
+    if format == "timm":
+        return timm.write(src, dst)
+    if format == "orbax":
+        orbax_io.save_orbax(dst, src.params, src.config, src.preprocessing, src.labels)
+        return []
+    raise CheckpointError(f"unknown format {format!r}; choose one of {', '.join(WRITE_FORMATS)}")
