@@ -13,6 +13,8 @@ _LAZY = {
     "create_model": "vit.models.vit",
     "VisionTransformer": "vit.models.vit",
     "ViTConfig": "vit.models.config",
+    "TextConfig": "vit.models.config",
+    "tokenize": "vit.models.text",
     "get_config": "vit.models.config",
     "VARIANTS": "vit.models.config",
     "dot_product_attention": "vit.ops.attention",
