@@ -128,7 +128,8 @@ def test_eval_on_arrays_matches_predict_on_exported_pngs(straight_run, tmp_path,
 def test_init_replaces_head_and_resizes_posemb(straight_run, tmp_path):
     from vit.checkpoints import load_checkpoint
     from vit.models.posemb import resize_posemb
-    from vit.train.loop import start_from_init, train
+    from vit.train.loop import train
+    from vit.train.state import start_from_init
 
     workdir, _ = straight_run
     src = load_checkpoint(str(workdir))
@@ -160,7 +161,7 @@ def test_adapt_params_zero_head_and_shape_errors():
     from vit.errors import CheckpointError
     from vit.models.config import get_config
     from vit.train.init import adapt_params
-    from vit.train.loop import abstract_params
+    from vit.train.state import abstract_params
 
     src_cfg = get_config("Ti/16", width=16, depth=1, mlp_dim=32, num_heads=2, patch_size=4,
                          image_size=16, num_classes=5, representation_size=8)
@@ -226,8 +227,9 @@ def test_optimizer_recipes():
 def test_gradient_accumulation_equals_one_big_batch():
     from vit.models.config import get_config
     from vit.train import parallel
-    from vit.train.loop import fresh_params, make_train_step, model_fields
     from vit.train.optim import make_optimizer
+    from vit.train.state import fresh_params, model_fields
+    from vit.train.step import make_train_step
 
     config = tiny("model.drop_path=0.0")
 
@@ -250,12 +252,53 @@ def test_gradient_accumulation_equals_one_big_batch():
                  outs[0][0], outs[1][0])
 
 
+
+def test_trainable_mask_freezes_in_the_step_and_losses_are_chosen_by_name():
+    """A mask given to the step freezes what it says even under an optimiser that would move
+    everything (AdamW decays kernels), and trains the rest exactly as freezing by optimiser."""
+    from vit.errors import ConfigError
+    from vit.models.config import get_config
+    from vit.train import parallel
+    from vit.train.losses import get_loss, softmax_xent
+    from vit.train.optim import make_optimizer, path_names
+    from vit.train.state import fresh_params, model_fields
+    from vit.train.step import make_train_step
+
+    config = tiny("model.drop_path=0.0", "optim.warmup_steps=0")
+    cfg = get_config("Ti/16", num_classes=10, image_size=8, **model_fields(config))
+    graphdef, params = fresh_params(cfg, 0)
+    mask = jax.tree.map(lambda n: n.startswith("head/"), path_names(params))
+    mesh = parallel.make_mesh(1)
+    rng = np.random.default_rng(0)
+    batch = {"image": rng.normal(size=(8, 8, 8, 3)).astype(np.float32),
+             "label": rng.integers(0, 10, 8)}
+    batch["target"] = np.eye(10, dtype=np.float32)[batch["label"]]
+    head_only = config.optim.copy_and_resolve_references()
+    head_only.trainable = "head/.*"
+    outs = []
+    for optim, trainable in ((config.optim, mask), (head_only, None)):
+        tx, _ = make_optimizer(optim, params, cfg.depth, 8)
+        step = make_train_step(graphdef, tx, mesh, accum_steps=2, ema_decay=0.0,
+                               loss_fn=get_loss("softmax_xent"), trainable=trainable)
+        p = jax.tree.map(jnp.array, params)
+        p, _, _, m = step(p, tx.init(p), None, parallel.to_global(batch, mesh), 0, 0)
+        assert set(m) == {"loss", "accuracy", "finite"}
+        outs.append(p)
+    for got, want, orig, train in zip(*map(jax.tree.leaves, (*outs, params, mask)),
+                                      strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+        assert np.array_equal(got, orig) != train  # frozen: untouched; trainable: moved
+    assert get_loss("softmax_xent") is softmax_xent
+    with pytest.raises(ConfigError, match="softmax_xent"):
+        get_loss("nope")
+
 TWO_DEVICE_SCRIPT = r"""
 import jax, jax.numpy as jnp, numpy as np
 from vit.config import load_config
 from vit.models.config import get_config
 from vit.train import parallel
-from vit.train.loop import fresh_params, make_train_step, model_fields
+from vit.train.state import fresh_params, model_fields
+from vit.train.step import make_train_step
 from vit.train.optim import make_optimizer
 assert jax.device_count() == 2, jax.devices()
 config = load_config("configs/digits.py", %r)
@@ -292,7 +335,8 @@ def test_two_device_data_parallel_step_equals_one_device_step():
 
 
 def test_nan_loss_stops_with_a_clear_message_and_keeps_good_checkpoint(tmp_path):
-    from vit.train.loop import Diverged, train
+    from vit.train.checkpointing import Diverged
+    from vit.train.loop import train
 
     config = tiny("optim.name=sgd", "optim.lr=1e30", "optim.clip_norm=0.0",
                   "optim.warmup_steps=0", "optim.schedule=constant", "train.checkpoint_every=1",

@@ -5,11 +5,16 @@ folder like any other orbax checkpoint. Saves are asynchronous; orbax writes eac
 temporary folder and renames it when complete, so a crash (even SIGKILL) mid-save leaves the
 earlier checkpoints intact and the half-written one invisible. Kept: the last `keep` steps plus
 the best by validation accuracy; the latest is always among them, so a resume never loses it.
+
+`TrainCheckpoints` is the storage; `CheckpointPolicy` decides when to save, keeps
+`checkpoints/best.json` pointing at a complete checkpoint, and refuses to let a diverged run
+checkpoint non-finite weights.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 
@@ -17,6 +22,7 @@ import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as policies
 
 from vit.checkpoints import layout
+from vit.errors import VitError
 
 METRIC = "val_accuracy"
 
@@ -52,6 +58,11 @@ class TrainCheckpoints:
         metrics = None if val_accuracy is None else {METRIC: float(val_accuracy)}
         self.manager.save(step, args=ocp.args.Composite(**items), metrics=metrics, force=True)
 
+    def read_meta(self, step: int) -> dict:
+        """`step`'s meta alone: enough to rebuild the model before restoring its arrays."""
+        args = ocp.args.Composite(**{layout.META: ocp.args.JsonRestore()})
+        return self.manager.restore(step, args=args)[layout.META]
+
     def restore(self, step: int, *, params, opt_state, ema_params) -> dict:
         """Restores `step` into the structure (and shardings) of the abstract trees given."""
         items = {
@@ -85,3 +96,59 @@ class TrainCheckpoints:
 
     def close(self) -> None:
         self.manager.close()
+
+
+class Diverged(VitError):
+    """The loss became NaN or infinite."""
+
+
+class CheckpointPolicy:
+    """When to save, `best.json`, and no checkpoint of a diverged run.
+
+    A save happens every `every` steps, at the run's last step, and when a stop signal
+    arrived. `best.json` names the best validated step, but only once that step's
+    (asynchronous) save is complete, so it never points at a checkpoint a crash could lose.
+    """
+
+    def __init__(self, ckpts: TrainCheckpoints, *, every: int, resumed: bool):
+        self.ckpts, self.every = ckpts, every
+        best = ckpts.read_best() or {}
+        self.best_accuracy: float = best.get(METRIC, -1.0) if resumed else -1.0
+        self._pending_best: tuple[int, float] | None = None
+
+    def due(self, step: int, end: int, stopping: bool) -> bool:
+        return step % self.every == 0 or step == end or stopping
+
+    def save(self, step: int, *, val_accuracy: float | None, **items) -> None:
+        """Starts saving `step` (`items` as `TrainCheckpoints.save` takes them)."""
+        self.ckpts.wait()  # the previous save is complete: its best.json entry may now point at it
+        self._write_pending_best()
+        self.ckpts.save(step, val_accuracy=val_accuracy, **items)
+        # Ties go to the later step, as orbax's BestN keeps the later of equal checkpoints.
+        if val_accuracy is not None and val_accuracy >= self.best_accuracy:
+            self.best_accuracy, self._pending_best = val_accuracy, (step, val_accuracy)
+
+    def check_finite(self, step: int, loss: float, weights_finite: bool) -> None:
+        """Raises `Diverged` (before anything saves them) if `step` left non-finite values."""
+        if math.isfinite(loss) and weights_finite:
+            return
+        self.ckpts.wait()
+        self._write_pending_best()
+        kept = self.ckpts.latest_step()
+        what = f"loss became {loss}" if not math.isfinite(loss) else \
+            "the weights became non-finite"
+        raise Diverged(
+            f"{what} at step {step}; stopped. The last good checkpoint is "
+            f"{self.ckpts.step_dir(kept) if kept else 'none'}; lower optim.lr or raise "
+            "optim.warmup_steps, then run again (it resumes from there)")
+
+    def close(self) -> None:
+        """Finishes the last save, then writes its best.json entry."""
+        self.ckpts.wait()
+        self._write_pending_best()
+        self.ckpts.close()
+
+    def _write_pending_best(self) -> None:
+        if self._pending_best:
+            self.ckpts.write_best(*self._pending_best)
+            self._pending_best = None

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import time
 from pathlib import Path
 
 
@@ -20,6 +22,38 @@ class MetricsLog:
     def write(self, record: dict) -> None:
         with self.path.open("a") as f:
             f.write(json.dumps(record) + "\n")
+
+
+class TrainMeter:
+    """Means of the per-step training metrics since the last `flush`, and the images/s of the
+    training steps alone: time spent inside `paused()` (validating, saving) does not count."""
+
+    def __init__(self):
+        self._reset()
+
+    def _reset(self) -> None:
+        self.sums: dict[str, float] = {}
+        self.count, self.t0 = 0, time.time()
+
+    def add(self, metrics: dict[str, float]) -> None:
+        for k, v in metrics.items():
+            self.sums[k] = self.sums.get(k, 0.0) + v
+        self.count += 1
+
+    @contextlib.contextmanager
+    def paused(self):
+        t = time.time()
+        try:
+            yield
+        finally:
+            self.t0 += time.time() - t
+
+    def flush(self, batch_size: int) -> tuple[dict[str, float], float]:
+        """(metric means, images/s) over the steps since the last flush; starts afresh."""
+        means = {k: v / self.count for k, v in self.sums.items()}
+        images_per_s = self.count * batch_size / (time.time() - self.t0)
+        self._reset()
+        return means, images_per_s
 
 
 def read_metrics(path: str | Path) -> list[dict]:

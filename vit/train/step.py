@@ -1,0 +1,76 @@
+"""The jitted training step: forward, loss, gradient accumulation, update, EMA.
+
+Everything the step depends on comes in as an argument (the optimiser, the objective, the
+trainable mask, the mesh), never from the config, so a caller can build one step per training
+stage. Randomness is a pure function of (seed, step): a resumed run replays the same dropout
+and drop-path masks as an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from vit.train.losses import LossFn, softmax_xent
+from vit.train.placement import Placement
+
+
+def make_train_step(graphdef, tx: optax.GradientTransformation, mesh, *, accum_steps: int,
+                    ema_decay: float, loss_fn: LossFn = softmax_xent, trainable=None):
+    """`step(params, opt_state, ema, batch, seed, step) -> (params, opt_state, ema, metrics)`.
+
+    `metrics` holds the loss, `loss_fn`'s metrics (means over the batch) and `finite`.
+    `accum_steps` splits the batch into that many micro-batches, one update from their mean
+    gradient. `ema` is None to keep no EMA. `trainable` is a bool tree like the params (None:
+    all): frozen leaves get no backward pass and never move, whatever `tx` does.
+    """
+    place = Placement.of(mesh)
+
+    def objective(params, batch, key):
+        if trainable is not None:
+            params = jax.tree.map(lambda p, t: p if t else jax.lax.stop_gradient(p),
+                                  params, trainable)
+        logits = nnx.merge(graphdef, params)(batch["image"], train=True, rng=key)
+        return loss_fn(logits, batch)
+
+    grad_fn = jax.value_and_grad(objective, has_aux=True)
+
+    def step_fn(params, opt_state, ema, batch, seed, step):
+        key = jax.random.fold_in(jax.random.key(seed), step)
+        if accum_steps == 1:
+            (loss, aux), grads = grad_fn(params, batch, key)
+        else:  # gradient accumulation: micro-batches in sequence, one update
+            micro = jax.tree.map(
+                lambda x: x.reshape((accum_steps, -1) + x.shape[1:]), batch)
+
+            def body(carry, xs):
+                i, mb = xs
+                out = grad_fn(params, mb, jax.random.fold_in(key, i))
+                return jax.tree.map(jnp.add, carry, out), None
+
+            first = jax.tree.map(lambda x: x[0], micro)
+            (_, aux_shape), _ = jax.eval_shape(grad_fn, params, first, key)
+            zeros = ((0.0, jax.tree.map(lambda _: 0.0, aux_shape)),
+                     jax.tree.map(jnp.zeros_like, params))
+            ((loss, aux), grads), _ = jax.lax.scan(body, zeros,
+                                                   (jnp.arange(accum_steps), micro))
+            loss, aux, grads = jax.tree.map(lambda x: x / accum_steps, (loss, aux, grads))
+        updates, opt_state = tx.update(grads, opt_state, params)
+        if trainable is not None:
+            updates = jax.tree.map(lambda u, t: u if t else jnp.zeros_like(u),
+                                   updates, trainable)
+        params = optax.apply_updates(params, updates)
+        if ema is not None:
+            # EMA with warm-up (timm): early steps average over fewer updates.
+            decay = jnp.minimum(ema_decay, (1.0 + step) / (10.0 + step))
+            ema = jax.tree.map(lambda e, p: decay * e + (1 - decay) * p, ema, params)
+        # An update can overflow the weights while this step's loss is still finite: check
+        # both, so a checkpoint never holds non-finite weights.
+        finite = jnp.all(jnp.array([jnp.isfinite(x).all() for x in jax.tree.leaves(params)]))
+        return params, opt_state, ema, {"loss": loss, **aux, "finite": finite}
+
+    state = (place.params, place.opt_state, place.ema)
+    return jax.jit(step_fn, in_shardings=(*state, place.batch, None, None),
+                   out_shardings=(*state, place.metrics), donate_argnums=(0, 1, 2))
