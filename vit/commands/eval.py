@@ -1,4 +1,6 @@
-"""`vit eval`: top-1 / top-5 / per-class accuracy and a confusion-matrix PNG.
+"""`vit eval`: top-1 / top-5 / per-class accuracy and a confusion-matrix PNG; for a text
+model, prompt-answer accuracy, the shuffled/null-prompt and blank-image controls, and the
+held-out split.
 
     vit eval --workdir runs/demo [--split test] [--json]          # a training run's own data
     vit eval --checkpoint PATH --data NAME --split SPLIT [--json] # any checkpoint, any dataset
@@ -25,6 +27,9 @@ def add_arguments(parser) -> None:
                         help="folder for confusion.png and eval.json "
                              "(default WORKDIR/eval_SPLIT, or ./eval_SPLIT)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--heldout-split", default=None,
+                        help="text models: also score this split (default: the run's "
+                             "data.heldout_split, e.g. promptshapes' unseen colour-shape pairs)")
 
 
 def run(args) -> int:
@@ -52,6 +57,10 @@ def run(args) -> int:
         loaded = load_checkpoint(args.checkpoint)
         out = Path(args.out or f"eval_{_safe(split)}")
     source = open_source(name, split, data_dir=data_dir)
+    if loaded.config.text is not None:  # a text model answers prompts: score its answers
+        heldout = args.heldout_split if args.heldout_split is not None else (
+            config.data.get("heldout_split") if args.workdir else None)
+        return _eval_prompts(args, loaded, source, name, data_dir, split, heldout, out)
     class_names = source.class_names
     if loaded.config.num_classes != len(class_names):
         raise ConfigError(f"the checkpoint has {loaded.config.num_classes} classes but "
@@ -86,6 +95,54 @@ def run(args) -> int:
     worst = sorted(report["per_class_accuracy"].items(), key=lambda kv: kv[1])[:5]
     print("  lowest per-class: " + ", ".join(f"{k} {v:.3f}" for k, v in worst))
     print(f"  confusion matrix {out / 'confusion.png'}, figures {out / 'eval.json'}")
+    return 0
+
+
+def _eval_prompts(args, loaded, source, name, data_dir, split, heldout, out) -> int:
+    """A text model: answer accuracy on the split, the same examples under each control
+    (shuffled prompt, null prompt, blank image), and on the held-out split when there is one."""
+    import functools
+
+    from flax import nnx
+
+    from vit.data import eval_batches, open_source
+    from vit.data.prompt_controls import CONTROLS, PromptControl
+    from vit.models.text import tokenize
+    from vit.train import parallel
+    from vit.train.evaluate import evaluate_prompts, make_logits_fn
+
+    graphdef, params = nnx.split(loaded.build_model(), nnx.Param)
+    mesh = parallel.make_mesh(1)
+    logits_fn = make_logits_fn(graphdef, mesh)
+    tok = functools.partial(tokenize, max_len=loaded.config.text.max_len)
+
+    def score(src) -> dict:
+        batches = eval_batches(src, loaded.preprocessing, batch_size=args.batch_size,
+                               tokenize=tok)
+        return evaluate_prompts(logits_fn, params, batches, mesh)
+
+    res = score(source)
+    report = {"checkpoint": loaded.source, "data": source.name, "split": split,
+              "accuracy": res["accuracy"], "loss": res["loss"],
+              "num_examples": res["num_examples"],
+              "controls": {kind: score(PromptControl(source, kind))["accuracy"]
+                           for kind in CONTROLS}}
+    if heldout:
+        report["heldout_split"] = heldout
+        report["heldout_accuracy"] = score(open_source(name, heldout,
+                                                       data_dir=data_dir))["accuracy"]
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "eval.json").write_text(json.dumps(report, indent=2))
+    if args.json:
+        print(json.dumps(report))
+        return 0
+    print(f"{loaded.source} on {source.name}: {res['num_examples']} (image, prompt) examples")
+    print(f"  answer accuracy {res['accuracy']:.4f}")
+    print("  controls (chance is 0.5): " + ", ".join(
+        f"{k} {v:.4f}" for k, v in report["controls"].items()))
+    if heldout:
+        print(f"  held-out ({heldout}) accuracy {report['heldout_accuracy']:.4f}")
+    print(f"  figures {out / 'eval.json'}")
     return 0
 
 

@@ -10,7 +10,7 @@ replay exactly too.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import grain
@@ -36,9 +36,24 @@ class Augment:
     label_smoothing: float = 0.0
 
 
+# A prompt tokenizer, `texts -> (tokens [n, len] int32, mask [n, len] bool)`; the caller (train,
+# eval) passes the model's, so data never depends on the model package.
+Tokenizer = Callable[[list[str]], tuple[np.ndarray, np.ndarray]]
+
+
+def _fields(element: dict, image: np.ndarray, tokenize: Tokenizer | None) -> dict:
+    """The element's image and label, plus its prompt as tokens and its answer when the task
+    reads text (`tokenize` given). Other fields (strings, ids) stay behind: they do not batch."""
+    out = {"image": image, "label": element["label"]}
+    if tokenize is not None:
+        tokens, mask = tokenize([element["prompt"]])
+        out.update(text=tokens[0], text_mask=mask[0], answer=np.int32(element["answer"]))
+    return out
+
+
 class TrainTransform(grain.transforms.RandomMap):
-    def __init__(self, pre: Preprocessing, aug: Augment):
-        self.pre, self.aug = pre, aug
+    def __init__(self, pre: Preprocessing, aug: Augment, tokenize: Tokenizer | None = None):
+        self.pre, self.aug, self.tokenize = pre, aug, tokenize
 
     def random_map(self, element: dict, rng: np.random.Generator) -> dict:
         image, pre, aug = element["image"], self.pre, self.aug
@@ -48,22 +63,23 @@ class TrainTransform(grain.transforms.RandomMap):
             image = T.center_crop(image, pre.size, pre.crop_pct, pre.resample)
         if aug.flip:
             image = T.flip(image, rng)
-        return {"image": image, "label": element["label"]}
+        return _fields(element, image, self.tokenize)
 
 
 class EvalTransform(grain.transforms.Map):
     """The `Preprocessing` itself, so eval sees exactly what `vit predict` feeds the model."""
 
-    def __init__(self, pre: Preprocessing):
-        self.pre = pre
+    def __init__(self, pre: Preprocessing, tokenize: Tokenizer | None = None):
+        self.pre, self.tokenize = pre, tokenize
 
     def map(self, element: dict) -> dict:
-        return {"image": self.pre(Image.fromarray(element["image"])), "label": element["label"]}
+        return _fields(element, self.pre(Image.fromarray(element["image"])), self.tokenize)
 
 
 class BatchTransform(grain.transforms.RandomMap):
-    """uint8 batch -> {"image", "label", "target"}: affine jitter (vectorised), normalisation,
-    one-hot targets, smoothed and mixed."""
+    """uint8 batch -> {"image", "label", "target", ...}: affine jitter (vectorised),
+    normalisation, one-hot targets, smoothed and mixed. Multi-hot labels (`[batch, classes]`,
+    multi-label data) are their own targets. Text fields pass through."""
 
     def __init__(self, pre: Preprocessing, num_classes: int, aug: Augment):
         self.pre, self.num_classes, self.aug = pre, num_classes, aug
@@ -74,9 +90,12 @@ class BatchTransform(grain.transforms.RandomMap):
             image = T.random_affine(image, rng, shift=aug.shift, rotate=aug.rotate,
                                     scale=aug.scale)
         image = normalize(image, self.pre.mean, self.pre.std)
-        target = T.one_hot(batch["label"], self.num_classes, aug.label_smoothing)
+        if batch["label"].ndim == 2:
+            target = batch["label"].astype(np.float32)
+        else:
+            target = T.one_hot(batch["label"], self.num_classes, aug.label_smoothing)
         image, target = T.mixup_cutmix(image, target, rng, mixup=aug.mixup, cutmix=aug.cutmix)
-        return {"image": image, "label": batch["label"], "target": target}
+        return {**batch, "image": image, "target": target}
 
 
 def shard_of(dataset: grain.MapDataset, index: int, count: int) -> grain.MapDataset:
@@ -85,13 +104,15 @@ def shard_of(dataset: grain.MapDataset, index: int, count: int) -> grain.MapData
 
 def train_iterator(source, pre: Preprocessing, aug: Augment, *, batch_size: int, seed: int,
                    num_classes: int, shard_index: int = 0, shard_count: int = 1,
-                   num_threads: int = 2) -> grain.DatasetIterator:
+                   num_threads: int = 2, tokenize: Tokenizer | None = None
+                   ) -> grain.DatasetIterator:
     """An endless iterator of this host's training batches; checkpoint it with `get_state()`.
 
-    `batch_size` is the per-host batch.
+    `batch_size` is the per-host batch. With `tokenize`, batches also carry the prompts
+    (`text`, `text_mask`) and their `answer`s.
     """
     ds = shard_of(grain.MapDataset.source(source).seed(seed), shard_index, shard_count)
-    ds = (ds.shuffle().repeat(None).random_map(TrainTransform(pre, aug))
+    ds = (ds.shuffle().repeat(None).random_map(TrainTransform(pre, aug, tokenize))
           .batch(batch_size, drop_remainder=True)
           .random_map(BatchTransform(pre, num_classes, aug)))
     read = grain.ReadOptions(num_threads=num_threads, prefetch_buffer_size=4 * batch_size)
@@ -99,14 +120,14 @@ def train_iterator(source, pre: Preprocessing, aug: Augment, *, batch_size: int,
 
 
 def eval_batches(source, pre: Preprocessing, *, batch_size: int, shard_index: int = 0,
-                 shard_count: int = 1, num_threads: int = 2) -> Iterator[dict[str, Any]]:
+                 shard_count: int = 1, num_threads: int = 2, tokenize: Tokenizer | None = None
+                 ) -> Iterator[dict[str, Any]]:
     """One pass in order; the last batch is padded to `batch_size`, with `mask` 0 on padding."""
     ds = shard_of(grain.MapDataset.source(source), shard_index, shard_count)
-    ds = ds.map(EvalTransform(pre)).batch(batch_size, drop_remainder=False)
+    ds = ds.map(EvalTransform(pre, tokenize)).batch(batch_size, drop_remainder=False)
     read = grain.ReadOptions(num_threads=num_threads, prefetch_buffer_size=4 * batch_size)
     for batch in ds.to_iter_dataset(read):
         n = len(batch["label"])
         pad = batch_size - n
-        yield {"image": np.pad(batch["image"], ((0, pad), (0, 0), (0, 0), (0, 0))),
-               "label": np.pad(batch["label"], (0, pad)),
-               "mask": np.pad(np.ones(n, np.float32), (0, pad))}
+        out = {k: np.pad(v, [(0, pad)] + [(0, 0)] * (v.ndim - 1)) for k, v in batch.items()}
+        yield {**out, "mask": np.pad(np.ones(n, np.float32), (0, pad))}

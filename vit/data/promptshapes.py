@@ -225,6 +225,11 @@ class PromptShapesSource:
     def __len__(self) -> int:
         return self.data.num_examples
 
+    @property
+    def image_ids(self) -> np.ndarray:
+        """The image of each example (examples 2i and 2i+1 share image i)."""
+        return np.arange(len(self)) // 2
+
     def __getitem__(self, i: int) -> dict:
         n = len(self)
         i = int(i)
@@ -232,4 +237,5 @@ class PromptShapesSource:
             raise IndexError(f"promptshapes:{self.split} has {n} examples, no index {i}")
         i %= n
         return {"image": self.data.images[i // 2], "label": self.data.labels[i // 2],
-                "prompt": self.data.prompts[i], "answer": self.data.answers[i]}
+                "prompt": self.data.prompts[i], "answer": self.data.answers[i],
+                "image_id": np.int32(i // 2)}

@@ -193,16 +193,22 @@ class TfdsSource:
 
 def open_source(name: str, split: str, *, data_dir: str | None = None, strict: bool = False,
                 val_fraction: float = 0.1):
-    """`"digits"`, `"tfds:NAME"` (or a TFDS name), or a folder path -> a random-access source.
+    """`"digits"`, `"promptshapes"`, `"tfds:NAME"` (or a TFDS name), or a folder path -> a
+    random-access source.
 
     `split` is a split name; TFDS takes slicing such as `train[:90%]`.
     """
     if name == "digits":
         return digits(split)
+    if name == "promptshapes":
+        from vit.data.promptshapes import PromptShapesSource
+
+        return PromptShapesSource(split)
     if name.startswith("tfds:"):
         return TfdsSource(name.removeprefix("tfds:"), split, data_dir)
     if os.sep in name or Path(name).is_dir():
         return folder(name, split, val_fraction=val_fraction, strict=strict)
     if re.fullmatch(r"[a-z0-9_]+(/[\w.=,-]+)?(:[\d.]+)?", name):
         return TfdsSource(name, split, data_dir)
-    raise DataError(f"unknown dataset {name!r}; use 'digits', 'tfds:NAME' or an image folder")
+    raise DataError(f"unknown dataset {name!r}; use 'digits', 'promptshapes', 'tfds:NAME' or an "
+                    "image folder")

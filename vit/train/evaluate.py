@@ -1,4 +1,5 @@
-"""Evaluation: top-1 / top-5 / per-class accuracy, loss and the confusion matrix."""
+"""Evaluation: top-1 / top-5 / per-class accuracy, loss and the confusion matrix for
+classifiers; exact-match accuracy for multi-label heads; answer accuracy for prompt heads."""
 
 from __future__ import annotations
 
@@ -12,12 +13,68 @@ from flax import nnx
 
 from vit.train import parallel
 
+# The model inputs of a batch: the images, and the prompts when the task reads text.
+INPUTS = ("image", "text", "text_mask")
+
 
 def make_logits_fn(graphdef, mesh):
-    """A jitted `(params, images) -> float32 logits`, batch sharded over the mesh."""
+    """A jitted `(params, inputs) -> float32 logits`, batch sharded over the mesh; `inputs`
+    holds `image`, and `text`/`text_mask` for a prompt head."""
     rep, sharded = parallel.replicated(mesh), parallel.batch_sharded(mesh)
-    return jax.jit(lambda params, images: nnx.merge(graphdef, params)(images),
-                   in_shardings=(rep, sharded), out_shardings=rep)
+
+    def logits(params, inputs):
+        return nnx.merge(graphdef, params)(inputs["image"], text=inputs.get("text"),
+                                           text_mask=inputs.get("text_mask"))
+
+    return jax.jit(logits, in_shardings=(rep, sharded), out_shardings=rep)
+
+
+def _outputs(logits_fn, params, batches: Iterable[dict], mesh):
+    """(logits, batch) of each batch with the padding rows dropped."""
+    for batch in batches:
+        inputs = parallel.to_global({k: batch[k] for k in INPUTS if k in batch}, mesh)
+        logits = np.asarray(logits_fn(params, inputs), np.float32)
+        keep = batch["mask"] > 0
+        yield logits[keep], {k: v[keep] for k, v in batch.items()}
+
+
+def evaluate_task(task: str, logits_fn, params, batches: Iterable[dict], num_classes: int,
+                  mesh) -> dict:
+    """`task` is the training loss's: softmax_xent (classes), sigmoid_xent (multi-label) or
+    prompt_xent (prompt answers). Every result has `accuracy`, `loss` and `num_examples`."""
+    if task == "sigmoid_xent":
+        return evaluate_multilabel(logits_fn, params, batches, mesh)
+    if task == "prompt_xent":
+        return evaluate_prompts(logits_fn, params, batches, mesh)
+    return evaluate(logits_fn, params, batches, num_classes, mesh)
+
+
+def evaluate_multilabel(logits_fn, params, batches: Iterable[dict], mesh) -> dict:
+    """Exact-match accuracy (every label right), per-label accuracy, summed sigmoid loss."""
+    exact = label_hits = labels_seen = 0
+    loss_sum, n = 0.0, 0
+    for logits, batch in _outputs(logits_fn, params, batches, mesh):
+        target = batch["label"] > 0.5
+        hits = (logits > 0) == target
+        exact += int(hits.all(-1).sum())
+        label_hits, labels_seen = label_hits + int(hits.sum()), labels_seen + hits.size
+        loss_sum += float(optax.sigmoid_binary_cross_entropy(
+            jnp.asarray(logits), jnp.asarray(target, jnp.float32)).sum())
+        n += len(logits)
+    return {"accuracy": exact / max(n, 1), "label_accuracy": label_hits / max(labels_seen, 1),
+            "loss": loss_sum / max(n, 1), "num_examples": n}
+
+
+def evaluate_prompts(logits_fn, params, batches: Iterable[dict], mesh) -> dict:
+    """Accuracy of the prompt head's yes/no answers, and its sigmoid loss."""
+    hits, loss_sum, n = 0, 0.0, 0
+    for logits, batch in _outputs(logits_fn, params, batches, mesh):
+        answer = batch["answer"].astype(np.float32)
+        hits += int(((logits > 0) == (answer > 0.5)).sum())
+        loss_sum += float(optax.sigmoid_binary_cross_entropy(jnp.asarray(logits),
+                                                             jnp.asarray(answer)).sum())
+        n += len(logits)
+    return {"accuracy": hits / max(n, 1), "loss": loss_sum / max(n, 1), "num_examples": n}
 
 
 def evaluate(logits_fn, params, batches: Iterable[dict], num_classes: int, mesh) -> dict:
@@ -25,11 +82,8 @@ def evaluate(logits_fn, params, batches: Iterable[dict], num_classes: int, mesh)
     confusion = np.zeros((num_classes, num_classes), np.int64)
     top5_hits, loss_sum, n = 0, 0.0, 0
     k = min(5, num_classes)
-    for batch in batches:
-        images = parallel.to_global({"image": batch["image"]}, mesh)["image"]
-        logits = np.asarray(logits_fn(params, images), np.float32)
-        keep = batch["mask"] > 0
-        logits, labels = logits[keep], batch["label"][keep].astype(np.int64)
+    for logits, batch in _outputs(logits_fn, params, batches, mesh):
+        labels = batch["label"].astype(np.int64)
         np.add.at(confusion, (labels, logits.argmax(-1)), 1)
         topk = np.argpartition(-logits, k - 1, axis=-1)[:, :k]
         top5_hits += int((topk == labels[:, None]).any(-1).sum())

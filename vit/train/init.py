@@ -5,23 +5,43 @@ Works on (params, config) pairs, so it serves every checkpoint format the loader
   big_vision do the same: fine-tuning starts from uniform predictions);
 - a `pre_logits` layer the new model does not have is dropped (vit_jax drops i21k's);
 - position embeddings are resized when the patch grid differs;
+- a plain checkpoint into a text-conditioned model gets fresh text weights (text_path, xattn,
+  prompt_head, similarity), a text checkpoint into a plain model loses them;
 - any other shape mismatch is an error that names the parameter.
 """
 
 from __future__ import annotations
 
+import warnings
+
+import jax
 import numpy as np
 
+from vit.checkpoints.loaded import TEXT_SUBTREES, fit_text
 from vit.errors import CheckpointError
 from vit.models.config import ViTConfig
 from vit.models.posemb import resize_posemb
 
 
 def adapt_params(src_params: dict, src_config: ViTConfig, dst_config: ViTConfig, *,
-                 dst_template: dict, posemb_method: str = "bicubic") -> dict:
+                 dst_template: dict, posemb_method: str = "bicubic", seed: int = 0,
+                 notes: list[str] | None = None) -> dict:
     """`src_params` (pure dict) reshaped to fit `dst_config`, whose fresh params are
-    `dst_template` (used for shapes and for any new layer)."""
-    params = {k: v for k, v in src_params.items()}
+    `dst_template` (used for shapes and for any new layer).
+
+    New text-conditioning weights come from `dst_template` when it holds arrays; a template of
+    shape placeholders (`abstract_params`) has no values, so they are then initialised as a
+    model of `dst_config` built with `nnx.Rngs(seed)` would be. What was initialised or dropped
+    is appended to `notes`, or issued as a Python warning without it.
+    """
+    params, text_notes = fit_text(
+        dict(src_params), dst_config, fresh=dst_template if _has_values(dst_template) else None,
+        seed=seed, hint="until trained; they train from this init")
+    for note in text_notes:
+        if notes is not None:
+            notes.append(note)
+        else:
+            warnings.warn(note, stacklevel=2)
     if "pre_logits" in params and "pre_logits" not in dst_template:
         del params["pre_logits"]
     if "head" in dst_template:
@@ -39,6 +59,12 @@ def adapt_params(src_params: dict, src_config: ViTConfig, dst_config: ViTConfig,
                                             posemb_method)
     _check_shapes(params, dst_template)
     return params
+
+
+def _has_values(template: dict) -> bool:
+    """Whether the template's text subtrees are arrays rather than shape placeholders."""
+    leaves = jax.tree.leaves({k: v for k, v in template.items() if k in TEXT_SUBTREES})
+    return all(isinstance(leaf, np.ndarray | jax.Array) for leaf in leaves)
 
 
 def _check_shapes(params, template, prefix: str = "") -> None:

@@ -11,6 +11,7 @@ This file is the orchestration only, top to bottom; each concern lives in its ow
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 from pathlib import Path
@@ -20,11 +21,12 @@ import jax
 from vit.checkpoints import layout
 from vit.data import eval_batches, open_source, train_iterator
 from vit.errors import ConfigError
+from vit.models.text import tokenize
 from vit.train import parallel
 from vit.train.checkpointing import CheckpointPolicy, TrainCheckpoints
-from vit.train.evaluate import evaluate, make_logits_fn
+from vit.train.evaluate import evaluate_task, make_logits_fn
 from vit.train.losses import DEFAULT as DEFAULT_LOSS
-from vit.train.losses import get_loss
+from vit.train.losses import TEXT_LOSSES, get_loss
 from vit.train.metrics import MetricsLog, TrainMeter, plot_curves
 from vit.train.optim import make_optimizer
 from vit.train.placement import Placement
@@ -41,7 +43,12 @@ def train(config, workdir: str | Path, *, init: str | None = None,
     `init` is a pretrained checkpoint (any format `vit.checkpoints` reads). `stop_after`
     runs at most that many steps in this call, then saves, as an interruption would.
     Raises `vit.train.checkpointing.Diverged` if the loss or the weights become non-finite.
+    A recipe with `stages` runs them in order (`vit.train.stages`).
     """
+    if "stages" in config:
+        from vit.train.stages import train_stages
+
+        return train_stages(config, workdir, init=init, stop_after=stop_after)
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "config.json").write_text(config.to_json(indent=2))
@@ -52,7 +59,8 @@ def train(config, workdir: str | Path, *, init: str | None = None,
     if tc.batch_size % tc.accum_steps:
         raise ConfigError(f"train.batch_size={tc.batch_size} is not divisible by "
                           f"train.accum_steps={tc.accum_steps}")
-    loss_fn = get_loss(tc.get("loss", DEFAULT_LOSS))
+    loss_name = tc.get("loss", DEFAULT_LOSS)
+    loss_fn = get_loss(loss_name)
 
     # Data.
     data = config.data
@@ -69,6 +77,7 @@ def train(config, workdir: str | Path, *, init: str | None = None,
     model, params = build_model(config, num_classes,
                                 resume_meta=ckpts.read_meta(start) if start else None,
                                 init=init or config.init)
+    tokenize = prompt_tokenizer(model.config, loss_name)
     tx, lr_fn = make_optimizer(config.optim, params, model.config.depth, steps)
     use_ema = tc.ema_decay > 0
     state = (restore_state(ckpts, start, params, tx, place, ema=use_ema) if start
@@ -78,7 +87,8 @@ def train(config, workdir: str | Path, *, init: str | None = None,
     iterator = train_iterator(train_src, model.preprocessing, augment_of(config),
                               batch_size=host_batch, seed=config.seed, num_classes=num_classes,
                               shard_index=jax.process_index(),
-                              shard_count=jax.process_count(), num_threads=data.num_threads)
+                              shard_count=jax.process_count(), num_threads=data.num_threads,
+                              tokenize=tokenize)
     if state.iterator_state is not None:
         iterator.set_state(state.iterator_state)
     step_fn = make_train_step(model.graphdef, tx, mesh, accum_steps=tc.accum_steps,
@@ -90,10 +100,12 @@ def train(config, workdir: str | Path, *, init: str | None = None,
     def validate(step: int) -> float:
         batches = eval_batches(val_src, model.preprocessing, batch_size=tc.eval_batch_size,
                                shard_index=jax.process_index(),
-                               shard_count=jax.process_count(), num_threads=data.num_threads)
-        res = evaluate(logits_fn, params, batches, num_classes, mesh)
+                               shard_count=jax.process_count(), num_threads=data.num_threads,
+                               tokenize=tokenize)
+        res = evaluate_task(loss_name, logits_fn, params, batches, num_classes, mesh)
         log.write({"step": step, "split": "validation", "loss": res["loss"],
-                   "accuracy": res["accuracy"], "top5_accuracy": res["top5_accuracy"]})
+                   "accuracy": res["accuracy"],
+                   **{k: res[k] for k in ("top5_accuracy", "label_accuracy") if k in res}})
         print(f"step {step}: validation accuracy {res['accuracy']:.4f} "
               f"loss {res['loss']:.4f}", flush=True)
         return res["accuracy"]
@@ -147,3 +159,13 @@ def train(config, workdir: str | Path, *, init: str | None = None,
         print(f"done: {steps} steps; checkpoints in {ckpts.directory}, metrics in "
               f"{workdir / 'metrics.jsonl'}, curves in {workdir / 'curves.png'}")
     return {**last, "stopped_by": stop.received, "best_val_accuracy": saver.best_accuracy}
+
+
+def prompt_tokenizer(model_config, loss_name: str):
+    """The data pipeline's prompt tokenizer for a loss that reads text, else None."""
+    if loss_name not in TEXT_LOSSES:
+        return None
+    if model_config.text is None:
+        raise ConfigError(f"train.loss={loss_name!r} reads prompts, but the model has no text "
+                          "path; set model.text (see configs/promptshapes.py)")
+    return functools.partial(tokenize, max_len=model_config.text.max_len)

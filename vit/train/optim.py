@@ -5,9 +5,10 @@
 - `adamw`: AdamW, weight decay on weight matrices only (no decay on biases, norms, position
   embeddings or tokens).
 
-Options on both: layer-wise learning-rate decay (a factor per block depth, as BEiT/timm) and a
+Options on both: layer-wise learning-rate decay (a factor per block depth, as BEiT/timm), a
 `trainable` regex over parameter paths such as `head/kernel`: the rest are frozen (a linear
-probe is `trainable="head/.*"`).
+probe is `trainable="head/.*"`), `lr_mults` (`[[regex, factor], ...]`: the first match scales
+a parameter's learning rate, as Flamingo's gates get a higher one) and a `no_decay` regex.
 """
 
 from __future__ import annotations
@@ -75,7 +76,9 @@ def make_optimizer(cfg, params, depth: int, steps: int) -> tuple[optax.GradientT
     if cfg.name == "sgd":
         core = optax.sgd(lr, momentum=cfg.momentum, nesterov=False)
     elif cfg.name == "adamw":
-        mask = jax.tree.map(lambda n: n.rsplit("/", 1)[-1] in DECAYED, names)
+        no_decay = re.compile(cfg.get("no_decay") or "(?!)")
+        mask = jax.tree.map(lambda n: n.rsplit("/", 1)[-1] in DECAYED
+                            and not no_decay.fullmatch(n), names)
         core = optax.adamw(lr, b1=cfg.b1, b2=cfg.b2, weight_decay=cfg.weight_decay, mask=mask)
     else:
         raise ConfigError(f"optim.name={cfg.name!r}; use sgd or adamw")
@@ -85,6 +88,10 @@ def make_optimizer(cfg, params, depth: int, steps: int) -> tuple[optax.GradientT
         factors = jax.tree.map(
             lambda n: jnp.float32(cfg.layer_decay ** (depth + 1 - layer_id(n, depth))), names)
         chain.append(scale_by_tree(factors))
+    if cfg.get("lr_mults"):
+        rules = [(re.compile(pattern), float(factor)) for pattern, factor in cfg.lr_mults]
+        chain.append(scale_by_tree(jax.tree.map(
+            lambda n: jnp.float32(next((f for r, f in rules if r.fullmatch(n)), 1.0)), names)))
     tx = optax.chain(*chain)
     trainable = re.compile(cfg.trainable)
     labels = jax.tree.map(lambda n: "train" if trainable.fullmatch(n) else "frozen", names)

@@ -31,7 +31,8 @@ TRAINING_FIELDS = ("dropout", "attention_dropout", "drop_path", "dtype", "remat"
 
 
 def model_fields(config) -> dict:
-    return {k: v for k, v in config.model.items() if k != "name"}
+    """The recipe's model section as plain values (a nested `text` section as a dict)."""
+    return {k: v for k, v in config.model.to_dict().items() if k != "name"}
 
 
 def augment_of(config) -> Augment:
@@ -66,7 +67,9 @@ def start_from_init(init: str, config, num_classes: int):
     from vit.train.init import adapt_params
 
     size = config.input.image_size
-    loaded = load_checkpoint(init, image_size=size)
+    # The recipe decides whether the model reads text: a plain checkpoint gets a freshly
+    # initialised text path (gates at 0), a text checkpoint loses it in a plain recipe.
+    loaded = load_checkpoint(init, image_size=size, text=model_fields(config).get("text"))
     overrides = {k: v for k, v in model_fields(config).items() if k in TRAINING_FIELDS}
     model_config = loaded.config.replace(num_classes=num_classes, image_size=(size, size),
                                          **overrides)

@@ -32,7 +32,10 @@ def make_train_step(graphdef, tx: optax.GradientTransformation, mesh, *, accum_s
         if trainable is not None:
             params = jax.tree.map(lambda p, t: p if t else jax.lax.stop_gradient(p),
                                   params, trainable)
-        logits = nnx.merge(graphdef, params)(batch["image"], train=True, rng=key)
+        # A batch with prompts trains the prompt head; one without, the classifier.
+        logits = nnx.merge(graphdef, params)(batch["image"], text=batch.get("text"),
+                                             text_mask=batch.get("text_mask"), train=True,
+                                             rng=key)
         return loss_fn(logits, batch)
 
     grad_fn = jax.value_and_grad(objective, has_aux=True)

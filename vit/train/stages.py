@@ -1,0 +1,90 @@
+"""Staged training: one recipe, several stages in order, each a full `train()` run.
+
+A recipe's `stages` maps a stage name to its changes to the base recipe: `order` (the place in
+the sequence), `text` (whether the model has its text path in this stage), `skip_with_init`
+(a stage `--init CHECKPOINT` replaces, such as pre-training the ViT), and `train` / `optim` /
+`input` sections merged over the base ones (steps, loss, learning rate, `trainable`, ...).
+
+Stage k starts from stage k-1's final checkpoint (through `--init`, so a plain ViT gains its
+text path with the gates at 0). Every stage but the last trains in `WORKDIR/stages/NAME`; the
+last one trains in WORKDIR itself, so `vit eval --workdir` and `vit predict --checkpoint` see
+the finished model. Running the command again skips finished stages and resumes the one that
+was interrupted, from its own latest checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import ml_collections
+
+from vit.checkpoints import layout
+from vit.errors import ConfigError
+from vit.train.checkpointing import TrainCheckpoints
+
+SECTIONS = ("train", "optim", "input")
+STAGE_KEYS = {"order", "text", "skip_with_init", *SECTIONS}
+
+
+def stage_configs(config) -> list[tuple[str, ml_collections.ConfigDict]]:
+    """[(name, the full recipe of that stage)] in order."""
+    stages = sorted(config.stages.items(), key=lambda kv: kv[1].get("order", 0))
+    out = []
+    for name, stage in stages:
+        unknown = set(stage) - STAGE_KEYS
+        if unknown:
+            raise ConfigError(f"stages.{name}: unknown key(s) {', '.join(sorted(unknown))}; "
+                              f"a stage has {', '.join(sorted(STAGE_KEYS))}")
+        cfg = ml_collections.ConfigDict(config.to_dict())
+        with cfg.unlocked():
+            del cfg["stages"]
+            for section in SECTIONS:
+                if section in stage:
+                    cfg[section].update(stage[section].to_dict())
+            if not stage.get("text", True) and "text" in cfg.model:
+                del cfg.model["text"]
+        out.append((name, cfg))
+    if not out:
+        raise ConfigError("stages is empty; remove it for a single-stage recipe")
+    return out
+
+
+def train_stages(config, workdir: str | Path, *, init: str | None = None,
+                 stop_after: int | None = None) -> dict:
+    from vit.train.loop import train
+
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    (workdir / "recipe.json").write_text(config.to_json(indent=2))
+    stages = stage_configs(config)
+    previous, result = init or (config.get("init") or None), {}
+    for k, (name, cfg) in enumerate(stages):
+        if init and config.stages[name].get("skip_with_init", False):
+            print(f"stage {name}: skipped, starting from --init {init}", flush=True)
+            continue
+        where = workdir if k == len(stages) - 1 else workdir / "stages" / name
+        steps = cfg.train.steps
+        if _latest_step(where) == steps:
+            print(f"stage {name}: finished earlier ({where})", flush=True)
+        else:
+            print(f"stage {name} ({k + 1}/{len(stages)}): {steps} steps into {where}", flush=True)
+            with cfg.unlocked():
+                cfg.init = ""
+            result = train(cfg, where, init=previous, stop_after=stop_after)
+            if result.get("stopped_by") or _latest_step(where) != steps:
+                return result  # interrupted: the same command resumes this stage
+        previous = str(where)
+    (workdir / "stages.json").write_text(json.dumps(
+        {"stages": [name for name, _ in stages], "final": str(workdir)}, indent=2))
+    return result
+
+
+def _latest_step(workdir: Path) -> int | None:
+    if not (workdir / layout.CHECKPOINTS_DIR).is_dir():
+        return None
+    ckpts = TrainCheckpoints(workdir)
+    try:
+        return ckpts.latest_step()
+    finally:
+        ckpts.close()
