@@ -10,7 +10,8 @@ This file only re-exports; each thing lives in its own module:
 
 - `api`: `load_checkpoint`, `save_checkpoint`, `WRITE_FORMATS`;
 - `loaded`: `LoadedCheckpoint`, `expected_shapes`, `check_fits`, `load_params`,
-  `zero_head_warning`;
+  `zero_head_warning`, and text conditioning across formats: `TEXT_SUBTREES`, `fit_text`
+  (fresh text weights for a plain checkpoint, dropped ones for a plain model);
 - `tree`: `flatten`, `nest`, `path_name`, `as_jax`;
 - `torch_layout`: `torch_writers` (PyTorch-layout tensors for the timm and HF writers);
 - `safetensors_io`: the numpy safetensors reader and writer;
@@ -22,9 +23,11 @@ Modules inside this package import from each other, never from this file.
 
 from vit.checkpoints.api import WRITE_FORMATS, load_checkpoint, save_checkpoint
 from vit.checkpoints.loaded import (
+    TEXT_SUBTREES,
     LoadedCheckpoint,
     check_fits,
     expected_shapes,
+    fit_text,
     load_params,
     zero_head_warning,
 )
@@ -32,6 +35,7 @@ from vit.checkpoints.orbax_io import save_orbax
 from vit.checkpoints.torch_layout import torch_writers
 from vit.checkpoints.tree import as_jax, flatten, nest, path_name
 
-__all__ = ["WRITE_FORMATS", "LoadedCheckpoint", "as_jax", "check_fits", "expected_shapes",
-           "flatten", "load_checkpoint", "load_params", "nest", "path_name",
+__all__ = ["TEXT_SUBTREES", "WRITE_FORMATS", "LoadedCheckpoint", "as_jax", "check_fits",
+           "expected_shapes", "fit_text", "flatten", "load_checkpoint", "load_params", "nest",
+           "path_name",
            "save_checkpoint", "save_orbax", "torch_writers", "zero_head_warning"]

@@ -28,7 +28,9 @@ def load_checkpoint(path, *, image_size: int | tuple[int, int] | None = None,
     checkpoint's `config.posemb_resize`; the patch size stays). Other keywords override config
     fields that do not change weight shapes (such as `attention_impl`, `dtype`, `dropout`,
     `dynamic_image_size`); a different `num_classes` drops the head for fine-tuning (a fresh
-    zero head is built).
+    zero head is built). `text=TextConfig(...)` loads a plain ViT into a text-conditioned model
+    (the text weights are a fresh seeded init; the image weights are the file's) and `text=None`
+    loads only the image model of a text checkpoint; either way a warning says what changed.
     """
     loaded = resolve.read(path)
     cfg = loaded.config
@@ -55,6 +57,9 @@ def load_checkpoint(path, *, image_size: int | tuple[int, int] | None = None,
         width = cfg.representation_size or cfg.width
         loaded.params["head"] = {"kernel": np.zeros((width, cfg.num_classes), np.float32),
                                  "bias": np.zeros((cfg.num_classes,), np.float32)}
+    # `text=TextConfig(...)` on a plain checkpoint: fresh text weights; `text=None` on a text
+    # checkpoint: its text weights dropped. Without `text`, the checkpoint's own config stands.
+    loaded.adapt_text()
     check_fits(loaded.params, cfg, loaded.source)
     return loaded
 

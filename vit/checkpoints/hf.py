@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from vit.checkpoints.labels import default_labels
-from vit.checkpoints.loaded import LoadedCheckpoint, zero_head_warning
+from vit.checkpoints.loaded import LoadedCheckpoint, refuse_text, zero_head_warning
 from vit.checkpoints.safetensors_io import read_safetensors_folder, write_safetensors
 from vit.checkpoints.torch_layout import torch_writers
 from vit.errors import CheckpointError
@@ -193,6 +193,7 @@ def unrepresentable(cfg: ViTConfig) -> list[str]:
 
 def write(loaded: LoadedCheckpoint, dst) -> list[str]:
     cfg, p = loaded.config, loaded.params
+    refuse_text(cfg, "a Hugging Face ViT folder")
     problems = unrepresentable(cfg)
     if problems:
         raise CheckpointError(f"a Hugging Face ViT folder cannot hold {', '.join(problems)}; "

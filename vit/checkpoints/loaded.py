@@ -36,12 +36,16 @@ class LoadedCheckpoint:
         """A `VisionTransformer` with these weights.
 
         Without `rngs` no random initialisation runs at all (it would be thrown away): the
-        model is traced abstractly and the weights are put in its place.
+        model is traced abstractly and the weights are put in its place. Text-conditioning
+        weights that the config and the params disagree on are first fitted (`adapt_text`).
         """
         if rngs is not None:
             model = VisionTransformer(self.config, rngs=rngs)
+            # The model's own init supplies missing text weights: no second init.
+            self.adapt_text(fresh=nnx.to_pure_dict(nnx.state(model, nnx.Param)))
             load_params(model, self.params, where=self.source)
             return model
+        self.adapt_text()
         check_fits(self.params, self.config, self.source)
         abstract = nnx.eval_shape(lambda: VisionTransformer(self.config, rngs=nnx.Rngs(0)))
         graphdef, params, rest = nnx.split(abstract, nnx.Param, ...)
@@ -49,6 +53,12 @@ class LoadedCheckpoint:
             return self.build_model(nnx.Rngs(0))
         nnx.replace_by_pure_dict(params, as_jax(self.params))
         return nnx.merge(graphdef, params, rest)
+
+    def adapt_text(self, fresh: dict | None = None) -> None:
+        """Fits the params to the config's text conditioning (see `fit_text`); what was
+        initialised or dropped is added to `warnings`."""
+        self.params, notes = fit_text(self.params, self.config, fresh=fresh)
+        self.warnings.extend(notes)
 
     @classmethod
     def from_model(cls, model, preprocessing: Preprocessing | None = None,
@@ -64,6 +74,63 @@ def expected_shapes(config: ViTConfig) -> dict[tuple, tuple[int, ...]]:
     abstract = nnx.eval_shape(lambda: VisionTransformer(config, rngs=nnx.Rngs(0)))
     pure = nnx.to_pure_dict(nnx.state(abstract, nnx.Param))
     return {path: tuple(leaf.shape) for path, leaf in flatten(pure).items()}
+
+
+# Top-level parameter subtrees that only a text-conditioned model has (vit/models/vit.py); every
+# other parameter is a plain ViT's, so a plain checkpoint is a text model minus these.
+TEXT_SUBTREES = ("text_path", "xattn", "prompt_head", "similarity")
+# What a fresh text init means, after "the checkpoint has none" ({outputs}: prompt, similarity).
+LOAD_HINT = ("; {outputs} logits mean nothing until the model is trained on text "
+             "(vit train --init CHECKPOINT); class logits are the checkpoint's")
+
+
+def fresh_text_params(config: ViTConfig, names, seed: int = 0) -> dict:
+    """Subtrees `names` of a freshly initialised `VisionTransformer(config, rngs=Rngs(seed))`,
+    as numpy float32: exactly what a new model of this config starts from."""
+    pure = nnx.to_pure_dict(nnx.state(VisionTransformer(config, rngs=nnx.Rngs(seed)), nnx.Param))
+    return nest({k: np.asarray(v, np.float32) for k, v in flatten(pure).items() if k[0] in names})
+
+
+def fit_text(params: dict, config: ViTConfig, *, fresh: dict | None = None, seed: int = 0,
+             hint: str = LOAD_HINT) -> tuple[dict, list[str]]:
+    """(params, notes): `params` with their text-conditioning subtrees made to match `config`.
+
+    Subtrees the model lacks are dropped (a text checkpoint into a plain model); subtrees it
+    needs and the params lack are taken from `fresh` (a fresh parameter tree of `config`) or,
+    without it, from a model built with `nnx.Rngs(seed)` (a plain checkpoint into a text
+    model). Every other parameter is passed through untouched; one note per kind of change.
+    """
+    if config.text is None and not any(k in params for k in TEXT_SUBTREES):
+        return params, []  # the plain-to-plain load: nothing to trace
+    want = set(fresh) if fresh is not None else {path[0] for path in expected_shapes(config)}
+    dropped = [k for k in TEXT_SUBTREES if k in params and k not in want]
+    added = [k for k in TEXT_SUBTREES if k in want and k not in params]
+    notes = []
+    if dropped:
+        params = {k: v for k, v in params.items() if k not in dropped}
+        why = ("this model has no text path" if config.text is None else
+               "this model has no similarity head (text.similarity_dim is 0)")
+        notes.append(f"text-conditioning weights dropped ({', '.join(dropped)}): {why}")
+    if added:
+        if fresh is None:
+            new = fresh_text_params(config, added, seed)
+        else:
+            new = nest({k: np.asarray(v, np.float32) for k, v in flatten(fresh).items()
+                        if k[0] in added})
+        params = {**params, **new}
+        outputs = ("similarity" if added == ["similarity"] else
+                   "prompt and similarity" if "similarity" in added else "prompt")
+        notes.append(f"text-conditioning weights initialised fresh ({', '.join(added)}): the "
+                     f"checkpoint has none" + hint.format(outputs=outputs))
+    return params, notes
+
+
+def refuse_text(config: ViTConfig, what: str) -> None:
+    """The one-line refusal of a writer whose format has no place for text conditioning."""
+    if config.text is not None:
+        raise CheckpointError(f"{what} cannot hold text conditioning (text_path, xattn, "
+                              "prompt_head): use --format orbax, the format that keeps a "
+                              "text-conditioned model (weights and text config)")
 
 
 def check_fits(params: dict, config: ViTConfig, where: str) -> None:
@@ -90,12 +157,17 @@ def _some(items: list[str], n: int = 4) -> str:
     return ", ".join(items[:n]) + more
 
 
-def load_params(model, params: dict, where: str = "checkpoint") -> None:
-    """Puts a pure-dict parameter tree into `model` (checked against its shapes first)."""
-    check_fits(params, model.config, where)
+def load_params(model, params: dict, where: str = "checkpoint") -> list[str]:
+    """Puts a pure-dict parameter tree into `model` (checked against its shapes first).
+
+    Text-conditioning weights are fitted as `fit_text` does: text weights the params lack keep
+    the model's own values; ones the model lacks are dropped. Returns those notes."""
     state = nnx.state(model, nnx.Param)
+    params, notes = fit_text(params, model.config, fresh=nnx.to_pure_dict(state))
+    check_fits(params, model.config, where)
     nnx.replace_by_pure_dict(state, as_jax(params))
     nnx.update(model, state)
+    return notes
 
 
 def zero_head_warning(params: dict) -> str | None:

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from vit.checkpoints.labels import default_labels
-from vit.checkpoints.loaded import LoadedCheckpoint, zero_head_warning
+from vit.checkpoints.loaded import LoadedCheckpoint, refuse_text, zero_head_warning
 from vit.errors import CheckpointError
 from vit.models.config import ViTConfig
 from vit.models.posemb import METHOD_OF_SOURCE
@@ -239,6 +239,7 @@ def unrepresentable(cfg: ViTConfig) -> list[str]:
 def write(loaded: LoadedCheckpoint, dst) -> list[str]:
     """Writes the vit_jax layout (`Transformer/encoderblock_{i}/...`, class row included)."""
     cfg, p = loaded.config, loaded.params
+    refuse_text(cfg, "a vit_jax npz")
     problems = unrepresentable(cfg)
     if problems:
         raise CheckpointError(f"a vit_jax npz cannot hold {', '.join(problems)}; "

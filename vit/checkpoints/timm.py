@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from vit.checkpoints.labels import default_labels
-from vit.checkpoints.loaded import LoadedCheckpoint, zero_head_warning
+from vit.checkpoints.loaded import LoadedCheckpoint, refuse_text, zero_head_warning
 from vit.checkpoints.safetensors_io import read_safetensors, write_safetensors
 from vit.checkpoints.torch_layout import torch_writers
 from vit.errors import CheckpointError
@@ -243,6 +243,7 @@ def write(loaded: LoadedCheckpoint, dst) -> list[str]:
     """A folder with `model.safetensors` + `config.json` (or just the file for a `.safetensors`
     destination)."""
     cfg, p = loaded.config, loaded.params
+    refuse_text(cfg, "timm's ViT")
     if cfg.representation_size:
         raise CheckpointError("timm's ViT cannot hold a pre-logits (representation) layer; "
                               "use --format npz or orbax instead")

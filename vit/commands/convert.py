@@ -12,7 +12,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("dst", help="destination file (.npz, .safetensors) or folder")
     parser.add_argument("--format", choices=("npz", "hf", "timm", "orbax"), default=None,
                         help="vit_jax-layout npz, Hugging Face folder, timm safetensors, or our "
-                             "orbax export (default: from DST's suffix)")
+                             "orbax export (default: from DST's suffix); a text-conditioned "
+                             "model converts to orbax only")
     parser.add_argument("--image-size", type=int, default=None,
                         help="resize the position embeddings to this resolution first")
 

@@ -21,7 +21,10 @@ def run(args) -> int:
     from vit.config import load_config
 
     config = load_config(args.config, args.set)  # config mistakes fail before the heavy imports
-    from vit.train.loop import train
+    if "stages" in config:  # several stages, each a train() run (vit/train/stages.py)
+        from vit.train.stages import train_stages as train
+    else:
+        from vit.train.loop import train
 
     train(config, args.workdir, init=args.init)  # a SIGINT/SIGTERM saves, then returns
     return 0

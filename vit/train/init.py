@@ -36,7 +36,7 @@ def adapt_params(src_params: dict, src_config: ViTConfig, dst_config: ViTConfig,
     """
     params, text_notes = fit_text(
         dict(src_params), dst_config, fresh=dst_template if _has_values(dst_template) else None,
-        seed=seed, hint="until trained; they train from this init")
+        seed=seed, hint="; they start from this init (cross-attention gates at 0)")
     for note in text_notes:
         if notes is not None:
             notes.append(note)

@@ -43,12 +43,10 @@ def train(config, workdir: str | Path, *, init: str | None = None,
     `init` is a pretrained checkpoint (any format `vit.checkpoints` reads). `stop_after`
     runs at most that many steps in this call, then saves, as an interruption would.
     Raises `vit.train.checkpointing.Diverged` if the loss or the weights become non-finite.
-    A recipe with `stages` runs them in order (`vit.train.stages`).
+    A recipe with `stages` is run by `vit.train.stages.train_stages`, one call per stage.
     """
     if "stages" in config:
-        from vit.train.stages import train_stages
-
-        return train_stages(config, workdir, init=init, stop_after=stop_after)
+        raise ConfigError("a staged recipe runs through vit.train.stages.train_stages")
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "config.json").write_text(config.to_json(indent=2))

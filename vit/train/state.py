@@ -9,6 +9,7 @@ one the resumed step needs (with staged training, the stage's).
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -70,6 +71,8 @@ def start_from_init(init: str, config, num_classes: int):
     # The recipe decides whether the model reads text: a plain checkpoint gets a freshly
     # initialised text path (gates at 0), a text checkpoint loses it in a plain recipe.
     loaded = load_checkpoint(init, image_size=size, text=model_fields(config).get("text"))
+    for message in loaded.warnings:
+        print(f"note: {message}", file=sys.stderr)
     overrides = {k: v for k, v in model_fields(config).items() if k in TRAINING_FIELDS}
     model_config = loaded.config.replace(num_classes=num_classes, image_size=(size, size),
                                          **overrides)

@@ -1,0 +1,101 @@
+"""Training a text-conditioned model: losses, the prompt pipeline, controls, optimiser rules,
+staged training with resume, and a short run that must learn to read the prompt."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from vit.data import eval_batches, open_source, train_iterator
+from vit.data.pipeline import Augment
+from vit.data.prompt_controls import PromptControl
+from vit.models.text import detokenize, tokenize
+from vit.preprocess import Preprocessing
+from vit.train.losses import prompt_xent, sigmoid_xent
+
+
+def _bce(logit, y):
+    p = 1.0 / (1.0 + np.exp(-np.float64(logit)))
+    return -(y * np.log(p) + (1 - y) * np.log(1 - p))
+
+
+def test_losses_equal_plain_binary_cross_entropy():
+    rng = np.random.default_rng(0)
+    logits = rng.normal(size=(4, 6)).astype(np.float32)
+    target = (rng.random((4, 6)) > 0.6).astype(np.float32)
+    loss, metrics = sigmoid_xent(jnp.asarray(logits), {"target": jnp.asarray(target)})
+    want = np.mean([sum(_bce(logits[i, j], target[i, j]) for j in range(6)) for i in range(4)])
+    np.testing.assert_allclose(float(loss), want, rtol=1e-5)
+    exact = np.mean([all((logits[i] > 0) == (target[i] > 0.5)) for i in range(4)])
+    assert float(metrics["accuracy"]) == pytest.approx(exact)
+
+    answers = np.array([1, 0, 1, 0], np.int32)
+    plogits = np.array([2.0, -1.0, -0.5, 0.3], np.float32)
+    loss, metrics = prompt_xent(jnp.asarray(plogits), {"answer": jnp.asarray(answers)})
+    np.testing.assert_allclose(float(loss), np.mean([_bce(a, b) for a, b in
+                                                      zip(plogits, answers, strict=True)]),
+                               rtol=1e-5)
+    assert float(metrics["accuracy"]) == pytest.approx(0.5)  # right on 0 and 1 only
+
+
+def test_pipeline_carries_prompts_answers_and_multi_hot_labels():
+    src = open_source("promptshapes", "test")
+    tok = functools.partial(tokenize, max_len=32)
+    pre = Preprocessing(size=(64, 64), mean=(0.5,) * 3, std=(0.5,) * 3)
+    it = train_iterator(src, pre, Augment(), batch_size=8, seed=0, num_classes=24,
+                        num_threads=1, tokenize=tok)
+    batch = next(it)
+    assert batch["image"].shape == (8, 64, 64, 3) and batch["text"].shape == (8, 32)
+    assert batch["label"].shape == batch["target"].shape == (8, 24)
+    prompts = set(src.prompts)
+    assert all(p in prompts for p in detokenize(batch["text"]))
+    np.testing.assert_array_equal(batch["text_mask"].sum(-1),
+                                  [len(p.encode()) + 1 for p in detokenize(batch["text"])])
+    # eval batches: in order, every field padded to the batch size, answers as in the source
+    first = next(eval_batches(src, pre, batch_size=7, tokenize=tok, num_threads=1))
+    assert detokenize(first["text"]) == [src[i]["prompt"] for i in range(7)]
+    np.testing.assert_array_equal(first["answer"], [src[i]["answer"] for i in range(7)])
+    # without a tokenizer (stage 0) the batches hold no text
+    plain = next(train_iterator(src, pre, Augment(), batch_size=4, seed=0, num_classes=24,
+                                num_threads=1))
+    assert "text" not in plain and plain["target"].shape == (4, 24)
+
+
+def test_controls_keep_answers_and_take_one_modality_away():
+    src = open_source("promptshapes", "test")
+    shuffled = PromptControl(src, "shuffled_prompt", seed=0)
+    moved = 0
+    for i in range(len(src)):
+        item, ctrl = src[i], shuffled[i]
+        assert ctrl["answer"] == item["answer"]
+        donor = int(shuffled.donor[i])
+        assert donor // 2 != i // 2  # a prompt from another image
+        assert ctrl["prompt"] == src[donor]["prompt"]
+        moved += ctrl["prompt"] != item["prompt"]
+    assert moved > 0.8 * len(src)
+    assert PromptControl(src, "null_prompt")[3]["prompt"] == ""
+    blank = PromptControl(src, "blank_image")[3]
+    assert not blank["image"].any() and blank["prompt"] == src[3]["prompt"]
+
+
+def test_lr_mults_scale_the_matching_parameters_and_no_decay_spares_them():
+    import ml_collections
+
+    from vit.train.optim import make_optimizer
+
+    params = {"xattn": {"0": {"attn_gate": jnp.ones(()), "q": {"kernel": jnp.ones((2, 2))}}}}
+    cfg = ml_collections.ConfigDict(dict(
+        name="adamw", lr=0.1, warmup_steps=0, schedule="constant", weight_decay=0.5, b1=0.9,
+        b2=0.999, momentum=0.9, clip_norm=0.0, layer_decay=1.0, trainable=".*",
+        lr_mults=[[r"xattn/\d+/\w+_gate", 10.0]], no_decay=r".*_gate"))
+    tx, _ = make_optimizer(cfg, params, depth=1, steps=10)
+    grads = jax.tree.map(jnp.ones_like, params)
+    updates, _ = tx.update(grads, tx.init(params), params)
+    # Adam's first step is lr * sign(g); decoupled decay adds lr * wd * p on decayed leaves.
+    np.testing.assert_allclose(float(updates["xattn"]["0"]["attn_gate"]), -1.0, rtol=1e-4)
+    np.testing.assert_allclose(np.asarray(updates["xattn"]["0"]["q"]["kernel"]),
+                               -0.1 - 0.1 * 0.5, rtol=1e-4)
+    assert isinstance(tx, optax.GradientTransformation)
