@@ -1,16 +1,23 @@
-"""Pretrained classification: load any checkpoint, classify image files and folders (top-k).
+"""Pretrained prediction: load any checkpoint, classify image files and folders (top-k), or, with
+a text model, score prompts and zero-shot names against them.
 
 `load_pretrained(path)` gives `(model, preprocess, labels)`; `Predictor` runs a jitted forward
 at one fixed batch size (the last batch is padded, so nothing recompiles) while a thread pool
 decodes the next batch. A file that cannot be read becomes `{"image", "error"}` and the rest
-carry on.
+carry on. Its three modes share that machinery and differ only in the forward and the result:
+
+- classes: softmax top-k of the class head, `{"image", "top_k": [{index, label, prob}]}`;
+- prompts: the sigmoid of each prompt's match logit, `{"image", "prompts": [{text, prob}]}`;
+  every prompt of an image goes in one forward pass (the model shares the image prefix);
+- zero-shot: names scored by the similarity head (sigmoid, as SigLIP), top-k as for classes.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -54,41 +61,202 @@ def collect_images(inputs: Iterable) -> list[Path]:
     return out
 
 
+# -- text for a text model -------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class Prompts:
+    """Texts ready for a text model: display `labels`, `text` (token ids `[P, T]`, or supplied
+    embeddings `[P, T, D]`) and its left-aligned `mask [P, T]`."""
+
+    labels: list[str]
+    text: np.ndarray
+    mask: np.ndarray
+
+
+def require_text(config, flag: str, *, source: str | None = None,
+                 similarity: bool = False) -> None:
+    """Refuses (one line, naming `flag`) a model that cannot take what `flag` gives it."""
+    t = config.text
+    if t is None:
+        raise CheckpointError(f"{flag}: this model has no text path (it was not built with "
+                              "text conditioning), so it cannot score text")
+    if similarity and not t.similarity_dim:
+        raise CheckpointError(f"{flag}: this model has no similarity head "
+                              "(text.similarity_dim=0), which zero-shot scoring needs")
+    if source == "bytes" and t.source == "embeddings":
+        raise CheckpointError(
+            f"{flag}: this model was trained on embeddings from an outside text model "
+            f"(text.source='embeddings'), so it cannot read text itself; give "
+            f"--text-embeddings FILE.npz (tokens [P, T, {t.embed_dim}], mask [P, T]) made with "
+            "that text model")
+    if source == "embeddings" and t.source == "bytes":
+        raise CheckpointError(f"{flag}: this model reads text itself (text.source='bytes'), "
+                              "not embeddings; give --prompt TEXT")
+
+
+def encode_prompts(config, texts: Sequence[str], *, labels: Sequence[str] | None = None,
+                   flag: str = "--prompt") -> Prompts:
+    """Tokenizes once at the model's fixed `max_len` (so a new prompt never recompiles).
+
+    The empty string is the null prompt; a too-long prompt is truncated with a UserWarning.
+    """
+    from vit.models.text import tokenize
+
+    require_text(config, flag, source="bytes")
+    texts = list(texts)
+    if not texts:
+        raise DataError(f"{flag}: no texts given")
+    tokens, mask = tokenize(texts, config.text.max_len)
+    return Prompts(list(labels) if labels is not None else texts, tokens, mask)
+
+
+def load_text_embeddings(config, path) -> Prompts:
+    """`--text-embeddings`: an .npz of `tokens [P, T, D]` float and `mask [P, T]` bool (True
+    first), optionally `texts [P]` (a unicode array) to label them; P prompts per image."""
+    from vit.models.text import check_prefix_mask
+
+    flag = f"--text-embeddings {path}"
+    require_text(config, flag, source="embeddings")
+    dim = config.text.embed_dim
+    want = f"tokens [P, T, {dim}] float and mask [P, T] bool"
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            if "tokens" not in npz or "mask" not in npz:
+                raise DataError(f"{flag}: has {sorted(npz.files)}; wanted {want} "
+                                "(and optionally texts [P])")
+            tokens, mask = npz["tokens"], npz["mask"]
+            texts = npz.get("texts")
+    except FileNotFoundError:
+        raise DataError(f"{flag}: no such file") from None
+    except (OSError, ValueError) as err:  # not an npz, or an object (pickled) array inside
+        raise DataError(f"{flag}: not a readable .npz of arrays ({err})") from None
+    if (tokens.ndim != 3 or tokens.shape[2] != dim or tokens.shape[0] < 1
+            or not np.issubdtype(tokens.dtype, np.floating)):
+        raise DataError(f"{flag}: tokens has shape {list(tokens.shape)} {tokens.dtype}; wanted "
+                        f"[P, T, {dim}] float (D = the model's text.embed_dim)")
+    if mask.shape != tokens.shape[:2] or mask.dtype != bool:
+        raise DataError(f"{flag}: mask has shape {list(mask.shape)} {mask.dtype}; wanted "
+                        f"[{tokens.shape[0]}, {tokens.shape[1]}] bool (one row per prompt)")
+    try:
+        check_prefix_mask(mask, flag)
+    except ValueError as err:
+        raise DataError(str(err)) from None
+    if not np.isfinite(tokens).all():
+        raise DataError(f"{flag}: tokens hold NaN or infinite values")
+    if texts is None:
+        labels = [f"embedding {i}" for i in range(len(tokens))]
+    elif texts.shape != (len(tokens),) or texts.dtype.kind != "U":
+        raise DataError(f"{flag}: texts has shape {list(texts.shape)} {texts.dtype}; wanted "
+                        f"[{len(tokens)}] strings (a numpy unicode array)")
+    else:
+        labels = [str(s) for s in texts]
+    return Prompts(labels, tokens.astype(np.float32), mask)
+
+
+def read_names(path) -> list[str]:
+    """A zero-shot names file: one name a line; blank lines are skipped."""
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as err:
+        raise DataError(f"--zero-shot {path}: cannot read ({err})") from None
+    names = [line.strip() for line in lines if line.strip()]
+    if not names:
+        raise DataError(f"--zero-shot {path}: no names in it; give one name per line")
+    return names
+
+
+def zero_shot_prompts(config, names: Sequence[str], template: str = "{}") -> Prompts:
+    """Names written into `template` ("a photo of a {}") and tokenized; labelled by the names."""
+    require_text(config, "--zero-shot", source="bytes", similarity=True)
+    if "{}" not in template:
+        raise DataError(f"--template {template!r}: has no {{}} where the name goes")
+    return encode_prompts(config, [template.replace("{}", n) for n in names], labels=names,
+                          flag="--zero-shot")
+
+
 class Predictor:
-    """Top-k classification of images with one compiled forward pass."""
+    """Images -> top-k classes, prompt probabilities, or zero-shot top-k, one compiled forward.
+
+    `prompts` (a `Prompts`, or a list of strings to tokenize) switches to prompt mode: every
+    image is scored against every prompt. `zero_shot` (a `Prompts` from `zero_shot_prompts`, or
+    a list of names) switches to zero-shot top-k over those names; `labels` is then unused.
+    """
 
     def __init__(self, model, preprocess: Preprocessing, labels: list[str] | None = None, *,
-                 top_k: int = 5, batch_size: int = 32, workers: int | None = None):
+                 top_k: int = 5, batch_size: int = 32, workers: int | None = None,
+                 prompts: Prompts | Sequence[str] | None = None,
+                 zero_shot: Prompts | Sequence[str] | None = None):
         import jax
+        import jax.numpy as jnp
         from flax import nnx
 
         cfg = model.config
-        if not cfg.num_classes:
-            raise CheckpointError("this checkpoint has no classification head (num_classes=0); "
-                                  "fine-tune it first (vit train --init CHECKPOINT)")
-        if labels is not None and len(labels) != cfg.num_classes:
-            raise DataError(f"{len(labels)} labels for {cfg.num_classes} classes; give one name "
-                            "per class")
-        self.preprocess, self.labels = preprocess, labels
-        self.batch_size, self.top_k = batch_size, min(top_k, cfg.num_classes)
+        if prompts is not None and zero_shot is not None:
+            raise DataError("give prompts or zero-shot names, not both")
+        if prompts is not None and not isinstance(prompts, Prompts):
+            prompts = encode_prompts(cfg, prompts)
+        if zero_shot is not None and not isinstance(zero_shot, Prompts):
+            zero_shot = zero_shot_prompts(cfg, zero_shot)
+        self.preprocess, self.batch_size = preprocess, batch_size
         self.workers = workers or min(8, os.cpu_count() or 1)
+        self.prompts = prompts
         graphdef, state = nnx.split(model)
-        k = self.top_k
 
-        @jax.jit
-        def forward(state, images):
-            logits = nnx.merge(graphdef, state)(images)
-            return jax.lax.top_k(jax.nn.softmax(logits, axis=-1), k)
+        if prompts is not None:
+            require_text(cfg, "prompts")
+            self.mode, self.labels, self.top_k = "prompts", None, None
 
-        self._state, self._forward = state, forward
+            @jax.jit
+            def forward(state, images, text, mask):
+                b = images.shape[0]
+                logits = nnx.merge(graphdef, state)(
+                    images, text=jnp.broadcast_to(text, (b, *text.shape)),
+                    text_mask=jnp.broadcast_to(mask, (b, *mask.shape)))
+                return (jax.nn.sigmoid(logits.reshape(b, -1)),)  # [b] when there is one prompt
 
-    def predict_arrays(self, images: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """`[n, h, w, c]` preprocessed images -> (probs, indices), each `[n, top_k]`."""
+            # Arguments, not constants: other prompts of the same count reuse the compile.
+            extra = (jnp.asarray(prompts.text), jnp.asarray(prompts.mask))
+        elif zero_shot is not None:
+            require_text(cfg, "--zero-shot", similarity=True)
+            self.mode, self.labels = "zero_shot", zero_shot.labels
+            self.top_k = k = min(top_k, len(zero_shot.labels))
+            # The names' embeddings do not depend on the image: computed once, here.
+            txt = jax.jit(lambda state, t, m: nnx.merge(graphdef, state).text_embedding(t, m))(
+                state, zero_shot.text, zero_shot.mask)
+
+            @jax.jit
+            def forward(state, images, txt):
+                m = nnx.merge(graphdef, state)
+                logits = m.similarity.logits(m.image_embedding(images), txt)
+                return jax.lax.top_k(jax.nn.sigmoid(logits), k)
+
+            extra = (txt,)
+        else:
+            if not cfg.num_classes:
+                raise CheckpointError("this checkpoint has no classification head "
+                                      "(num_classes=0); fine-tune it first "
+                                      "(vit train --init CHECKPOINT)")
+            if labels is not None and len(labels) != cfg.num_classes:
+                raise DataError(f"{len(labels)} labels for {cfg.num_classes} classes; give one "
+                                "name per class")
+            self.mode, self.labels = "classes", labels
+            self.top_k = k = min(top_k, cfg.num_classes)
+
+            @jax.jit
+            def forward(state, images):
+                logits = nnx.merge(graphdef, state)(images)
+                return jax.lax.top_k(jax.nn.softmax(logits, axis=-1), k)
+
+            extra = ()
+        self._state, self._forward, self._extra = state, forward, extra
+
+    def predict_arrays(self, images: np.ndarray):
+        """`[n, h, w, c]` preprocessed images -> (probs, indices), each `[n, top_k]`; in prompt
+        mode the probabilities `[n, prompts]`."""
         n = len(images)
         padded = np.zeros((self.batch_size, *images.shape[1:]), np.float32)
         padded[:n] = images
-        probs, idx = self._forward(self._state, padded)
-        return np.asarray(probs)[:n], np.asarray(idx)[:n]
+        out = tuple(np.asarray(a)[:n] for a in self._forward(self._state, padded, *self._extra))
+        return out[0] if self.mode == "prompts" else out
 
     def _load(self, path: Path) -> np.ndarray | str:
         try:
@@ -111,16 +279,19 @@ class Predictor:
                 results = {i: {"image": str(batch[i]), "error": loaded[i]}
                            for i in range(len(batch)) if i not in good}
                 if good:
-                    probs, idx = self.predict_arrays(np.stack([loaded[i] for i in good]))
+                    out = self.predict_arrays(np.stack([loaded[i] for i in good]))
                     for row, i in enumerate(good):
-                        results[i] = {"image": str(batch[i]),
-                                      "top_k": self._top_k(probs[row], idx[row])}
+                        results[i] = {"image": str(batch[i]), **self._result(out, row)}
                 yield from (results[i] for i in range(len(batch)))
                 if progress is not None:
                     progress.update(len(batch))
                 if b + 1 < len(batches):
                     pending = [f.result() for f in upcoming]
 
-    def _top_k(self, probs: np.ndarray, idx: np.ndarray) -> list[dict]:
-        return [{"index": int(i), "label": self.labels[int(i)] if self.labels else None,
-                 "prob": float(p)} for p, i in zip(probs, idx, strict=True)]
+    def _result(self, out, row: int) -> dict:
+        if self.mode == "prompts":
+            return {"prompts": [{"text": t, "prob": float(p)}
+                                for t, p in zip(self.prompts.labels, out[row], strict=True)]}
+        probs, idx = out
+        return {"top_k": [{"index": int(i), "label": self.labels[int(i)] if self.labels else None,
+                           "prob": float(p)} for p, i in zip(probs[row], idx[row], strict=True)]}

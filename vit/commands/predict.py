@@ -1,10 +1,13 @@
-"""`vit predict IMAGE_OR_DIR... --checkpoint PATH`: top-k classes per image."""
+"""`vit predict IMAGE_OR_DIR... --checkpoint PATH`: top-k classes per image; with a text model,
+the probability of each `--prompt` (or `--text-embeddings` prompt), or `--zero-shot` top-k names.
+"""
 
 from __future__ import annotations
 
 import json
 import sys
 import time
+import warnings
 
 
 def add_arguments(parser) -> None:
@@ -15,23 +18,65 @@ def add_arguments(parser) -> None:
                              "workdir, or a hub id / timm name in the local Hugging Face cache")
     parser.add_argument("--image-size", type=int, default=None,
                         help="run at this resolution (position embeddings are resized)")
-    parser.add_argument("--top-k", type=int, default=5, help="classes per image (default 5)")
+    parser.add_argument("--top-k", type=int, default=5,
+                        help="classes (or --zero-shot names) per image (default 5)")
     parser.add_argument("--batch-size", type=int, default=32, help="images per forward pass")
     parser.add_argument("--labels", default=None, metavar="FILE",
                         help="class display names, one per line (overrides the checkpoint's)")
+    parser.add_argument("--prompt", action="append", default=None, metavar="TEXT",
+                        help="text model: print the probability that TEXT is true of each image "
+                             "(repeatable; all prompts of an image share one forward pass; \"\" "
+                             "is the null prompt)")
+    parser.add_argument("--text-embeddings", default=None, metavar="FILE",
+                        help="text model trained on outside embeddings (text.source="
+                             "embeddings): an .npz of tokens [P, T, D] float and mask [P, T] "
+                             "bool (optionally texts [P] to label them), used in place of "
+                             "--prompt: P prompts scored against every image")
+    parser.add_argument("--zero-shot", default=None, metavar="FILE",
+                        help="text model with a similarity head: score the names in FILE (one "
+                             "per line) and print the top-k, as for classes")
+    parser.add_argument("--template", default=None, metavar="TEXT",
+                        help="with --zero-shot: the text a name is written into, {} standing "
+                             "for the name, e.g. \"a photo of a {}\" (default \"{}\")")
     parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                         help="override a model field that keeps weight shapes, e.g. "
                              "--set attention_impl=xla (repeatable)")
     parser.add_argument("--json", action="store_true",
-                        help="JSON Lines on stdout: {image, top_k: [{index, label, prob}]}")
+                        help="JSON Lines on stdout: {image, top_k: [{index, label, prob}]}, or "
+                             "with prompts {image, prompts: [{text, prob}]}; a bad image "
+                             "{image, error}")
 
 
 def _line(result: dict) -> str:
     if "error" in result:
         return f"{result['image']}: error: {result['error']}"
+    if "prompts" in result:  # json.dumps quotes (and escapes) the prompt unambiguously
+        scores = ", ".join(f"{json.dumps(p['text'], ensure_ascii=False)} {p['prob']:.2f}"
+                           for p in result["prompts"])
+        return f"{result['image']}: {scores}"
     tops = ", ".join(f"{t['label'] if t['label'] is not None else '#' + str(t['index'])} "
                      f"({t['prob']:.3f})" for t in result["top_k"])
     return f"{result['image']}: {tops}"
+
+
+def _text_inputs(args, config):
+    """`(prompts, zero_shot)` for the Predictor; tokenizer warnings (a truncated prompt) are
+    printed as ours rather than as Python warnings with a source line."""
+    from vit.predict import encode_prompts, load_text_embeddings, read_names, zero_shot_prompts
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", UserWarning)
+        prompts = zero_shot = None
+        if args.prompt is not None:
+            prompts = encode_prompts(config, args.prompt)
+        elif args.text_embeddings is not None:
+            prompts = load_text_embeddings(config, args.text_embeddings)
+        elif args.zero_shot is not None:
+            zero_shot = zero_shot_prompts(config, read_names(args.zero_shot),
+                                          args.template if args.template is not None else "{}")
+    for w in caught:
+        print(f"vit predict: warning: {w.message}", file=sys.stderr)
+    return prompts, zero_shot
 
 
 def run(args) -> int:
@@ -45,6 +90,16 @@ def run(args) -> int:
 
     if args.top_k < 1 or args.batch_size < 1:
         raise DataError("--top-k and --batch-size must be at least 1")
+    text_flags = [flag for flag, value in (("--prompt", args.prompt),
+                                           ("--text-embeddings", args.text_embeddings),
+                                           ("--zero-shot", args.zero_shot)) if value is not None]
+    if len(text_flags) > 1:
+        raise DataError(f"{' and '.join(text_flags)} do not go together; give one of them")
+    if args.template is not None and args.zero_shot is None:
+        raise DataError("--template only applies to --zero-shot (it writes each name into text)")
+    if args.labels and text_flags:
+        raise DataError(f"--labels names a classifier's classes; {text_flags[0]} is labelled by "
+                        "its own texts")
     paths = collect_images(args.inputs)
     if not paths:
         raise DataError(f"no image files found in {' '.join(args.inputs)}")
@@ -52,13 +107,18 @@ def run(args) -> int:
                              **parse_model_overrides(args.set))
     print(f"vit predict: {loaded.source}", file=sys.stderr)
     for message in loaded.warnings:
-        if "head is all zeros" in message:  # predictions would be meaningless: refuse
-            raise CheckpointError(f"{args.checkpoint}: {message}")
+        if "head is all zeros" in message:
+            if text_flags:  # prompts and zero-shot never use the class head
+                continue
+            raise CheckpointError(f"{args.checkpoint}: {message}")  # meaningless: refuse
         print(f"vit predict: warning: {message}", file=sys.stderr)
+    prompts, zero_shot = _text_inputs(args, loaded.config)
     labels = (read_labels(args.labels, loaded.config.num_classes) if args.labels
               else loaded.labels)
     predictor = Predictor(loaded.build_model(), loaded.preprocessing, labels,
-                          top_k=args.top_k, batch_size=args.batch_size)
+                          top_k=args.top_k, batch_size=args.batch_size, prompts=prompts,
+                          zero_shot=zero_shot)
+    verb = "scored" if prompts is not None else "classified"
     start, done, failed = time.perf_counter(), 0, 0
     with tqdm(total=len(paths), unit="img", file=sys.stderr, dynamic_ncols=True) as bar:
         for result in predictor.predict_files(paths, progress=bar):
@@ -66,6 +126,6 @@ def run(args) -> int:
             done += 1
             print(json.dumps(result) if args.json else _line(result), flush=args.json)
     seconds = time.perf_counter() - start
-    print(f"vit predict: {done - failed} images classified, {failed} failed, {seconds:.1f} s "
+    print(f"vit predict: {done - failed} images {verb}, {failed} failed, {seconds:.1f} s "
           f"({(done - failed) / seconds:.1f} images/s)", file=sys.stderr)
     return 0 if done > failed else 1
