@@ -99,3 +99,21 @@ def test_lr_mults_scale_the_matching_parameters_and_no_decay_spares_them():
     np.testing.assert_allclose(np.asarray(updates["xattn"]["0"]["q"]["kernel"]),
                                -0.1 - 0.1 * 0.5, rtol=1e-4)
     assert isinstance(tx, optax.GradientTransformation)
+
+
+def test_lr_mults_and_layer_decay_work_with_frozen_parameters():
+    import ml_collections
+
+    from vit.train.optim import make_optimizer
+
+    params = {"blocks": {"0": {"w": {"kernel": jnp.ones((2,))}}},
+              "xattn": {"0": {"attn_gate": jnp.ones(())}}}
+    cfg = ml_collections.ConfigDict(dict(
+        name="sgd", lr=0.1, warmup_steps=0, schedule="constant", weight_decay=0.0, b1=0.9,
+        b2=0.999, momentum=0.0, clip_norm=0.0, layer_decay=0.5, trainable="xattn/.*",
+        lr_mults=[[r"xattn/\d+/\w+_gate", 10.0]], no_decay=""))
+    tx, _ = make_optimizer(cfg, params, depth=1, steps=10)
+    updates, _ = tx.update(jax.tree.map(jnp.ones_like, params), tx.init(params), params)
+    assert float(jnp.abs(updates["blocks"]["0"]["w"]["kernel"]).max()) == 0.0  # frozen
+    # sgd: -lr * g, times layer decay 0.5 ** 0 (heads/extras sit at depth + 1), times 10
+    np.testing.assert_allclose(float(updates["xattn"]["0"]["attn_gate"]), -1.0, rtol=1e-6)

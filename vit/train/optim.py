@@ -58,11 +58,15 @@ def layer_id(path: str, depth: int) -> int:
 
 
 def scale_by_tree(factors) -> optax.GradientTransformation:
-    """Multiplies each update by a fixed per-parameter factor."""
-    return optax.GradientTransformation(
-        lambda params: optax.EmptyState(),
-        lambda updates, state, params=None: (
-            jax.tree.map(lambda u, f: u * f, updates, factors), state))
+    """Multiplies each update by a fixed per-parameter factor. Under `optax.multi_transform`
+    (frozen parameters) frozen leaves arrive as `MaskedNode`s and pass through."""
+    masked = lambda x: isinstance(x, optax.MaskedNode)  # noqa: E731
+
+    def update(updates, state, params=None):
+        return jax.tree.map(lambda u, f: u if masked(u) else u * f, updates, factors,
+                            is_leaf=masked), state
+
+    return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
 
 
 def make_optimizer(cfg, params, depth: int, steps: int) -> tuple[optax.GradientTransformation,
