@@ -16,7 +16,8 @@ from vit.errors import VitError
 # subcommand -> (module, one-line help)
 COMMANDS = {
     "info": ("vit.commands.info", "parameters, GMACs and tokens of a model variant"),
-    "predict": ("vit.commands.predict", "classify images with a checkpoint (top-k), or answer prompts with a text model"),
+    "predict": ("vit.commands.predict",
+                "classify images with a checkpoint (top-k), or answer prompts with a text model"),
     "convert": ("vit.commands.convert", "convert a checkpoint between npz, hf, timm and orbax"),
     "train": ("vit.commands.train", "fine-tune or train a ViT from a config file"),
     "eval": ("vit.commands.eval", "accuracy, per-class accuracy and confusion matrix"),

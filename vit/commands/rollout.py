@@ -1,5 +1,6 @@
 """`vit rollout`: attention maps for images, as PNG overlays, raw `.npy` grids, a manifest and
-an optional HTML gallery."""
+an optional HTML gallery. With `--prompt` (text models) the maps explain the prompt-match
+answer, and each manifest line adds the prompt, its probability and a score per character."""
 
 from __future__ import annotations
 
@@ -17,9 +18,15 @@ def add_arguments(parser) -> None:
     parser.add_argument("--split", default="test", help="dataset split (default test)")
     parser.add_argument("--limit", type=int, default=None, help="at most this many images")
     parser.add_argument("--data-dir", default=None, help="where the dataset lives (TFDS)")
-    parser.add_argument("--method", choices=METHODS, default="rollout")
+    parser.add_argument("--method", choices=METHODS, default=None,
+                        help="default rollout; with --prompt only relevancy is supported (and "
+                             "the default): its bi-modal rules are what scores the text")
     parser.add_argument("--class", dest="class_", default="top", metavar="top|INDEX|LABEL",
                         help="class to explain (default: each image's top prediction)")
+    parser.add_argument("--prompt", default=None, metavar="TEXT",
+                        help="text models: explain the answer to 'is TEXT true of the image?' "
+                             "(patch map, and a relevance score per character of TEXT; "
+                             "relevancy only)")
     parser.add_argument("--head-fusion", choices=HEAD_FUSIONS, default="mean")
     parser.add_argument("--discard-ratio", type=float, default=0.0,
                         help="drop this fraction of the lowest attentions per row (rollouts)")
@@ -44,6 +51,13 @@ def run(args) -> int:
     from vit.errors import ConfigError, DataError
     from vit.explain import explain, inputs, render
 
+    method = args.method or ("relevancy" if args.prompt is not None else "rollout")
+    if args.prompt is not None and method != "relevancy":
+        raise ConfigError(f"--prompt is explained with the bi-modal relevancy rules only; drop "
+                          f"--method {method} or use --method relevancy")
+    if args.prompt is not None and args.class_ != "top":
+        raise ConfigError("--class does not apply with --prompt: the map explains the prompt's "
+                          "answer, not a class")
     if not 0.0 <= args.alpha <= 1.0:
         raise ConfigError(f"--alpha {args.alpha}: must lie in [0, 1]")
     if not 0.0 <= args.discard_ratio < 1.0:
@@ -54,7 +68,11 @@ def run(args) -> int:
     for warning in ckpt.warnings:
         print(f"vit rollout: warning: {warning}", file=sys.stderr)
     labels = ckpt.labels
-    wanted = inputs.resolve_class(args.class_, labels, ckpt.config.num_classes)
+    if args.prompt is not None:
+        _check_prompt(args.prompt, args.checkpoint, ckpt.config.text)
+        wanted = None
+    else:
+        wanted = inputs.resolve_class(args.class_, labels, ckpt.config.num_classes)
     items = inputs.gather(args.inputs, args.data, args.split, args.limit, args.data_dir)
     model = ckpt.build_model()
     out = Path(args.out)
@@ -68,29 +86,76 @@ def run(args) -> int:
                 skipped += 1
             if not batch.items:
                 continue
-            result = explain(model, batch.arrays, args.method, wanted,
-                             head_fusion=args.head_fusion, discard_ratio=args.discard_ratio)
-            probs = np.asarray(jax.nn.softmax(result.logits, -1))
-            maps, classes = np.asarray(result.maps), np.asarray(result.class_index)
-            for i, item in enumerate(batch.items):
+            if args.prompt is not None:
+                rows = _prompt_rows(model, batch.arrays, args.prompt, len(batch.items))
+            else:
+                result = explain(model, batch.arrays, method, wanted,
+                                 head_fusion=args.head_fusion, discard_ratio=args.discard_ratio)
+                probs = np.asarray(jax.nn.softmax(result.logits, -1))
+                maps, classes = np.asarray(result.maps), np.asarray(result.class_index)
+                rows = []
+                for i in range(len(batch.items)):
+                    pred = int(probs[i].argmax())
+                    rows.append(({"pred": pred, "pred_label": labels[pred] if labels else None,
+                                  "prob": float(probs[i, pred]), "method": method,
+                                  "class": int(classes[i])}, maps[i]))
+            for item, (fields, grid) in zip(batch.items, rows, strict=True):
                 stem = names.claim(item.name)
                 region = render.seen_region(ckpt.preprocessing, item.image.size)
-                paths = render.write_explanation(out, stem, item.image, maps[i], cmap=args.cmap,
+                paths = render.write_explanation(out, stem, item.image, grid, cmap=args.cmap,
                                                  alpha=args.alpha, region=region)
-                pred = int(probs[i].argmax())
-                row = {"image": item.name, "label": item.label, "pred": pred,
-                       "pred_label": labels[pred] if labels else None,
-                       "prob": float(probs[i, pred]), "method": args.method,
-                       "class": int(classes[i]), "overlay": paths["overlay"], "map": paths["map"]}
+                row = {"image": item.name, "label": item.label, **fields,
+                       "overlay": paths["overlay"], "map": paths["map"]}
                 manifest.write(json.dumps(row) + "\n")
                 gallery.append({"input": paths["input"], "overlay": paths["overlay"],
-                                "caption": inputs.caption(row, labels)})
+                                "caption": inputs.caption(row, labels),
+                                "text_relevance": row.get("text_relevance")})
                 written += 1
     if not written:
         raise DataError("no image could be read; check the paths (see the skipped lines above)")
+    what = method if args.prompt is None else f"{method} for prompt {args.prompt!r}"
     if args.html:
-        render.write_gallery(out, gallery, title=f"vit rollout: {args.method}")
+        render.write_gallery(out, gallery, title=f"vit rollout: {what}")
     extra = ", index.html" if args.html else ""
-    print(f"wrote {written} {args.method} maps to {out} (manifest.jsonl{extra})"
+    print(f"wrote {written} {what} maps to {out} (manifest.jsonl{extra})"
           + (f"; skipped {skipped} unreadable" if skipped else ""))
     return 0
+
+
+def _check_prompt(prompt: str, checkpoint: str, text_config) -> None:
+    """One-line errors for a model that cannot answer prompts; warns once about truncation."""
+    import warnings
+
+    from vit.errors import ConfigError
+    from vit.models.text import tokenize
+
+    if text_config is None:
+        raise ConfigError(f"--prompt: {checkpoint} is a plain image model without a text path; "
+                          "drop --prompt, or use a text-conditioned checkpoint")
+    if text_config.source != "bytes":
+        raise ConfigError("--prompt: this model reads embeddings from a separate text model, "
+                          "not text; explain it from Python with vit.explain.explain_prompt")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        tokenize(prompt, text_config.max_len)
+    for warning in caught:
+        print(f"vit rollout: warning: {warning.message}", file=sys.stderr)
+
+
+def _prompt_rows(model, arrays, prompt: str, count: int):
+    """(manifest fields, map) for the first `count` images of a (padded) batch, explaining
+    the prompt-match answer."""
+    import warnings
+
+    import numpy as np
+
+    from vit.explain import explain_prompt, text_relevance
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # truncation was reported once, up front
+        result = explain_prompt(model, arrays, prompt)
+    probs, maps = np.asarray(result.probs), np.asarray(result.maps)
+    # The map explains the prompt, not a class: the class fields are None.
+    return [({"pred": None, "pred_label": None, "prob": float(probs[i]), "method": "relevancy",
+              "class": None, "prompt": prompt, "text_relevance": text_relevance(result, i)},
+             maps[i]) for i in range(count)]

@@ -94,5 +94,8 @@ def caption(row: dict, labels: list[str] | None) -> str:
         return labels[index] if labels and index is not None else str(index)
 
     true = f"true {name(row['label'])} · " if row["label"] is not None else ""
+    if row.get("prompt") is not None:
+        return (f"{row['image']} · {true}“{row['prompt']}”: {row['prob']:.1%} true · "
+                f"{row['method']} for the prompt")
     return (f"{row['image']} · {true}pred {name(row['pred'])} ({row['prob']:.1%}) · "
             f"{row['method']} for class {name(row['class'])}")

@@ -102,17 +102,20 @@ def write_explanation(out: Path, stem: str, image: Image.Image, grid_map: np.nda
 def write_gallery(out: Path, entries: list[dict], title: str = "vit rollout") -> Path:
     """`OUT/index.html`: input, overlay, label and probability per image; opens from disk.
 
-    Each entry holds `input` and `overlay` (paths relative to out) and a `caption`.
+    Each entry holds `input` and `overlay` (paths relative to out) and a `caption`; an entry
+    may add `text_relevance` (`[{"token", "score"}, ...]`, a prompt's token scores), shown as
+    the prompt with each token shaded by its score (exact values on hover).
     """
     cards = []
     for e in entries:
         src_in = urllib.parse.quote(e["input"])
         src_ov = urllib.parse.quote(e["overlay"])
+        tokens = _shaded_tokens(e["text_relevance"]) if e.get("text_relevance") else ""
         cards.append(
             '<figure><div class="pair">'
             f'<a href="{src_in}"><img src="{src_in}" alt="input"></a>'
             f'<a href="{src_ov}"><img src="{src_ov}" alt="overlay"></a></div>'
-            f"<figcaption>{html.escape(e['caption'])}</figcaption></figure>")
+            f"<figcaption>{html.escape(e['caption'])}{tokens}</figcaption></figure>")
     page = f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>{html.escape(title)}</title>
 <style>
@@ -121,6 +124,7 @@ main {{ display: flex; flex-wrap: wrap; gap: 1em; }}
 figure {{ margin: 0; border: 1px solid #ccc; padding: .5em; }}
 .pair img {{ height: 160px; image-rendering: pixelated; margin-right: .25em; }}
 figcaption {{ font-size: 90%; max-width: 330px; overflow-wrap: anywhere; }}
+.tokens {{ font-family: monospace; white-space: pre-wrap; margin: .3em 0 0; }}
 </style></head>
 <body><h1>{html.escape(title)}</h1><main>
 {chr(10).join(cards)}
@@ -129,3 +133,14 @@ figcaption {{ font-size: 90%; max-width: 330px; overflow-wrap: anywhere; }}
     path = out / "index.html"
     path.write_text(page, encoding="utf-8")
     return path
+
+
+def _shaded_tokens(scores: list[dict]) -> str:
+    """A prompt's tokens, each shaded red by its score relative to the largest one."""
+    top = max((abs(t["score"]) for t in scores), default=0.0)
+    spans = []
+    for t in scores:
+        strength = abs(t["score"]) / top if top > 0 else 0.0
+        spans.append(f'<span style="background: rgba(255, 0, 0, {strength:.2f})" '
+                     f'title="{t["score"]:.4g}">{html.escape(t["token"])}</span>')
+    return f'<p class="tokens">{"".join(spans)}</p>'

@@ -1,0 +1,245 @@
+"""Explain mode for text-conditioned models: which patches and which text tokens drove the
+prompt-match answer (Chefer, Gur & Wolf 2021, "Generic attention-model explainability for
+interpreting bi-modal and encoder-decoder transformers").
+
+`explain_prompt(model, images, prompt)` explains the prompt-match logit
+`model(images, text=tokens, text_mask=mask)` of each image with its prompt. Relevance matrices
+start as `R^ss = I` (image tokens), `R^qq = I` (text tokens, index 0 the learned null token)
+and `R^sq = 0`, and are updated with `Abar = E_h[(grad A * A)^+]`:
+
+- text self-attention, in order: `R^qq += Abar R^qq` (no text encoder for
+  `source="embeddings"`: `R^qq` stays `I`);
+- image self-attention, in order: `R^ss += Abar R^ss`, `R^sq += Abar R^sq`;
+- cross-attention (image queries, text keys): `rules.cross_attention_update`; `R^ss` is
+  unchanged since text never attends to the image.
+
+The patch map is the readout row of `R^ss` over the patches, the text relevance the readout
+row of `R^sq` over the real text tokens (the readout is what the prompt head pools: class
+token, patch mean, or the MAP head's weights). A gate still at 0 sends no gradient to its
+cross-attention probabilities, so with every gate closed the text relevance is exactly 0.
+
+Unlike `maps.py` this keeps every layer's attention and gradient (`layers x heads x tokens^2`
+per image): text models are explained a few images at a time. The forward pass below mirrors
+`TextPath` and `VisionTransformer.features` (the text encoder's blocks need a probability hook
+that the model's own text path does not take); the tests check its logits against the model's.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from vit.explain import rules
+from vit.explain.layout import TokenLayout, map_readout
+from vit.models.blocks import Keys
+from vit.models.text import BYTE_OFFSET, END, lengths_of, tokenize
+
+
+class PromptExplanation(NamedTuple):
+    maps: jax.Array  # [batch, rows, cols]: patch relevance for the prompt answer
+    text_scores: jax.Array  # [batch, text_len]: relevance per text token, 0 at padding
+    null_score: jax.Array  # [batch]: relevance of the learned null token (always present)
+    text_mask: jax.Array  # [batch, text_len]: which text positions are real tokens
+    logits: jax.Array  # [batch]: prompt-match logits, as model(images, text=...) gives them
+    probs: jax.Array  # [batch]: sigmoid(logits), the probability the prompt is true
+    tokens: np.ndarray | None  # [batch, text_len] byte-token ids; None for embeddings
+
+
+def _text_tokens(model, text, mask, hook):
+    """`TextPath.__call__` with `hook(layer, probs)` at the byte encoder's self-attention."""
+    path = model.text_path
+    lengths = lengths_of(mask)
+    enc = path.encoder
+    if enc is not None:
+        x = (enc.embed(text) + enc.pos_embed[:, :text.shape[-1]]).astype(enc.dtype)
+        for i, block in enumerate(enc.blocks):
+            x = block(x, Keys(None), lambda p, i=i: hook(i, p), kv_len=lengths)
+        x = enc.norm(x)
+    else:
+        x = text
+    x = path.proj(x.astype(path.dtype))
+    null = jnp.broadcast_to(path.null[...].astype(x.dtype), (x.shape[0], 1, x.shape[-1]))
+    return jnp.concatenate([null, x], axis=1), lengths + 1
+
+
+def _prompt_forward(model, images, text, mask, text_hook, image_hook, cross_hook):
+    """The prompt-match logit with a hook at every attention; returns (logits, final tokens)."""
+    txt, kv_len = _text_tokens(model, text, mask, text_hook)
+    after = {i: j for j, i in enumerate(model.config.text.xattn_layers(len(model.blocks)))}
+    x = model.embed(images)
+    for i, block in enumerate(model.blocks):
+        x = block(x, Keys(None), lambda p, i=i: image_hook(i, p))
+        if i in after:
+            j = after[i]
+            x = model.xattn[j](x, txt, kv_len, Keys(None), lambda p, j=j: cross_hook(j, p))
+    tokens = model.norm(x).astype(model.dtype)
+    return model.prompt_head(model.pool(tokens)), tokens
+
+
+def capture_prompt(model, images, text, mask):
+    """Logits, readout row, and per kind (`text`, `image`, `cross`) every layer's
+    probabilities and d logit / d probabilities, in the order the layers run.
+
+    Gradients are taken with respect to zero deltas added to each layer's probabilities (as
+    `capture.attention_grads`), so each gradient pairs with its own layer by construction.
+    """
+    cfg = model.config
+    b, t = images.shape[0], text.shape[1]
+    n = TokenLayout.for_model(model, images.shape[1:3]).num_tokens
+    enc = model.text_path.encoder
+    deltas = {
+        "text": [jnp.zeros((b, cfg.text.num_heads, t, t), jnp.float32)
+                 for _ in (enc.blocks if enc is not None else ())],
+        "image": [jnp.zeros((b, cfg.num_heads, n, n), jnp.float32) for _ in model.blocks],
+        "cross": [jnp.zeros((b, cfg.num_heads, n, 1 + t), jnp.float32) for _ in model.xattn],
+    }
+
+    def target(deltas):
+        recorded = {kind: {} for kind in deltas}
+
+        def hook(kind):
+            def perturb(i, probs):
+                recorded[kind][i] = probs
+                return probs + deltas[kind][i]
+            return perturb
+
+        logits, tokens = _prompt_forward(model, images, text, mask, hook("text"),
+                                         hook("image"), hook("cross"))
+        if cfg.classifier == "map":
+            readout = map_readout(model.map_head, tokens)
+        else:
+            readout = TokenLayout.for_model(model, images.shape[1:3]).fixed_readout(b)
+        probs = {kind: [rec[i] for i in range(len(rec))] for kind, rec in recorded.items()}
+        return logits.sum(), (logits, jax.lax.stop_gradient(readout), probs)
+
+    grads, (logits, readout, probs) = jax.grad(target, has_aux=True)(deltas)
+    return logits, readout, probs, grads
+
+
+def prompt_relevance_core(model, images, text, mask):
+    """The unjitted body of `explain_prompt`: `(maps, text_row, logits)`, where `text_row`
+    `[batch, 1 + text_len]` is the readout row of `R^sq` (null token first)."""
+    layout = TokenLayout.for_model(model, images.shape[1:3])
+    logits, readout, probs, grads = capture_prompt(model, images, text, mask)
+    b, t, n = images.shape[0], text.shape[1], layout.num_tokens
+
+    def abar(kind, i):
+        return rules.positive_grad_attention(probs[kind][i], grads[kind][i]).mean(1)
+
+    r_qq = jnp.broadcast_to(jnp.eye(1 + t, dtype=jnp.float32), (b, 1 + t, 1 + t))
+    for i in range(len(probs["text"])):
+        # The encoder sees the text alone; the null token joins after it, untouched.
+        r_qq = rules.relevancy_self_update(r_qq, jnp.pad(abar("text", i), ((0, 0), (1, 0),
+                                                                          (1, 0))))
+    r_ss = jnp.broadcast_to(jnp.eye(n, dtype=jnp.float32), (b, n, n))
+    r_sq = jnp.zeros((b, n, 1 + t), jnp.float32)
+    after = {i: j for j, i in enumerate(model.config.text.xattn_layers(len(model.blocks)))}
+    for i in range(len(model.blocks)):
+        a = abar("image", i)
+        r_ss = rules.relevancy_self_update(r_ss, a)
+        r_sq = rules.relevancy_self_update(r_sq, a)  # the same `R + Abar R`, on R^sq
+        if i in after:
+            r_sq = rules.cross_attention_update(r_ss, r_sq, r_qq, abar("cross", after[i]))
+    row_ss = jnp.einsum("bq,bqk->bk", readout, r_ss)
+    row_sq = jnp.einsum("bq,bqk->bk", readout, r_sq)
+    return layout.patch_grid(row_ss), row_sq, logits
+
+
+_prompt_relevance = nnx.jit(prompt_relevance_core)
+
+
+def explain_prompt(model, images, prompt, text_mask=None) -> PromptExplanation:
+    """Patch maps and text-token relevance for the prompt-match answer of each image.
+
+    `images`: NHWC, preprocessed as the model expects. `prompt`: one string for every image or
+    a list with one per image (byte models; tokenized to the model's `max_len`), or, for
+    `source="embeddings"` models, `[batch, len, embed_dim]` vectors with their `text_mask`.
+    """
+    cfg = model.config
+    if cfg.text is None or model.prompt_head is None:
+        raise ValueError("this model has no text path, so no prompt to explain; build it with "
+                         "a text config (ViTConfig.text)")
+    images = jnp.asarray(images, jnp.float32)
+    b = images.shape[0]
+    tokens = None
+    if cfg.text.source == "bytes":
+        texts = [prompt] * b if isinstance(prompt, str) else list(prompt)
+        if not all(isinstance(p, str) for p in texts):
+            raise ValueError("this model reads text as bytes: give the prompt as a string or "
+                             "a list of strings")
+        if len(texts) != b:
+            raise ValueError(f"{len(texts)} prompts for {b} images: give one prompt, or one "
+                             "per image")
+        tokens, mask = tokenize(texts, cfg.text.max_len)
+        text = jnp.asarray(tokens)
+    else:
+        if isinstance(prompt, str) or (isinstance(prompt, list | tuple) and prompt
+                                       and isinstance(prompt[0], str)):
+            raise ValueError("this model takes text embeddings (text.source='embeddings'), "
+                             "not strings: give [batch, len, embed_dim] vectors and a text_mask")
+        if text_mask is None:
+            raise ValueError("text embeddings need a text_mask [batch, len]")
+        text = jnp.asarray(prompt, jnp.float32)
+        mask = np.asarray(text_mask, bool)
+        if text.ndim != 3 or text.shape[0] != b or mask.shape != text.shape[:2]:
+            raise ValueError(f"expected embeddings [{b}, len, {cfg.text.embed_dim}] and a "
+                             f"[{b}, len] mask, got {text.shape} and {mask.shape}")
+    maps, row, logits = _prompt_relevance(model, images, text, jnp.asarray(mask))
+    real = jnp.asarray(mask)
+    return PromptExplanation(maps, jnp.where(real, row[:, 1:], 0.0), row[:, 0], real, logits,
+                             jax.nn.sigmoid(logits), tokens)
+
+
+def _token_label(token: int) -> str:
+    if token == END:
+        return "<end>"
+    byte = token - BYTE_OFFSET
+    return chr(byte) if 32 <= byte < 127 else f"\\x{byte:02x}"
+
+
+def _utf8_width(lead: int) -> int:
+    return 2 if 0xC0 <= lead < 0xE0 else 3 if 0xE0 <= lead < 0xF0 else \
+        4 if 0xF0 <= lead < 0xF8 else 1
+
+
+def text_relevance(explanation: PromptExplanation, i: int,
+                   per: str = "character") -> list[dict]:
+    """Image `i`'s text relevance as `[{"token": str, "score": float}, ...]`, in text order.
+
+    `per="token"`: one entry per model token, i.e. per UTF-8 byte (printable ASCII as itself,
+    other bytes as `\\xNN`) plus `<end>`. `per="character"`: the bytes of each character
+    grouped, with their scores summed (relevance adds up), so `é` is one entry; a character
+    cut short by truncation keeps the bytes the model saw. Embedding inputs have no text:
+    their tokens are `#0`, `#1`, ...
+    """
+    if per not in ("token", "character"):
+        raise ValueError(f"per={per!r}: use 'token' or 'character'")
+    real = np.asarray(explanation.text_mask[i], bool)
+    scores = np.asarray(explanation.text_scores[i], np.float64)[real]
+    if explanation.tokens is None:
+        return [{"token": f"#{k}", "score": float(s)} for k, s in enumerate(scores)]
+    ids = np.asarray(explanation.tokens[i])[real].tolist()
+    if per == "token":
+        return [{"token": _token_label(t), "score": float(s)}
+                for t, s in zip(ids, scores, strict=True)]
+    groups: list[tuple[bytearray | None, float]] = []
+    want = 0  # continuation bytes the current character still expects
+    for t, s in zip(ids, scores, strict=True):
+        byte = t - BYTE_OFFSET
+        if t != END and want and 0x80 <= byte < 0xC0:
+            groups[-1][0].append(byte)
+            groups[-1] = (groups[-1][0], groups[-1][1] + s)
+            want -= 1
+            continue
+        if t == END:
+            groups.append((None, s))
+            want = 0
+        else:
+            groups.append((bytearray([byte]), s))
+            want = _utf8_width(byte) - 1
+    return [{"token": "<end>" if data is None else data.decode("utf-8", errors="replace"),
+             "score": float(s)} for data, s in groups]
