@@ -21,14 +21,14 @@ def get_config():
     c.init = ""
     c.data = dict(name="promptshapes", data_dir=None, train_split="train", val_split="test",
                   test_split="test", heldout_split="heldout", strict=False, num_threads=1)
-    c.model = dict(name="Ti/16", width=128, depth=4, mlp_dim=256, num_heads=4, patch_size=8,
+    c.model = dict(name="Ti/16", width=128, depth=4, mlp_dim=256, num_heads=4, patch_size=16,
                    classifier="gap", class_token=False, attention_impl="xla",
                    text=dict(source="bytes", max_len=32, width=64, depth=1, num_heads=2,
                              mlp_dim=128, xattn_start=1, xattn_every=1))
     c.input = dict(image_size=64, resample="bilinear", crop_pct=None, mean=[0.5] * 3,
                    std=[0.5] * 3, inception_crop=False, flip=False, shift=0.0, rotate=0.0,
                    scale=0.0, mixup=0.0, cutmix=0.0, label_smoothing=0.0)
-    c.optim = dict(name="adamw", lr=2e-3, warmup_steps=100, schedule="cosine", weight_decay=0.05,
+    c.optim = dict(name="adamw", lr=3e-3, warmup_steps=100, schedule="cosine", weight_decay=0.05,
                    b1=0.9, b2=0.999, momentum=0.9, clip_norm=1.0, layer_decay=1.0,
                    trainable=".*", lr_mults=[], no_decay="")
     c.train = dict(steps=600, batch_size=64, accum_steps=1, eval_every=300,
@@ -36,12 +36,12 @@ def get_config():
                    num_devices=1, eval_batch_size=250, loss="sigmoid_xent")
     c.stages = dict(
         vit=dict(order=0, text=False, skip_with_init=True,
-                 train=dict(steps=600, loss="sigmoid_xent")),
-        text=dict(order=1, train=dict(steps=600, loss="prompt_xent"),
+                 train=dict(steps=800, loss="sigmoid_xent")),
+        text=dict(order=1, train=dict(steps=1500, loss="prompt_xent"),
                   optim=dict(lr=2e-3, warmup_steps=50, trainable=TEXT_PARTS,
                              lr_mults=[[r"xattn/\d+/\w+_gate", 10.0]], no_decay=r".*_gate")),
-        tune=dict(order=2, train=dict(steps=200, loss="prompt_xent"),
-                  optim=dict(lr=5e-4, warmup_steps=20,
+        tune=dict(order=2, train=dict(steps=600, loss="prompt_xent"),
+                  optim=dict(lr=1e-3, warmup_steps=50,
                              trainable=f"{TEXT_PARTS}|blocks/[23]/.*|norm/.*",
                              lr_mults=[[r"xattn/\d+/\w+_gate", 10.0]], no_decay=r".*_gate")),
     )

@@ -166,7 +166,8 @@ def test_source_format():
                                                            for p in ps.HELDOUT_PAIRS]
     for i in (0, 1, 7, 2 * n - 1):
         x = src[i]
-        assert set(x) == {"image", "label", "prompt", "answer"}
+        assert set(x) == {"image", "label", "prompt", "answer", "image_id"}
+        assert x["image_id"] == i // 2
         assert x["image"].shape == (64, 64, 3) and x["image"].dtype == np.uint8
         assert x["label"].shape == (24,) and x["label"].dtype == np.float32
         assert isinstance(x["prompt"], str) and x["prompt"] in src.prompts
