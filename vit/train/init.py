@@ -24,7 +24,7 @@ from vit.models.posemb import resize_posemb
 
 
 def adapt_params(src_params: dict, src_config: ViTConfig, dst_config: ViTConfig, *,
-                 dst_template: dict, posemb_method: str = "bicubic", seed: int = 0,
+                 dst_template: dict, seed: int = 0,
                  notes: list[str] | None = None) -> dict:
     """`src_params` (pure dict) reshaped to fit `dst_config`, whose fresh params are
     `dst_template` (used for shapes and for any new layer).
@@ -56,7 +56,7 @@ def adapt_params(src_params: dict, src_config: ViTConfig, dst_config: ViTConfig,
     if "pos_embed" in params and src_config.grid != dst_config.grid:
         params["pos_embed"] = resize_posemb(np.asarray(params["pos_embed"]), src_config.grid,
                                             dst_config.grid, int(src_config.class_token),
-                                            posemb_method)
+                                            src_config.posemb_resize)  # the source's convention
     _check_shapes(params, dst_template)
     return params
 
