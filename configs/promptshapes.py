@@ -24,7 +24,7 @@ def get_config():
     c.model = dict(name="Ti/16", width=128, depth=4, mlp_dim=256, num_heads=4, patch_size=16,
                    classifier="gap", class_token=False, attention_impl="xla",
                    text=dict(source="bytes", max_len=32, width=64, depth=1, num_heads=2,
-                             mlp_dim=128, xattn_start=1, xattn_every=1))
+                             mlp_dim=128, xattn_start=2, xattn_every=1))
     c.input = dict(image_size=64, resample="bilinear", crop_pct=None, mean=[0.5] * 3,
                    std=[0.5] * 3, inception_crop=False, flip=False, shift=0.0, rotate=0.0,
                    scale=0.0, mixup=0.0, cutmix=0.0, label_smoothing=0.0)
@@ -37,10 +37,10 @@ def get_config():
     c.stages = dict(
         vit=dict(order=0, text=False, skip_with_init=True,
                  train=dict(steps=800, loss="sigmoid_xent")),
-        text=dict(order=1, train=dict(steps=1500, loss="prompt_xent"),
+        text=dict(order=1, train=dict(steps=600, loss="prompt_xent"),
                   optim=dict(lr=2e-3, warmup_steps=50, trainable=TEXT_PARTS,
                              lr_mults=[[r"xattn/\d+/\w+_gate", 10.0]], no_decay=r".*_gate")),
-        tune=dict(order=2, train=dict(steps=600, loss="prompt_xent"),
+        tune=dict(order=2, train=dict(steps=300, loss="prompt_xent"),
                   optim=dict(lr=1e-3, warmup_steps=50,
                              trainable=f"{TEXT_PARTS}|blocks/[23]/.*|norm/.*",
                              lr_mults=[[r"xattn/\d+/\w+_gate", 10.0]], no_decay=r".*_gate")),

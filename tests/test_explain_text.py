@@ -102,7 +102,8 @@ def grad_times_attention(model, x, text, mask):
         with hooked_text_encoder(model, hook("text")):
             tokens = model.features(x, text=text, text_mask=mask, probs_hook=hook("image"),
                                     xattn_hook=hook("cross"))
-        logits = model.prompt_head(model.pool(tokens))
+        txt, kv_len, _ = model.encode_text(text, mask)
+        logits = model.prompt_head(model.pool(tokens), model.text_path.pooled(txt, kv_len))
         return logits.sum(), (logits, tokens, recorded)
 
     _, (_, _, shapes) = jax.eval_shape(lambda: forward(None))

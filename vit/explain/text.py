@@ -77,7 +77,7 @@ def _prompt_forward(model, images, text, mask, text_hook, image_hook, cross_hook
             j = after[i]
             x = model.xattn[j](x, txt, kv_len, Keys(None), lambda p, j=j: cross_hook(j, p))
     tokens = model.norm(x).astype(model.dtype)
-    return model.prompt_head(model.pool(tokens)), tokens
+    return model.prompt_head(model.pool(tokens), model.text_path.pooled(txt, kv_len)), tokens
 
 
 def capture_prompt(model, images, text, mask):

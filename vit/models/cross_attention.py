@@ -61,17 +61,29 @@ class CrossAttentionBlock(nnx.Module):
 
 
 class PromptHead(nnx.Module):
-    """Pooled text-conditioned features -> one logit: is the prompt true of the image?
+    """Is the prompt true of the image? One logit from the pooled text-conditioned image
+    features and the pooled text: `w . LN(img) + <U LN(img), V txt> / sqrt(d)`.
 
+    The bilinear term lets text and image meet at the head as well as through the gated
+    cross-attention. Without it, balanced yes/no data gives the new parts no first-order
+    signal at the start (the gates are 0, the head is fresh, and any text-only or image-only
+    feature is uncorrelated with the answer), and training often stalls on that saddle.
     Small random init (not zero): a zero head would block every gradient to the gates."""
 
     def __init__(self, width: int, cfg: ViTConfig, rngs: nnx.Rngs):
         self.norm = layer_norm(width, cfg, rngs)
         self.out = nnx.Linear(width, 1, kernel_init=nnx.initializers.normal(0.02),
                               dtype=jnp.float32, rngs=rngs)
+        self.image = nnx.Linear(width, width, use_bias=False, dtype=jnp.float32,
+                                kernel_init=nnx.initializers.xavier_uniform(), rngs=rngs)
+        self.text = nnx.Linear(width, width, use_bias=False, dtype=jnp.float32,
+                               kernel_init=nnx.initializers.xavier_uniform(), rngs=rngs)
+        self.text_norm = layer_norm(width, cfg, rngs)
 
-    def __call__(self, pooled: jax.Array) -> jax.Array:
-        return self.out(self.norm(pooled))[..., 0].astype(jnp.float32)
+    def __call__(self, pooled: jax.Array, text_pooled: jax.Array) -> jax.Array:
+        img = self.norm(pooled)
+        match = jnp.sum(self.image(img) * self.text(self.text_norm(text_pooled)), axis=-1)
+        return (self.out(img)[..., 0] + match / jnp.sqrt(img.shape[-1])).astype(jnp.float32)
 
 
 class SimilarityHead(nnx.Module):

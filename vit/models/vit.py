@@ -157,7 +157,8 @@ class VisionTransformer(nnx.Module):
     def features(self, images: jax.Array, *, text: jax.Array | None = None,
                  text_mask: jax.Array | None = None, train: bool = False,
                  rng: jax.Array | None = None, return_intermediates: bool = False,
-                 probs_hook: ProbsHook | None = None, xattn_hook: ProbsHook | None = None):
+                 probs_hook: ProbsHook | None = None, xattn_hook: ProbsHook | None = None,
+                 encoded_text: tuple | None = None):
         """Final normalised tokens `[batch, tokens, width]`, as timm's `forward_features`.
 
         With `text` (a text model only), cross-attention blocks condition the image tokens on
@@ -170,9 +171,8 @@ class VisionTransformer(nnx.Module):
         keys = _keys_for(train, rng, self.config)
         x = self.embed(images, Keys(keys(0)))
         after = {}
-        if text is not None:
-            text, text_mask, prompts = self._flat_prompts(text, text_mask)
-            txt, kv_len = self.text_path(text, text_mask, Keys(keys(3)))
+        if text is not None or encoded_text is not None:
+            txt, kv_len, prompts = encoded_text or self.encode_text(text, text_mask, keys)
             after = {i: j for j, i in enumerate(self.config.text.xattn_layers(len(self.blocks)))}
         intermediates = []
         for i, block in enumerate(self.blocks):
@@ -240,12 +240,21 @@ class VisionTransformer(nnx.Module):
             text_mask = text_mask.reshape(-1, text_mask.shape[-1])
         return text, text_mask, prompts
 
+    def encode_text(self, text, text_mask=None, keys: Keys | None = None):
+        """(text tokens `[n, 1 + len, width]` with the null token first, `kv_len [n]`, prompts
+        per image or None); `[batch, prompts, ...]` text is flattened to one batch axis."""
+        text, text_mask, prompts = self._flat_prompts(text, text_mask)
+        txt, kv_len = self.text_path(text, text_mask, Keys(keys(3) if keys else None))
+        return txt, kv_len, prompts
+
     def prompt_logits(self, images, text, text_mask=None, *, train=False, rng=None):
         """`[batch]` (or `[batch, prompts]`) logits that each prompt is true of its image."""
         if self.prompt_head is None:
             raise ValueError("this model has no text path, so no prompt head")
-        tokens = self.features(images, text=text, text_mask=text_mask, train=train, rng=rng)
-        logits = self.prompt_head(self.pool(tokens, train=train, rng=rng))
+        encoded = self.encode_text(text, text_mask, _keys_for(train, rng, self.config))
+        tokens = self.features(images, encoded_text=encoded, train=train, rng=rng)
+        logits = self.prompt_head(self.pool(tokens, train=train, rng=rng),
+                                  self.text_path.pooled(*encoded[:2]))
         return logits.reshape(images.shape[0], -1) if logits.shape[0] != images.shape[0] \
             else logits
 
@@ -259,8 +268,7 @@ class VisionTransformer(nnx.Module):
         """Unit text embeddings `[texts, dim]` of the similarity head."""
         if self.similarity is None:
             raise ValueError("this model has no similarity head (text.similarity_dim is 0)")
-        text, text_mask, _ = self._flat_prompts(text, text_mask)
-        tokens, kv_len = self.text_path(text, text_mask, Keys(None))
+        tokens, kv_len, _ = self.encode_text(text, text_mask)
         return self.similarity.embed_text(self.text_path.pooled(tokens, kv_len))
 
 

@@ -1,0 +1,84 @@
+#!/usr/bin/env python
+"""Records the text-conditioning benchmark: trains configs/promptshapes.py (all stages) into a
+fresh workdir, evaluates it with `vit eval --json`, and writes the figures, the wall time of
+each stage and of the whole run, the command, the machine and the versions to
+benchmarks/promptshapes.json.
+
+    python scripts/bench_promptshapes.py [--workdir runs/bench_promptshapes] [--set KEY=VALUE ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def versions() -> dict:
+    import importlib.metadata as md
+
+    return {p: md.version(p) for p in ("jax", "jaxlib", "flax", "optax", "grain")}
+
+
+def stage_results(workdir: Path) -> dict:
+    """Per stage (its folder name; the last stage trains in the workdir itself): the steps
+    trained and the last validation record of its metrics.jsonl."""
+    out = {}
+    for metrics in sorted(workdir.glob("**/metrics.jsonl")):
+        rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+        train = [r for r in rows if r.get("split") == "train"]
+        val = [r for r in rows if r.get("split") == "validation"]
+        name = metrics.parent.name if metrics.parent != workdir else "final"
+        out[name] = {"steps": train[-1]["step"] if train else 0,
+                     "last_validation": val[-1] if val else None}
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workdir", default=str(ROOT / "runs" / "bench_promptshapes"))
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "promptshapes.json"))
+    args = parser.parse_args()
+    workdir = Path(args.workdir)
+    shutil.rmtree(workdir, ignore_errors=True)  # a fresh run: the timing covers every stage
+    env = {**os.environ, "JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS", "cpu")}
+    vit = [sys.executable, "-m", "vit.cli"]
+    train = vit + ["train", "--config", str(ROOT / "configs" / "promptshapes.py"),
+                   "--workdir", str(workdir)] + [f"--set={s}" for s in args.set]
+    start = time.time()
+    subprocess.run(train, check=True, env=env)
+    train_s = time.time() - start
+    start = time.time()
+    done = subprocess.run(vit + ["eval", "--workdir", str(workdir), "--json"], check=True,
+                          env=env, capture_output=True, text=True)
+    eval_s = time.time() - start
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    result = {
+        "benchmark": "promptshapes text conditioning",
+        "command": " ".join([os.path.relpath(__file__, ROOT)] + sys.argv[1:]),
+        "run": {"train": " ".join(train[2:]), "eval": f"vit eval --workdir {workdir} --json"},
+        "machine": {"platform": platform.platform(), "processor": platform.processor(),
+                    "cpus": os.cpu_count()},
+        "versions": versions(),
+        "train_seconds": round(train_s, 1),
+        "eval_seconds": round(eval_s, 1),
+        "stages": stage_results(workdir),
+        "eval": report,
+    }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps({"train_seconds": result["train_seconds"], **{
+        k: report.get(k) for k in ("accuracy", "controls", "heldout_accuracy")}}))
+
+
+if __name__ == "__main__":
+    main()
