@@ -5,6 +5,11 @@ hit both), and the claim is the median of the per-round ratios. Writes JSON unde
 
     python scripts/bench_inference.py                      # ViT-B/16, batch 8, 224 px, float32
     python scripts/bench_inference.py --rounds 5 --iters 10
+    python scripts/bench_inference.py --baseline /tmp/old   # also an older checkout of ours
+
+`--baseline DIR` adds a third contestant in every round: our model imported from DIR (a
+`git worktree` of an earlier commit), so a change to the hot path is measured against the code
+before it on the same machine in the same run (`ratio_to_baseline_median`).
 """
 
 from __future__ import annotations
@@ -65,10 +70,13 @@ def worker_hf(args) -> list[float]:
 
 
 def run_worker(kind: str, args) -> float:
+    env = dict(os.environ)
+    if kind == "baseline":  # our worker, with `vit` imported from the baseline checkout
+        kind, env["PYTHONPATH"] = "ours", args.baseline
     cmd = [sys.executable, __file__, "--worker", kind, "--model", args.model,
            "--batch", str(args.batch), "--image-size", str(args.image_size),
            "--iters", str(args.iters)]
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=ROOT)
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=ROOT, env=env)
     times = json.loads(out.stdout.strip().splitlines()[-1])
     return args.batch / statistics.median(times)
 
@@ -87,6 +95,8 @@ def main() -> None:
     parser.add_argument("--iters", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "bench_inference.json"))
+    parser.add_argument("--baseline", default=None, metavar="DIR",
+                        help="also time our model from this checkout (an earlier commit)")
     parser.add_argument("--worker", choices=("ours", "hf"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -97,8 +107,12 @@ def main() -> None:
     for i in range(args.rounds):
         # Alternate which goes first, so neither always meets a warmer or cooler machine.
         order = ("ours", "hf") if i % 2 == 0 else ("hf", "ours")
+        if args.baseline:
+            order = ("ours", "baseline", "hf") if i % 2 == 0 else ("hf", "baseline", "ours")
         r = {kind: run_worker(kind, args) for kind in order}
         r["ratio"] = r["ours"] / r["hf"]
+        if args.baseline:
+            r["ratio_to_baseline"] = r["ours"] / r["baseline"]
         rounds.append(r)
         print(f"round {i}: ours {r['ours']:.2f} img/s, transformers {r['hf']:.2f} img/s, "
               f"ratio {r['ratio']:.2f}", file=sys.stderr)
@@ -118,11 +132,19 @@ def main() -> None:
         "peer_img_s_median": statistics.median(r["hf"] for r in rounds),
         "ratio_median": statistics.median(r["ratio"] for r in rounds),
     }
+    if args.baseline:
+        base = subprocess.run(["git", "-C", args.baseline, "rev-parse", "HEAD"],
+                              capture_output=True, text=True).stdout.strip()
+        result["baseline"] = {"dir": args.baseline, "commit": base}
+        result["baseline_img_s_median"] = statistics.median(r["baseline"] for r in rounds)
+        result["ratio_to_baseline_median"] = statistics.median(
+            r["ratio_to_baseline"] for r in rounds)
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(result, f, indent=2)
     print(json.dumps({k: result[k] for k in ("ours_img_s_median", "peer_img_s_median",
-                                             "ratio_median")}))
+                                             "ratio_median", "ratio_to_baseline_median")
+                      if k in result}))
 
 
 if __name__ == "__main__":
