@@ -102,7 +102,8 @@ def grad_times_attention(model, x, text, mask):
         with hooked_text_encoder(model, hook("text")):
             tokens = model.features(x, text=text, text_mask=mask, probs_hook=hook("image"),
                                     xattn_hook=hook("cross"))
-        txt, kv_len, _ = model.encode_text(text, mask)
+            # The prompt head also reads the pooled text: the same (perturbed) text encoder.
+            txt, kv_len, _ = model.encode_text(text, mask)
         logits = model.prompt_head(model.pool(tokens), model.text_path.pooled(txt, kv_len))
         return logits.sum(), (logits, tokens, recorded)
 
@@ -202,20 +203,19 @@ def test_closed_gates_give_zero_text_relevance_and_the_image_only_map(built, nam
     assert all(float(b.attn_gate[...]) == 0 and float(b.mlp_gate[...]) == 0
                for b in model.xattn)
     x = images_for(model)
-    prompt, text_mask, _, _ = text_inputs(model, PROMPTS)
+    prompt, text_mask, text, mask = text_inputs(model, PROMPTS)
     out = explain_prompt(model, x, prompt, text_mask=text_mask)
     # Exactly 0: a closed gate sends no gradient into its cross-attention probabilities.
     assert np.all(np.asarray(out.text_scores) == 0) and np.all(np.asarray(out.null_score) == 0)
-    # The map is the relevancy of the prompt logit through the image path alone (brute force,
-    # the model's own forward pass without text).
-    want_maps, _, _, logits = reference(model, x)
+    # The map is the relevancy of the prompt logit through the image's self-attention (brute
+    # force through the model's own forward pass). The prompt still reaches the answer through
+    # the prompt head's text term, so the map may differ between prompts; the text tokens'
+    # attention relevance may not.
+    want_maps, want_scores, _, logits = reference(model, x, text, mask)
     assert np.abs(want_maps).max() > 0
+    assert np.all(want_scores == 0)
     np.testing.assert_allclose(out.logits, logits, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(out.maps, want_maps, rtol=1e-4, atol=1e-9)
-    # So it does not depend on the prompt.
-    prompt2, text_mask2, _, _ = text_inputs(model, ["a", ""], seed=9)
-    np.testing.assert_allclose(explain_prompt(model, x, prompt2, text_mask=text_mask2).maps,
-                               out.maps, rtol=1e-5, atol=1e-9)
 
 
 def test_a_batch_gives_each_image_what_it_gets_alone(built):

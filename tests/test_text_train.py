@@ -133,7 +133,8 @@ def test_staged_run_resumes_across_stages_and_learns_to_read_the_prompt(tmp_path
     from vit.train.stages import train_stages
 
     cfg = load_config("configs/promptshapes.py", [
-        "model.width=64", "model.mlp_dim=128", "model.depth=2", "model.text.xattn_start=1",
+        "model.width=96", "model.mlp_dim=192", "model.depth=2", "model.text.xattn_start=1",
+        "optim.lr=0.005",
         "stages.vit.train.steps=300", "stages.text.train.steps=400", "train.eval_every=1000",
         "train.checkpoint_every=1000", "train.log_every=60"])
     with cfg.unlocked():
@@ -158,5 +159,5 @@ def test_staged_run_resumes_across_stages_and_learns_to_read_the_prompt(tmp_path
                                num_threads=1)
         return evaluate_prompts(logits_fn, params, batches, mesh)["accuracy"]
 
-    assert accuracy(test) >= 0.65
+    assert accuracy(test) >= 0.65  # 0.75 on the development machine
     assert abs(accuracy(PromptControl(test, "shuffled_prompt")) - 0.5) <= 0.05
