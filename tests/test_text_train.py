@@ -161,3 +161,16 @@ def test_staged_run_resumes_across_stages_and_learns_to_read_the_prompt(tmp_path
 
     assert accuracy(test) >= 0.65  # 0.75 on the development machine
     assert abs(accuracy(PromptControl(test, "shuffled_prompt")) - 0.5) <= 0.05
+
+
+def test_softmax_on_multi_hot_labels_is_a_one_line_error(tmp_path):
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "vit.cli", "train", "--config", "configs/digits.py",
+                          "--workdir", str(tmp_path / "run"), "--set", "data.name=promptshapes",
+                          "--set", "data.val_split=test"],
+                         capture_output=True, text=True)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert "train.loss=sigmoid_xent" in out.stderr.strip().splitlines()[-1]
+    assert not (tmp_path / "run" / "checkpoints").exists()

@@ -64,9 +64,10 @@ def gather(paths: list[str], data: str | None, split: str, limit: int | None,
         source = open_source(data, split, data_dir=data_dir)
         count = len(source) if limit is None else min(limit, len(source))
         for i in range(count):
+            label = source[i]["label"]  # multi-hot (multi-label data) has no single true class
             items.append(Item(f"{data}:{split}:{i}",
                               lambda i=i: Image.fromarray(np.asarray(source[i]["image"])),
-                              int(source[i]["label"])))
+                              int(label) if np.ndim(label) == 0 else None))
     return items
 
 

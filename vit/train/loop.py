@@ -68,6 +68,9 @@ def train(config, workdir: str | Path, *, init: str | None = None,
                if data.val_split else None)
     class_names = train_src.class_names
     num_classes = len(class_names)
+    if getattr(train_src, "multi_label", False) and loss_name == "softmax_xent":
+        raise ConfigError(f"{data.name} has multi-hot labels; set train.loss=sigmoid_xent (or "
+                          "prompt_xent to train a text model on its prompts)")
 
     # Model and train state: from the latest checkpoint, else from --init, else fresh.
     ckpts = TrainCheckpoints(workdir, keep=tc.keep_checkpoints)
