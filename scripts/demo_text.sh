@@ -37,11 +37,11 @@ for i in range(3):
     Image.fromarray(test.images[i]).save(out / name)
 PY
 vit predict "$RUN"/scenes/*.png --checkpoint "$RUN" \
-  --prompt "is there a red square?" --prompt "is there a blue circle?" \
-  --prompt "is there a white cross?" --prompt "is there a yellow triangle?"
+  --prompt "is there a red circle?" --prompt "is there a purple cross?" \
+  --prompt "is there a white cross?" --prompt "is there a red square?"
 
 echo "== demo_text: which patches and which words drove the answer"
-vit rollout "$RUN"/scenes/*.png --checkpoint "$RUN" --prompt "is there a red square?" \
+vit rollout "$RUN"/scenes/*.png --checkpoint "$RUN" --prompt "is there a red circle?" \
   --method relevancy --out "$RUN/rollout" --html
 
 echo "== demo_text: done in $(( $(date +%s) - START )) s"
