@@ -19,7 +19,7 @@ def get_config():
     c.data = dict(name="tfds:cifar10", data_dir=None, train_split="train[:98%]",
                   val_split="train[98%:]", test_split="test", strict=False, num_threads=8)
     c.model = dict(name="B/16", dropout=0.0, drop_path=0.0, attention_impl="auto",
-                   dtype="float32", remat=False)
+                   dtype="bfloat16", remat=False)  # bf16 compute, f32 params (big_vision)
     # vit_jax: inception crop then random flip for training; resize for evaluation; [-1, 1].
     c.input = dict(image_size=384, resample="bilinear", crop_pct=None, mean=None, std=None,
                    inception_crop=True, crop_area=[0.05, 1.0], flip=True, shift=0.0,

@@ -17,7 +17,7 @@ def get_config():
     c.data = dict(name="/path/to/images", data_dir=None, train_split="train",
                   val_split="validation", test_split="test", strict=False, num_threads=4)
     c.model = dict(name="B/16", dropout=0.0, drop_path=0.0, attention_impl="auto",
-                   dtype="float32", remat=False)
+                   dtype="bfloat16", remat=False)  # bf16 compute, f32 params (big_vision)
     # mean/std None: the starting checkpoint's normalisation ([-1, 1] when training from scratch).
     c.input = dict(image_size=224, resample="bilinear", crop_pct=None, mean=None, std=None,
                    inception_crop=True, crop_area=[0.25, 1.0], flip=True, shift=0.0, rotate=0.0,

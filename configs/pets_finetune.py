@@ -16,7 +16,7 @@ def get_config():
     c.data = dict(name="tfds:oxford_iiit_pet", data_dir=None, train_split="train[:90%]",
                   val_split="train[90%:]", test_split="test", strict=False, num_threads=8)
     c.model = dict(name="B/16", dropout=0.0, drop_path=0.0, attention_impl="auto",
-                   dtype="float32", remat=False)
+                   dtype="bfloat16", remat=False)  # bf16 compute, f32 params (big_vision)
     c.input = dict(image_size=224, resample="bilinear", crop_pct=None, mean=None, std=None,
                    inception_crop=True, crop_area=[0.05, 1.0], flip=True, shift=0.0,
                    rotate=0.0, scale=0.0, mixup=0.0, cutmix=0.0, label_smoothing=0.0)

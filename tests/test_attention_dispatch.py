@@ -109,3 +109,54 @@ def test_one_training_step_on_pallas_equals_xla():
     np.testing.assert_allclose(losses[1], losses[0], rtol=1e-5)
     for a, b in zip(jax.tree.leaves(params[0]), jax.tree.leaves(params[1]), strict=True):
         np.testing.assert_allclose(b, a, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("platform,dtype,impl,want", [
+    # The float32 policy: on GPU, auto sends float32 to XLA (TF32 dots), 16-bit to the kernel.
+    ("gpu", jnp.float32, "auto", "xla"),
+    ("gpu", jnp.bfloat16, "auto", "pallas"),
+    ("gpu", jnp.float16, "auto", "pallas"),
+    ("gpu", jnp.float32, "pallas", "pallas"),  # asked for by name: the exact float32 kernel
+    ("gpu", jnp.float32, "cudnn", "xla"),
+    ("tpu", jnp.float32, "auto", "pallas"),
+    ("tpu", jnp.bfloat16, "auto", "pallas"),
+    ("cpu", jnp.float32, "auto", "xla"),
+    ("cpu", jnp.bfloat16, "auto", "xla"),
+])
+def test_dtype_policy_per_platform(monkeypatch, platform, dtype, impl, want):
+    monkeypatch.setattr(attention, "_platform", lambda: platform)
+    assert _pick(impl, dtype=dtype) == want
+
+
+def test_mask_reason_on_gpu_names_kv_len(monkeypatch):
+    monkeypatch.setattr(attention, "_platform", lambda: "gpu")
+    shape = (2, 197, 12, 64)
+    chosen, reason = attention.choose_impl("pallas", shape, shape, jnp.bfloat16, has_mask=True,
+                                           dropout=False)
+    assert chosen == "xla" and "kv_len" in reason
+
+
+def test_a_replaced_backend_warns_once():
+    q = jnp.ones((1, 5, 2, 8))
+    attention._log_choice.cache_clear()
+    with pytest.warns(RuntimeWarning, match="impl='cudnn' is not used here") as record:
+        for _ in range(3):
+            attention.dot_product_attention(q, q, q, impl="cudnn")
+    assert sum("impl='cudnn'" in str(w.message) for w in record) == 1
+
+
+def test_cudnn_refusing_at_trace_time_falls_back_to_xla(monkeypatch):
+    monkeypatch.setattr(attention, "_platform", lambda: "gpu")
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError("cuDNN does not support this GPU")
+
+    monkeypatch.setattr(jax.nn, "dot_product_attention", refuse)
+    attention._log_choice.cache_clear()
+    q, k, v = (jax.random.normal(jax.random.key(i), (2, 7, 2, 16), jnp.bfloat16)
+               for i in range(3))
+    with pytest.warns(RuntimeWarning, match="cuDNN refused this call"):
+        out = attention.dot_product_attention(q, k, v, impl="cudnn")
+    want = attention.reference_attention(q, k, v)
+    assert float(jnp.abs(want.astype(jnp.float32)).max()) > 0.05
+    np.testing.assert_array_equal(np.asarray(out, np.float32), np.asarray(want, np.float32))

@@ -6,11 +6,12 @@ Arrays are `[batch, seq, heads, head_dim]`. `impl` picks the backend:
 - `"cudnn"`: `jax.nn.dot_product_attention(implementation="cudnn")` (NVIDIA GPUs).
 - `"pallas"`: our tiled flash-attention kernel (`vit.ops.flash_attention`); on CPU it runs in
   Pallas interpret mode, which is slow and meant for tests.
-- `"auto"`: Pallas on GPU/TPU when the shape is supported, else cuDNN on GPU, else XLA.
+- `"auto"`: Pallas on GPU/TPU when the shape is supported, else cuDNN on GPU, else XLA. float32
+  on GPU goes to XLA (TF32 dots under JAX's default precision); bfloat16/float16 to the kernel.
 
 Whatever is asked for, a user is never left without a working path: a backend that does not
 apply to the platform or shape falls back to the next one, and the choice and its reason are
-logged once.
+logged once; a backend asked for by name and replaced also warns once (`RuntimeWarning`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -30,8 +32,12 @@ log = logging.getLogger(__name__)
 
 @functools.cache
 def _log_choice(requested: str, chosen: str, reason: str) -> None:
-    # lru_cache makes this log each distinct decision once per process.
+    """Logs each distinct decision once per process; an explicitly requested backend that is
+    replaced also warns once, so the fallback is visible without logging set up."""
     log.info("attention impl=%s -> %s (%s)", requested, chosen, reason)
+    if requested not in ("auto", chosen):
+        warnings.warn(f"attention impl={requested!r} is not used here: {reason}; running "
+                      f"{chosen!r} instead", RuntimeWarning, stacklevel=4)
 
 
 def _platform() -> str:
@@ -52,17 +58,21 @@ def choose_impl(
         return "xla", "requested"
     if impl in ("auto", "pallas"):
         if has_mask:
-            reason = "the Pallas kernel takes kv_len, not a general mask"
-        elif impl == "auto" and platform not in ("gpu", "tpu"):
+            # Neither the kernel nor the cuDNN path here takes a dense mask.
+            return "xla", "the Pallas kernel takes kv_len, not a general mask"
+        if impl == "auto" and platform not in ("gpu", "tpu"):
             return "xla", f"auto on {platform}"
-        else:
-            from vit.ops import flash_attention as fa
+        if impl == "auto" and platform == "gpu" and jnp.dtype(dtype) == jnp.float32:
+            # Our policy for float32 on GPU: XLA, whose dots use TF32 tensor cores under JAX's
+            # default matmul precision; the kernel's float32 path uses exact IEEE dots (no
+            # tensor cores, register spills) and is meant for checks. bf16/f16 get the kernel.
+            return "xla", "float32 on GPU: XLA (TF32 dots) is the fast path"
+        from vit.ops import flash_attention as fa
 
-            ok, reason = fa.flash_attention_supported(q_shape, k_shape, dtype, platform)
-            if ok:
-                return "pallas", reason or (
-                    "interpret mode" if platform not in ("gpu", "tpu") else "supported"
-                )
+        ok, reason = fa.flash_attention_supported(q_shape, k_shape, dtype, platform)
+        if ok:
+            return "pallas", reason or (
+                "interpret mode" if platform not in ("gpu", "tpu") else "supported")
         if platform != "gpu":
             return "xla", reason
     # cuDNN: requested, or the fallback from Pallas on GPU.
@@ -134,7 +144,12 @@ def dot_product_attention(q, k, v, *, mask=None, kv_len=None, impl: str = "auto"
 
         return flash_attention(q, k, v, kv_len=kv_len, scale=scale)
     if chosen == "cudnn":
-        return jax.nn.dot_product_attention(q, k, v, scale=scale, implementation="cudnn")
+        try:
+            return jax.nn.dot_product_attention(q, k, v, scale=scale, implementation="cudnn")
+        except (RuntimeError, ValueError, NotImplementedError) as e:
+            # cuDNN rejects some GPUs, shapes and layouts at trace time: use XLA, visibly.
+            _log_choice(impl, "xla", f"cuDNN refused this call ({type(e).__name__}: "
+                                     f"{str(e).splitlines()[0] if str(e) else ''})")
     return reference_attention(
         q, k, v, mask=mask, kv_len=kv_len, scale=scale,
         dropout_rate=dropout_rate if dropout else 0.0, dropout_rng=dropout_rng,
