@@ -12,11 +12,8 @@ import jax
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
-
-import vit  # noqa: E402
-from vit.checkpoints import (  # noqa: E402
+import vit
+from vit.checkpoints import (
     LoadedCheckpoint,
     flatten,
     load_checkpoint,
@@ -24,10 +21,16 @@ from vit.checkpoints import (  # noqa: E402
     resolve,
     save_checkpoint,
 )
-from vit.checkpoints.labels import default_labels, imagenet1k  # noqa: E402
-from vit.errors import CheckpointError  # noqa: E402
+from vit.checkpoints.labels import default_labels, imagenet1k
+from vit.errors import CheckpointError
 
 pytestmark = pytest.mark.timeout(600)
+
+
+def _peers():
+    """torch and transformers, imported only by the tests that compare against them: the
+    round trips, workdir and error tests need neither and must run without them."""
+    return pytest.importorskip("torch"), pytest.importorskip("transformers")
 
 TINY = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
             image_size=32, patch_size=8)
@@ -42,6 +45,7 @@ def _probs(model, x):
 
 
 def hf_model(seed=0, num_labels=5, **overrides):
+    torch, transformers = _peers()
     torch.manual_seed(seed)
     cfg = transformers.ViTConfig(**{**TINY, **overrides}, num_labels=num_labels,
                                  id2label={i: f"class {i}" for i in range(num_labels)})
@@ -54,6 +58,7 @@ def hf_model(seed=0, num_labels=5, **overrides):
 
 
 def hf_probs(model, x_nhwc, **kw):
+    torch, _ = _peers()
     with torch.no_grad():
         logits = model(torch.from_numpy(x_nhwc.transpose(0, 3, 1, 2)), **kw).logits
     return torch.softmax(logits, -1).numpy()
@@ -80,6 +85,7 @@ def hf_exact(tmp_path_factory):
     folder = tmp_path_factory.mktemp("hf_exact")
     model = hf_model()
     model.save_pretrained(folder)
+    _, transformers = _peers()
     return folder, transformers.ViTForImageClassification.from_pretrained(folder).eval()
 
 
