@@ -19,9 +19,9 @@ token, patch mean, or the MAP head's weights). A gate still at 0 sends no gradie
 cross-attention probabilities, so with every gate closed the text relevance is exactly 0.
 
 Unlike `maps.py` this keeps every layer's attention and gradient (`layers x heads x tokens^2`
-per image): text models are explained a few images at a time. The forward pass below mirrors
-`TextPath` and `VisionTransformer.features` (the text encoder's blocks need a probability hook
-that the model's own text path does not take); the tests check its logits against the model's.
+per image): text models are explained a few images at a time. The forward pass is the model's
+own (`encode_text`, `features` and the prompt head, with a hook at every attention); the tests
+check its logits against `model(images, text=...)`.
 """
 
 from __future__ import annotations
@@ -35,8 +35,7 @@ from flax import nnx
 
 from vit.explain import rules
 from vit.explain.layout import TokenLayout, map_readout
-from vit.models.blocks import Keys
-from vit.models.text import BYTE_OFFSET, END, lengths_of, tokenize
+from vit.models.text import BYTE_OFFSET, END, tokenize
 
 
 class PromptExplanation(NamedTuple):
@@ -49,35 +48,12 @@ class PromptExplanation(NamedTuple):
     tokens: np.ndarray | None  # [batch, text_len] byte-token ids; None for embeddings
 
 
-def _text_tokens(model, text, mask, hook):
-    """`TextPath.__call__` with `hook(layer, probs)` at the byte encoder's self-attention."""
-    path = model.text_path
-    lengths = lengths_of(mask)
-    enc = path.encoder
-    if enc is not None:
-        x = (enc.embed(text) + enc.pos_embed[:, :text.shape[-1]]).astype(enc.dtype)
-        for i, block in enumerate(enc.blocks):
-            x = block(x, Keys(None), lambda p, i=i: hook(i, p), kv_len=lengths)
-        x = enc.norm(x)
-    else:
-        x = text
-    x = path.proj(x.astype(path.dtype))
-    null = jnp.broadcast_to(path.null[...].astype(x.dtype), (x.shape[0], 1, x.shape[-1]))
-    return jnp.concatenate([null, x], axis=1), lengths + 1
-
-
 def _prompt_forward(model, images, text, mask, text_hook, image_hook, cross_hook):
     """The prompt-match logit with a hook at every attention; returns (logits, final tokens)."""
-    txt, kv_len = _text_tokens(model, text, mask, text_hook)
-    after = {i: j for j, i in enumerate(model.config.text.xattn_layers(len(model.blocks)))}
-    x = model.embed(images)
-    for i, block in enumerate(model.blocks):
-        x = block(x, Keys(None), lambda p, i=i: image_hook(i, p))
-        if i in after:
-            j = after[i]
-            x = model.xattn[j](x, txt, kv_len, Keys(None), lambda p, j=j: cross_hook(j, p))
-    tokens = model.norm(x).astype(model.dtype)
-    return model.prompt_head(model.pool(tokens), model.text_path.pooled(txt, kv_len)), tokens
+    encoded = model.encode_text(text, mask, text_hook=text_hook)
+    tokens = model.features(images, encoded_text=encoded, probs_hook=image_hook,
+                            xattn_hook=cross_hook)
+    return model.prompt_head(model.pool(tokens), model.text_path.pooled(*encoded[:2])), tokens
 
 
 def capture_prompt(model, images, text, mask):

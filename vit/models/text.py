@@ -101,14 +101,17 @@ class ByteTextEncoder(nnx.Module):
         self.norm = layer_norm(t.width, bcfg, rngs)
         self.dtype = jnp.dtype(cfg.dtype)
 
-    def __call__(self, tokens: jax.Array, lengths: jax.Array, keys: Keys) -> jax.Array:
+    def __call__(self, tokens: jax.Array, lengths: jax.Array, keys: Keys,
+                 probs_hook=None) -> jax.Array:
+        """`probs_hook(layer, probs)` sees each block's self-attention (explain mode)."""
         if tokens.shape[-1] > self.pos_embed.shape[1]:
             raise ValueError(f"text of {tokens.shape[-1]} tokens is longer than the model's "
                              f"max_len {self.pos_embed.shape[1]}; tokenize with that max_len")
         x = self.embed(tokens) + self.pos_embed[:, :tokens.shape[-1]]
         x = x.astype(self.dtype)
         for i, block in enumerate(self.blocks):
-            x = block(x, Keys(keys(i)), kv_len=lengths)
+            hook = (lambda p, i=i: probs_hook(i, p)) if probs_hook is not None else None
+            x = block(x, Keys(keys(i)), hook, kv_len=lengths)
         return self.norm(x)
 
 
@@ -131,13 +134,13 @@ class TextPath(nnx.Module):
         self.null = nnx.Param(0.02 * jax.random.normal(rngs.params(), (1, 1, cfg.width)))
         self.dtype = jnp.dtype(cfg.dtype)
 
-    def __call__(self, text: jax.Array, mask: jax.Array, keys: Keys
+    def __call__(self, text: jax.Array, mask: jax.Array, keys: Keys, probs_hook=None
                  ) -> tuple[jax.Array, jax.Array]:
         lengths = lengths_of(mask)
         if self.encoder is not None:
             if text.ndim != 2:
                 raise ValueError(f"text must be [batch, len] token ids, got shape {text.shape}")
-            x = self.encoder(text, lengths, keys)
+            x = self.encoder(text, lengths, keys, probs_hook)
         else:
             if text.ndim != 3:
                 raise ValueError("text must be [batch, len, embed_dim] embeddings, got shape "
@@ -148,7 +151,8 @@ class TextPath(nnx.Module):
         return jnp.concatenate([null, x], axis=1), lengths + 1
 
     def pooled(self, tokens: jax.Array, kv_len: jax.Array) -> jax.Array:
-        """Mean over the real tokens (null included): one vector per text, for similarity."""
+        """Mean over the real tokens (null included): one vector per text, for the prompt and
+        similarity heads."""
         real = (jnp.arange(tokens.shape[1])[None, :] < kv_len[:, None])[..., None]
         total = jnp.sum(jnp.where(real, tokens.astype(jnp.float32), 0.0), axis=1)
         return total / kv_len[:, None].astype(jnp.float32)

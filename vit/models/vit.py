@@ -240,11 +240,14 @@ class VisionTransformer(nnx.Module):
             text_mask = text_mask.reshape(-1, text_mask.shape[-1])
         return text, text_mask, prompts
 
-    def encode_text(self, text, text_mask=None, keys: Keys | None = None):
+    def encode_text(self, text, text_mask=None, keys: Keys | None = None,
+                    text_hook: ProbsHook | None = None):
         """(text tokens `[n, 1 + len, width]` with the null token first, `kv_len [n]`, prompts
-        per image or None); `[batch, prompts, ...]` text is flattened to one batch axis."""
+        per image or None); `[batch, prompts, ...]` text is flattened to one batch axis.
+        `text_hook(layer, probs)` sees the text encoder's self-attention (explain mode)."""
         text, text_mask, prompts = self._flat_prompts(text, text_mask)
-        txt, kv_len = self.text_path(text, text_mask, Keys(keys(3) if keys else None))
+        txt, kv_len = self.text_path(text, text_mask, Keys(keys(3) if keys else None),
+                                     text_hook)
         return txt, kv_len, prompts
 
     def prompt_logits(self, images, text, text_mask=None, *, train=False, rng=None):
