@@ -174,3 +174,15 @@ def test_softmax_on_multi_hot_labels_is_a_one_line_error(tmp_path):
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert "train.loss=sigmoid_xent" in out.stderr.strip().splitlines()[-1]
     assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_a_bad_text_config_fails_before_any_stage_trains(tmp_path):
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "vit.cli", "train", "--config",
+                          "configs/promptshapes.py", "--workdir", str(tmp_path / "run"),
+                          "--set", "model.text.xattn_start=9"], capture_output=True, text=True)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert "xattn_start=9" in out.stderr.strip().splitlines()[-1]
+    assert not (tmp_path / "run").exists()  # nothing trained, nothing written

@@ -21,7 +21,9 @@ import ml_collections
 
 from vit.checkpoints import layout
 from vit.errors import ConfigError
+from vit.models.config import get_config
 from vit.train.checkpointing import TrainCheckpoints
+from vit.train.state import model_fields
 
 SECTIONS = ("train", "optim", "input")
 STAGE_KEYS = {"order", "text", "skip_with_init", *SECTIONS}
@@ -54,10 +56,12 @@ def train_stages(config, workdir: str | Path, *, init: str | None = None,
                  stop_after: int | None = None) -> dict:
     from vit.train.loop import train
 
+    stages = stage_configs(config)
+    for _, cfg in stages:  # a mistake in a later stage's model fails now, not after stage 0
+        get_config(cfg.model.name, image_size=cfg.input.image_size, **model_fields(cfg))
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "recipe.json").write_text(config.to_json(indent=2))
-    stages = stage_configs(config)
     previous, result = init or (config.get("init") or None), {}
     for k, (name, cfg) in enumerate(stages):
         if init and config.stages[name].get("skip_with_init", False):
