@@ -164,6 +164,8 @@ class VisionTransformer(nnx.Module):
         With `text` (a text model only), cross-attention blocks condition the image tokens on
         it; several prompts per image (`text [batch, prompts, len]`) share the image tokens up
         to the first cross-attention block and give `[batch * prompts, tokens, width]`.
+        `encoded_text` (what `encode_text` returns) replaces `text`/`text_mask`, so a caller that
+        also needs the encoded text (the prompt head) encodes it once.
         With `return_intermediates`, also the list of every block's (un-normalised) output,
         as timm's `forward_intermediates`. `xattn_hook(j, probs)` sees cross-attention block
         j's image-to-text probabilities (explain mode).
