@@ -360,14 +360,22 @@ def featured(labels=None, **kw) -> LoadedCheckpoint:
     return LoadedCheckpoint(cfg, params, vit.preprocess.INCEPTION.with_size(32), labels)
 
 
-@pytest.mark.parametrize("fmt,dst", [("npz", "a.npz"), ("hf", "hf"), ("timm", "timm"),
-                                     ("orbax", "orbax")])
-def test_round_trip_from_hf_is_bit_identical(tmp_path, hf_exact, fmt, dst):
+@pytest.mark.parametrize("fmt,dst,refusal", [
+    ("npz", "a.npz", "cannot hold gelu GELU"), ("hf", "hf", None),
+    ("timm", "timm", "LayerNorm eps 1e-12"), ("orbax", "orbax", None)])
+def test_round_trip_from_hf_is_bit_identical_or_refused(tmp_path, hf_exact, fmt, dst, refusal):
+    # transformers' defaults (exact GELU, eps 1e-12): npz implies tanh and 1e-6, timm 1e-6.
     src = load_checkpoint(hf_exact[0])
+    if refusal:
+        refusal = refusal.replace("gelu", src.config.gelu)
+        with pytest.raises(CheckpointError, match=refusal):
+            save_checkpoint(src, tmp_path / dst, fmt)
+        assert not (tmp_path / dst).exists()
+        return
     save_checkpoint(src, tmp_path / dst, fmt)
     back = load_checkpoint(tmp_path / dst)
-    # npz and timm imply their own GELU/eps convention; the tensors must still be exact.
-    assert_same(src, back, config=fmt in ("hf", "orbax"))
+    assert_same(src, back)
+    assert back.preprocessing == src.preprocessing and back.labels == src.labels
 
 
 @pytest.mark.parametrize("features", [
@@ -381,7 +389,7 @@ def test_round_trip_of_model_features(tmp_path, features, fmt):
     save_checkpoint(src, tmp_path / "out", fmt)
     back = load_checkpoint(tmp_path / "out")
     assert_same(src, back)  # same config and tensors: the same function
-    assert back.labels == src.labels
+    assert back.labels == src.labels and back.preprocessing == src.preprocessing
 
 
 @pytest.mark.parametrize("features,words", [

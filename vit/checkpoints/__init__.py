@@ -4,7 +4,9 @@ safetensors, and our own orbax checkpoints (training writes them through here).
 `load_checkpoint(path)` reads any of them, infers the architecture from the file itself, and
 returns a `LoadedCheckpoint` (config, params as our pure dict, preprocessing, labels);
 `save_checkpoint(src, dst, format)` writes one. Readers hold the parameters as numpy float32
-arrays, so a round trip is bit-identical where the target format can represent the model.
+arrays, so a round trip is bit-identical; a format that cannot hold a property of the model
+(its head, GELU form, preprocessing, labels, ...) is refused, naming it, before anything is
+written (each writer's `cannot_hold`).
 
 This file only re-exports; each thing lives in its own module:
 
@@ -14,7 +16,9 @@ This file only re-exports; each thing lives in its own module:
   (fresh text weights for a plain checkpoint, dropped ones for a plain model);
 - `tree`: `flatten`, `nest`, `path_name`, `as_jax`;
 - `torch_layout`: `torch_writers` (PyTorch-layout tensors for the timm and HF writers);
-- `safetensors_io`: the numpy safetensors reader and writer;
+- `safetensors_io`: the numpy safetensors reader (sizes checked against the file) and writer;
+- `files`: JSON files read as one-line errors; destinations checked before any work and written
+  through a temporary sibling, so nothing is left half-written;
 - one module per format (`npz`, `hf`, `timm`, `orbax_io`; `layout` is our orbax layout),
   `resolve` (format detection, hub cache) and `labels` (class names).
 

@@ -12,12 +12,21 @@ import vit.checkpoints.npz as npz
 import vit.checkpoints.orbax_io as orbax_io
 import vit.checkpoints.resolve as resolve
 import vit.checkpoints.timm as timm
+from vit.checkpoints.files import check_destination
 from vit.checkpoints.loaded import LoadedCheckpoint, check_fits
 from vit.errors import CheckpointError
-from vit.models.posemb import resize_posemb
+from vit.models.config import ViTConfig
+from vit.models.posemb import METHOD_OF_SOURCE, resize_posemb
 from vit.preprocess import Preprocessing
 
 WRITE_FORMATS = ("npz", "hf", "timm", "orbax")
+# How each written format resizes position embeddings when read back: its library's convention.
+RESIZE_CONVENTION = {"npz": METHOD_OF_SOURCE["vit_jax"], "hf": METHOD_OF_SOURCE["hf"],
+                     "timm": METHOD_OF_SOURCE["timm"]}
+# Settings of how a model is run or trained, not of what it computes: only orbax stores them
+# (timm also keeps dynamic_image_size); load_checkpoint(path, **settings) sets them again.
+RUN_SETTINGS = ("dtype", "attention_impl", "remat", "dropout", "attention_dropout", "drop_path",
+                "dynamic_image_size")
 
 
 def load_checkpoint(path, *, image_size: int | tuple[int, int] | None = None,
@@ -70,15 +79,31 @@ def save_checkpoint(src, dst, format: str, *, preprocessing: Preprocessing | Non
 
     Raises CheckpointError, naming what does not fit, when the format cannot hold the model.
     """
+    if format not in WRITE_FORMATS:
+        raise CheckpointError(f"unknown format {format!r}; choose one of "
+                              f"{', '.join(WRITE_FORMATS)}")
+    check_destination(dst)
     if not isinstance(src, LoadedCheckpoint):
         src = LoadedCheckpoint.from_model(src, preprocessing, labels)
-    if format == "npz":
-        return npz.write(src, dst)
-    if format == "hf":
-        return hf.write(src, dst)
-    if format == "timm":
-        return timm.write(src, dst)
     if format == "orbax":
         orbax_io.save_orbax(dst, src.params, src.config, src.preprocessing, src.labels)
         return []
-    raise CheckpointError(f"unknown format {format!r}; choose one of {', '.join(WRITE_FORMATS)}")
+    writer = {"npz": npz.write, "hf": hf.write, "timm": timm.write}[format]
+    return writer(src, dst) + conversion_notes(src.config, format)
+
+
+def conversion_notes(cfg, format: str) -> list[str]:
+    """What a written file leaves to its reader's conventions (never the computed function)."""
+    notes = []
+    convention = RESIZE_CONVENTION[format]
+    if cfg.posemb_resize != convention:
+        notes.append(f"position embeddings of this file resize {convention} when it is loaded "
+                     f"at another size (the {format} convention), not {cfg.posemb_resize}")
+    kept = ("dynamic_image_size",) if format == "timm" else ()
+    default = ViTConfig()
+    dropped = [f"{name}={getattr(cfg, name)}" for name in RUN_SETTINGS
+               if name not in kept and getattr(cfg, name) != getattr(default, name)]
+    if dropped:
+        notes.append(f"run settings not stored in a {format} file: {', '.join(dropped)}; pass "
+                     "them again when loading it")
+    return notes

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from vit.checkpoints.files import read_json_object, staged
 from vit.checkpoints.labels import default_labels
 from vit.checkpoints.loaded import LoadedCheckpoint, refuse_text, zero_head_warning
 from vit.checkpoints.safetensors_io import read_safetensors_folder, write_safetensors
@@ -53,7 +54,7 @@ def read(folder: Path) -> LoadedCheckpoint:
     if not config_file.exists():
         raise CheckpointError(f"{folder}: no config.json beside the weights; a Hugging Face ViT "
                               "needs it (num_attention_heads, layer_norm_eps, hidden_act)")
-    hc = json.loads(config_file.read_text())
+    hc = read_json_object(config_file)
     if hc.get("model_type", "vit") != "vit":
         raise CheckpointError(f"{config_file}: model_type {hc.get('model_type')!r} is not a "
                               "ViT; only model_type 'vit' folders are read")
@@ -131,6 +132,8 @@ def read(folder: Path) -> LoadedCheckpoint:
 
 def _labels(hc: dict, num_classes: int) -> list[str] | None:
     id2label = hc.get("id2label") or {}
+    if not isinstance(id2label, dict):
+        return default_labels(num_classes)
     names = [id2label.get(str(i), id2label.get(i)) for i in range(num_classes)]
     if not num_classes or any(n is None for n in names):
         return default_labels(num_classes)
@@ -144,7 +147,7 @@ def _preprocessing(folder: Path, image: tuple[int, int]) -> Preprocessing:
     file = folder / "preprocessor_config.json"
     if not file.exists():
         return Preprocessing(size=image)
-    pc = json.loads(file.read_text())
+    pc = read_json_object(file)
     size = pc.get("size", {})
     if isinstance(size, int):
         size = {"shortest_edge": size}
@@ -171,9 +174,10 @@ def _preprocessing(folder: Path, image: tuple[int, int]) -> Preprocessing:
 
 
 # -- writing ----------------------------------------------------------------------------------
-def unrepresentable(cfg: ViTConfig) -> list[str]:
-    """What a Hugging Face ViT folder cannot hold."""
-    problems = []
+def cannot_hold(loaded: LoadedCheckpoint) -> list[str]:
+    """The properties of `loaded` that a Hugging Face ViT folder (transformers'
+    `ViTForImageClassification` / `ViTModel` and `ViTImageProcessor`) cannot say."""
+    cfg, problems = loaded.config, []
     if cfg.classifier != "token":
         problems.append(f"a '{cfg.classifier}' head")
     if cfg.num_registers:
@@ -188,16 +192,19 @@ def unrepresentable(cfg: ViTConfig) -> list[str]:
         problems.append("a pre-logits layer before a classifier")
     if cfg.patch_size[0] != cfg.patch_size[1]:
         problems.append(f"non-square patches {cfg.patch_size}")
+    if loaded.preprocessing.crop_pct is not None:
+        problems.append(f"preprocessing crop_pct {loaded.preprocessing.crop_pct:g} "
+                        "(ViTImageProcessor resizes without a crop)")
     return problems
 
 
 def write(loaded: LoadedCheckpoint, dst) -> list[str]:
     cfg, p = loaded.config, loaded.params
     refuse_text(cfg, "a Hugging Face ViT folder")
-    problems = unrepresentable(cfg)
+    problems = cannot_hold(loaded)
     if problems:
-        raise CheckpointError(f"a Hugging Face ViT folder cannot hold {', '.join(problems)}; "
-                              "use --format timm or orbax instead")
+        raise CheckpointError(f"a Hugging Face ViT folder cannot hold {'; '.join(problems)}: "
+                              "use --format timm or orbax (orbax keeps everything)")
     classify = cfg.num_classes > 0
     prefix = "vit." if classify else ""
     out = {}
@@ -230,9 +237,6 @@ def write(loaded: LoadedCheckpoint, dst) -> list[str]:
         out["pooler.dense.weight"] = np.asarray(p["pre_logits"]["kernel"]).T
         out["pooler.dense.bias"] = p["pre_logits"]["bias"]
 
-    dst = Path(dst)
-    dst.mkdir(parents=True, exist_ok=True)
-    write_safetensors(out, dst / "model.safetensors")
     labels = loaded.labels or [f"LABEL_{i}" for i in range(cfg.num_classes)]
     hc = {
         "architectures": ["ViTForImageClassification" if classify else "ViTModel"],
@@ -249,11 +253,12 @@ def write(loaded: LoadedCheckpoint, dst) -> list[str]:
     if classify:
         hc["id2label"] = {str(i): name for i, name in enumerate(labels)}
         hc["label2id"] = {name: i for i, name in enumerate(labels)}
-    (dst / "config.json").write_text(json.dumps(hc, indent=2) + "\n")
-    (dst / "preprocessor_config.json").write_text(
-        json.dumps(_preprocessor_config(loaded.preprocessing), indent=2) + "\n")
-    if loaded.preprocessing.crop_pct is not None:
-        return ["preprocessing crop_pct is not kept: ViTImageProcessor resizes without a crop"]
+    with staged(dst) as tmp:
+        tmp.mkdir()
+        write_safetensors(out, tmp / "model.safetensors")
+        (tmp / "config.json").write_text(json.dumps(hc, indent=2) + "\n")
+        (tmp / "preprocessor_config.json").write_text(
+            json.dumps(_preprocessor_config(loaded.preprocessing), indent=2) + "\n")
     return []
 
 

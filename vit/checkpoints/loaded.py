@@ -133,6 +133,15 @@ def refuse_text(config: ViTConfig, what: str) -> None:
                               "text-conditioned model (weights and text config)")
 
 
+def describe(pre: Preprocessing) -> str:
+    """`bicubic resize to 224x224, crop 0.9, mean (0.5, ...), std (...)`, for refusals."""
+    crop = f", crop_pct {pre.crop_pct:g}" if pre.crop_pct is not None else ", no crop"
+    mean = ", ".join(f"{m:.4g}" for m in pre.mean)
+    std = ", ".join(f"{s:.4g}" for s in pre.std)
+    return (f"({pre.resample} resize to {pre.size[0]}x{pre.size[1]}{crop}, mean ({mean}), "
+            f"std ({std}))")
+
+
 def check_fits(params: dict, config: ViTConfig, where: str) -> None:
     """Raises a one-line CheckpointError when the weights do not fit a model of `config`."""
     want = expected_shapes(config)

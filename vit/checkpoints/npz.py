@@ -18,8 +18,14 @@ from pathlib import Path
 
 import numpy as np
 
+from vit.checkpoints.files import staged
 from vit.checkpoints.labels import default_labels
-from vit.checkpoints.loaded import LoadedCheckpoint, refuse_text, zero_head_warning
+from vit.checkpoints.loaded import (
+    LoadedCheckpoint,
+    describe,
+    refuse_text,
+    zero_head_warning,
+)
 from vit.errors import CheckpointError
 from vit.models.config import ViTConfig
 from vit.models.posemb import METHOD_OF_SOURCE
@@ -222,17 +228,40 @@ def _square_grid(n: int, where: str) -> tuple[int, int]:
 
 
 # -- writing (vit_jax layout) -----------------------------------------------------------------
-def unrepresentable(cfg: ViTConfig) -> list[str]:
-    """What a vit_jax-layout npz cannot hold."""
-    problems = []
+def cannot_hold(loaded: LoadedCheckpoint) -> list[str]:
+    """The properties of `loaded` that a vit_jax-layout npz cannot say: each would read back
+    differently (the reader infers the head from the keys and implies tanh GELU, LayerNorm eps
+    1e-6, inputs scaled to [-1, 1] at the model's size, and no class names but ImageNet's)."""
+    cfg, problems = loaded.config, []
     if cfg.classifier == "map":
         problems.append("a 'map' head")
+    if cfg.classifier == "gap" and cfg.class_token:
+        problems.append("a 'gap' head with a class token (it would read back as 'token')")
     if cfg.num_registers:
         problems.append(f"{cfg.num_registers} register tokens")
     if cfg.layer_scale is not None:
         problems.append("layer scale")
     if cfg.qk_norm:
         problems.append("qk-norm")
+    if cfg.gelu != "tanh":
+        problems.append(f"{cfg.gelu} GELU (npz files imply tanh)")
+    if cfg.layer_norm_eps != 1e-6:
+        problems.append(f"LayerNorm eps {cfg.layer_norm_eps:g} (npz files imply 1e-6)")
+    sincos_size = (224 // cfg.patch_size[0] * cfg.patch_size[0],
+                   224 // cfg.patch_size[1] * cfg.patch_size[1])
+    if cfg.posemb == "sincos2d" and cfg.image_size != sincos_size:
+        problems.append(f"sin-cos position embeddings at image size {cfg.image_size} (an npz "
+                        f"without a position embedding reads back at {sincos_size})")
+    if cfg.posemb == "learn" and cfg.grid[0] != cfg.grid[1]:
+        problems.append(f"a non-square patch grid {cfg.grid}")
+    implied = INCEPTION.with_size(cfg.image_size)
+    if loaded.preprocessing != implied:
+        problems.append(f"preprocessing {describe(loaded.preprocessing)} (npz files imply "
+                        f"{describe(implied)})")
+    if loaded.labels is not None and list(loaded.labels) != (default_labels(cfg.num_classes)
+                                                             or []):
+        problems.append("class names (an npz holds none; only 1000-class heads read back with "
+                        "the ImageNet names)")
     return problems
 
 
@@ -240,10 +269,10 @@ def write(loaded: LoadedCheckpoint, dst) -> list[str]:
     """Writes the vit_jax layout (`Transformer/encoderblock_{i}/...`, class row included)."""
     cfg, p = loaded.config, loaded.params
     refuse_text(cfg, "a vit_jax npz")
-    problems = unrepresentable(cfg)
+    problems = cannot_hold(loaded)
     if problems:
-        raise CheckpointError(f"a vit_jax npz cannot hold {', '.join(problems)}; "
-                              "use --format timm or orbax instead")
+        raise CheckpointError(f"a vit_jax npz cannot hold {'; '.join(problems)}: use --format "
+                              "timm or orbax (orbax keeps everything)")
     d, h, hd = cfg.width, cfg.num_heads, cfg.head_dim
     out = {"embedding/kernel": p["patch_kernel"], "embedding/bias": p["patch_bias"]}
     if cfg.class_token:
@@ -273,13 +302,6 @@ def write(loaded: LoadedCheckpoint, dst) -> list[str]:
     for name in ("pre_logits", "head"):
         if name in p:
             out[f"{name}/kernel"], out[f"{name}/bias"] = p[name]["kernel"], p[name]["bias"]
-    dst = Path(dst)
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    with open(dst, "wb") as f:  # a file object keeps numpy from appending ".npz"
+    with staged(dst) as tmp, open(tmp, "wb") as f:  # a file object: numpy adds no ".npz"
         np.savez(f, **{k: np.asarray(v, np.float32) for k, v in out.items()})
-    warnings = []
-    if cfg.gelu != "tanh" or cfg.layer_norm_eps != 1e-6:
-        warnings.append(f"vit_jax npz files imply tanh GELU and LayerNorm eps 1e-6; this model "
-                        f"uses {cfg.gelu} GELU and eps {cfg.layer_norm_eps:g}, so its outputs "
-                        "will differ slightly when the npz is loaded back")
-    return warnings
+    return []

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 import vit.checkpoints.layout as layout
+from vit.checkpoints.files import check_destination
 from vit.checkpoints.loaded import LoadedCheckpoint, zero_head_warning
 from vit.checkpoints.tree import flatten, nest
 from vit.errors import CheckpointError
@@ -77,9 +78,15 @@ def _restore_params(directory: Path) -> dict:
 
 
 def _restore_meta(directory: Path) -> dict:
+    """The `meta` item (a one-line error when it cannot be parsed)."""
     import orbax.checkpoint as ocp
 
-    return ocp.Checkpointer(ocp.JsonCheckpointHandler()).restore(directory)
+    try:
+        meta = ocp.Checkpointer(ocp.JsonCheckpointHandler()).restore(directory)
+    except (ValueError, OSError, TypeError, KeyError) as err:  # JSONDecodeError is a ValueError
+        raise CheckpointError(f"{directory}: unreadable checkpoint metadata ({err}); the "
+                              "checkpoint is damaged: use another step or export") from None
+    return meta if isinstance(meta, dict) else {}
 
 
 def read(path) -> LoadedCheckpoint:
@@ -94,11 +101,19 @@ def read(path) -> LoadedCheckpoint:
         raise CheckpointError(f"{step_dir}: not an orbax checkpoint (expected the items "
                               f"'{layout.PARAMS}' and '{layout.META}')")
     meta = _restore_meta(step_dir / layout.META)
-    if meta.get("format") != layout.FORMAT:
+    if meta.get("format") != layout.FORMAT:  # checked before its fields are trusted
         raise CheckpointError(f"{step_dir}: meta format {meta.get('format')!r} is not "
                               f"{layout.FORMAT!r}; it was not written by vit")
+    if not isinstance(meta.get("model_config"), dict) or not isinstance(
+            meta.get("preprocessing"), dict):
+        raise CheckpointError(f"{step_dir}: checkpoint metadata lacks model_config or "
+                              "preprocessing; the checkpoint is damaged")
     model_config = {k: v for k, v in meta["model_config"].items() if k in FIELDS}
-    params = _restore_params(step_dir / layout.PARAMS)
+    try:
+        params = _restore_params(step_dir / layout.PARAMS)
+    except (ValueError, OSError, TypeError, KeyError) as err:
+        raise CheckpointError(f"{step_dir / layout.PARAMS}: unreadable parameters ({err}); the "
+                              "checkpoint is damaged: use another step or export") from None
     source = f"workdir {path}: {which}" if which else f"{step_dir} (orbax)"
     warning = zero_head_warning(params)
     return LoadedCheckpoint(
@@ -125,9 +140,7 @@ def save_orbax(path, model_or_params, config: ViTConfig | None = None,
     preprocessing = preprocessing or Preprocessing(size=config.image_size)
     params = nest({k: np.asarray(v, np.float32) for k, v in flatten(params).items()})
     meta = layout.make_meta(config.to_dict(), preprocessing.to_dict(), labels)
-    path = Path(path).absolute()
-    if path.exists():
-        raise CheckpointError(f"{path} already exists; choose a new destination")
+    path = check_destination(Path(path).absolute())
     checkpointer = ocp.Checkpointer(ocp.CompositeCheckpointHandler())
     checkpointer.save(path, ocp.args.Composite(**{
         layout.PARAMS: ocp.args.StandardSave(params), layout.META: ocp.args.JsonSave(meta)}))

@@ -3,6 +3,7 @@ names through the local Hugging Face cache (offline: nothing is downloaded)."""
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 from pathlib import Path
@@ -43,8 +44,50 @@ def cached_snapshot(repo_id: str) -> Path | None:
     return candidates[-1] if candidates else None
 
 
+def looks_like_path(name: str) -> bool:
+    """A name with a `/` whose first part exists here (`runs/dmeo` beside `runs/`), or one that
+    starts like a path (`./`, `../`, `/`, `~`): a mistyped path, not a hub id."""
+    if name.startswith(("./", "../", "/", "~")) or os.sep != "/" and os.sep in name:
+        return True
+    first = name.split("/", 1)[0]
+    return "/" in name and bool(first) and Path(first).exists()
+
+
+def missing_path_error(name: str) -> CheckpointError:
+    """The one-line error for a missing path: the first part that is missing, and the nearest
+    names beside it."""
+    path = Path(name).expanduser()
+    parts = path.parts
+    base = Path(parts[0]) if path.is_absolute() else Path(".")
+    rest = parts[1:] if path.is_absolute() else parts
+    for part in rest:
+        if not (base / part).exists():
+            break
+        base = base / part
+    else:  # every part exists: cannot happen for a missing path, but say something plain
+        return CheckpointError(f"{name}: no such file or directory")
+    try:
+        names = sorted(p.name for p in base.iterdir()) if base.is_dir() else []
+    except OSError:
+        names = []
+    near = difflib.get_close_matches(part, names, n=3, cutoff=0.5)
+    hint = ""
+    if near:
+        shown = [str(base / n) if str(base) != "." else n for n in near]
+        hint = f"; did you mean {' or '.join(shown)}?"
+    where = f"{base}/" if str(base) != "." else "the current folder"
+    return CheckpointError(f"{name}: no such file or directory ({part!r} is not in {where})"
+                           f"{hint}")
+
+
 def _resolve_name(name: str) -> Path:
     """A hub id (`google/vit-base-patch16-224`) or timm name, from the local cache."""
+    if looks_like_path(name):
+        # A cached hub id whose org is also a local folder name still resolves.
+        found = cached_snapshot(name) if HUB_ID.fullmatch(name) else None
+        if found is None:
+            raise missing_path_error(name)
+        return found
     if timm.is_timm_name(name):
         repo_id = timm.hub_repo(name)
         found = cached_snapshot(repo_id)
@@ -56,7 +99,7 @@ def _resolve_name(name: str) -> Path:
     elif HUB_ID.fullmatch(name):
         repo_id, found = name, cached_snapshot(name)
     else:
-        raise CheckpointError(f"{name}: no such file or directory")
+        raise missing_path_error(name)
     if found is None:
         raise CheckpointError(f"{name}: not a local path and not in the Hugging Face cache "
                               f"({hub_cache()}); vit never downloads: fetch it first with "

@@ -21,13 +21,14 @@ from pathlib import Path
 
 import numpy as np
 
+from vit.checkpoints.files import read_json_object, staged
 from vit.checkpoints.labels import default_labels
 from vit.checkpoints.loaded import LoadedCheckpoint, refuse_text, zero_head_warning
 from vit.checkpoints.safetensors_io import read_safetensors, write_safetensors
 from vit.checkpoints.torch_layout import torch_writers
 from vit.errors import CheckpointError
 from vit.models.config import WIDTHS, ViTConfig, get_config
-from vit.models.posemb import METHOD_OF_SOURCE, sincos_2d
+from vit.models.posemb import METHOD_OF_SOURCE
 from vit.preprocess import Preprocessing
 
 TIMM_SIZE_NAMES = {"Ti": "tiny", "S": "small", "M": "medium", "B": "base", "L": "large",
@@ -63,7 +64,13 @@ def timm_name(cfg: ViTConfig) -> str:
 def _timm_config(path: Path) -> dict:
     folder = path if path.is_dir() else path.parent
     file = folder / "config.json"
-    return json.loads(file.read_text()) if file.exists() else {}
+    if not file.exists():
+        return {}
+    tc = read_json_object(file)
+    for key in ("model_args", "pretrained_cfg"):
+        if not isinstance(tc.get(key, {}), dict):
+            raise CheckpointError(f"{file}: {key} is not a JSON object; fix or replace the file")
+    return tc
 
 
 def _heads(tc: dict, width: int, arrays: dict, warnings: list[str]) -> int:
@@ -158,6 +165,15 @@ def read(path: Path) -> LoadedCheckpoint:
                               "norm": norm("attn_pool.norm"),
                               "mlp": {"fc1": linear("attn_pool.mlp.fc1"),
                                       "fc2": linear("attn_pool.mlp.fc2")}}
+    # Recent timm pools the patch tokens only unless `pool_include_prefix`; our MAP head
+    # attends to every token and our 'gap' averages the patches only.
+    include_prefix = args.get("pool_include_prefix")
+    if (include_prefix is not None and classifier != "token" and int(class_token) + registers
+            and bool(include_prefix) != (classifier == "map")):
+        raise CheckpointError(f"{file}: model_args.pool_include_prefix={include_prefix} pools "
+                              f"differently from this ViT's '{classifier}' head (its 'map' "
+                              "attends to the class and register tokens too, its 'gap' "
+                              "averages the patches only)")
     num_classes = 0
     if "head.weight" in arrays:
         params["head"] = linear("head")
@@ -176,22 +192,38 @@ def read(path: Path) -> LoadedCheckpoint:
         image_size=(grid[0] * ph, grid[1] * pw), in_channels=channels, num_classes=num_classes,
         class_token=class_token, classifier=classifier, num_registers=registers,
         posemb="learn" if "pos_embed" in arrays else "sincos2d", qkv_bias=qkv_bias,
-        qk_norm=qk_norm, layer_scale=LAYER_SCALE_INIT if layer_scale else None,
+        qk_norm=qk_norm,
+        layer_scale=float(args.get("init_values") or LAYER_SCALE_INIT) if layer_scale else None,
         layer_norm_eps=1e-6, gelu="tanh" if args.get("act_layer") == "gelu_tanh" else "exact",
+        dynamic_image_size=bool(args.get("dynamic_img_size", False)),
         posemb_resize=METHOD_OF_SOURCE["timm"])
     warning = zero_head_warning(params)
-    labels = tc.get("label_names") or default_labels(num_classes)
+    labels = _label_names(tc, num_classes, file) or default_labels(num_classes)
     return LoadedCheckpoint(
         config=config, params=params, preprocessing=_preprocessing(tc, config.image_size),
         labels=list(labels) if labels else None, source=f"{path} (timm safetensors)",
         warnings=warnings + ([warning] if warning else []), family="timm")
 
 
+def _label_names(tc: dict, num_classes: int, where) -> list[str] | None:
+    """timm's `label_names`: a list, or a dict {index: name} when ids have gaps."""
+    names = tc.get("label_names")
+    if isinstance(names, dict):
+        names = [names.get(str(i), names.get(i)) for i in range(num_classes)]
+    if not names:
+        return None
+    if len(names) != num_classes or not all(isinstance(n, str) for n in names):
+        raise CheckpointError(f"{where}: label_names does not name each of the {num_classes} "
+                              "classes once; fix config.json")
+    return list(names)
+
+
 def _grid(tc: dict, arrays: dict, patch: tuple[int, int], prefix: int,
           where: str) -> tuple[int, int]:
     """The patch grid: from the config's input size, else from a square `pos_embed`."""
-    size = tc.get("pretrained_cfg", {}).get("input_size") or tc.get("model_args", {}).get(
-        "img_size")
+    # The model's own size first: the eval transform's input_size may differ from it.
+    size = tc.get("model_args", {}).get("img_size") or tc.get("pretrained_cfg", {}).get(
+        "input_size")
     rows = arrays["pos_embed"].shape[1] if "pos_embed" in arrays else None
     if size:
         size = size[-2:] if isinstance(size, list) else (size, size)
@@ -239,15 +271,36 @@ def _preprocessing(tc: dict, image: tuple[int, int]) -> Preprocessing:
 
 
 # -- writing ----------------------------------------------------------------------------------
+BARE_FILE = ("a bare .safetensors file cannot hold the GELU form, the pooling, the "
+             "preprocessing or the labels (they live in timm's config.json): write a folder "
+             "instead, e.g. `vit convert SRC my-model --format timm`")
+
+
+def cannot_hold(loaded: LoadedCheckpoint) -> list[str]:
+    """The properties of `loaded` that a timm folder (`config.json` + `model.safetensors`)
+    cannot say to timm's `VisionTransformer`."""
+    cfg, problems = loaded.config, []
+    if cfg.representation_size:
+        problems.append("a pre-logits (representation) layer")
+    if cfg.posemb != "learn":
+        problems.append(f"{cfg.posemb} position embeddings (timm's ViT learns them)")
+    if cfg.layer_norm_eps != 1e-6:
+        problems.append(f"LayerNorm eps {cfg.layer_norm_eps:g} (timm's ViT uses 1e-6)")
+    return problems
+
+
 def write(loaded: LoadedCheckpoint, dst) -> list[str]:
-    """A folder with `model.safetensors` + `config.json` (or just the file for a `.safetensors`
-    destination)."""
+    """A folder with `model.safetensors` and timm's `config.json` (`architecture`,
+    `model_args`, `pretrained_cfg`, `label_names`), as timm's `push_to_hf_hub` writes it."""
     cfg, p = loaded.config, loaded.params
     refuse_text(cfg, "timm's ViT")
-    if cfg.representation_size:
-        raise CheckpointError("timm's ViT cannot hold a pre-logits (representation) layer; "
-                              "use --format npz or orbax instead")
-    warnings, out = [], {}
+    if Path(dst).suffix == ".safetensors":
+        raise CheckpointError(f"{dst}: {BARE_FILE}")
+    problems = cannot_hold(loaded)
+    if problems:
+        raise CheckpointError(f"timm's ViT cannot hold {'; '.join(problems)}: use --format "
+                              "orbax, which keeps everything")
+    out = {}
     put_linear, put_norm = torch_writers(out)
     out["patch_embed.proj.weight"] = np.asarray(p["patch_kernel"]).transpose(3, 2, 0, 1)
     out["patch_embed.proj.bias"] = p["patch_bias"]
@@ -255,12 +308,7 @@ def write(loaded: LoadedCheckpoint, dst) -> list[str]:
         out["cls_token"] = p["cls_token"]
     if cfg.num_registers:
         out["reg_token"] = p["reg_tokens"]
-    pe = p.get("pos_embed")
-    if pe is None:
-        pe = np.asarray(sincos_2d(cfg.grid, cfg.width))
-        if cfg.class_token:
-            pe = np.concatenate([np.zeros((1, 1, cfg.width), np.float32), pe], 1)
-        warnings.append("sin-cos position embeddings written as timm's learned pos_embed")
+    pe = p["pos_embed"]
     if cfg.num_registers:  # registers get zero rows: x + 0 leaves them exact
         n_cls = int(cfg.class_token)
         zeros = np.zeros((1, cfg.num_registers, cfg.width), np.float32)
@@ -291,39 +339,40 @@ def write(loaded: LoadedCheckpoint, dst) -> list[str]:
         put_linear("attn_pool.mlp.fc2", m["mlp"]["fc2"])
     if cfg.num_classes:
         put_linear("head", p["head"])
-    if cfg.layer_norm_eps != 1e-6:
-        warnings.append(f"timm's ViT uses LayerNorm eps 1e-6; this model uses "
-                        f"{cfg.layer_norm_eps:g}, so timm's outputs will differ slightly")
-
-    dst = Path(dst)
-    if dst.suffix == ".safetensors":
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        write_safetensors(out, dst)
-        return warnings
-    dst.mkdir(parents=True, exist_ok=True)
-    write_safetensors(out, dst / "model.safetensors")
-    (dst / "config.json").write_text(json.dumps(_timm_config_json(loaded), indent=2) + "\n")
-    return warnings
+    with staged(dst) as tmp:
+        tmp.mkdir()
+        write_safetensors(out, tmp / "model.safetensors")
+        (tmp / "config.json").write_text(json.dumps(_timm_config_json(loaded), indent=2) + "\n")
+    return []
 
 
 def _timm_config_json(loaded: LoadedCheckpoint) -> dict:
+    """timm's hub `config.json`: `model_args` rebuild the architecture in
+    `timm.create_model(architecture, **model_args)`; `pretrained_cfg` holds the eval transform."""
     cfg, pre = loaded.config, loaded.preprocessing
     pool = {"token": "token", "gap": "avg", "map": "map"}[cfg.classifier]
-    args = {"img_size": list(cfg.image_size), "patch_size": cfg.patch_size[0],
+    patch = cfg.patch_size[0] if cfg.patch_size[0] == cfg.patch_size[1] else list(cfg.patch_size)
+    args = {"img_size": list(cfg.image_size), "patch_size": patch,
             "in_chans": cfg.in_channels, "embed_dim": cfg.width, "depth": cfg.depth,
             "num_heads": cfg.num_heads, "mlp_ratio": cfg.mlp_dim / cfg.width,
             "qkv_bias": cfg.qkv_bias, "qk_norm": cfg.qk_norm, "init_values": cfg.layer_scale,
             "class_token": cfg.class_token, "reg_tokens": cfg.num_registers,
-            "no_embed_class": False, "global_pool": pool, "fc_norm": False}
+            "no_embed_class": False, "global_pool": pool, "fc_norm": False,
+            # our MAP head attends to every token; our 'gap' averages the patches only
+            "pool_include_prefix": cfg.classifier == "map" and cfg.num_prefix_tokens > 0,
+            "dynamic_img_size": cfg.dynamic_image_size}
     if cfg.gelu == "tanh":
         args["act_layer"] = "gelu_tanh"
     out = {"architecture": timm_name(cfg), "num_classes": cfg.num_classes,
            "num_features": cfg.width, "global_pool": pool, "model_args": args,
            "pretrained_cfg": {"input_size": [cfg.in_channels, *pre.size],
+                              "fixed_input_size": not cfg.dynamic_image_size,
                               "interpolation": pre.resample, "mean": list(pre.mean),
                               "std": list(pre.std), "crop_pct": pre.crop_pct or 1.0,
                               "crop_mode": "squash" if pre.crop_pct is None else "center",
-                              "num_classes": cfg.num_classes}}
+                              "num_classes": cfg.num_classes, "pool_size": None,
+                              "first_conv": "patch_embed.proj",
+                              "classifier": "head" if cfg.num_classes else None}}
     if loaded.labels:
         out["label_names"] = list(loaded.labels)
     return out

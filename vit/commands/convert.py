@@ -1,19 +1,26 @@
-"""`vit convert SRC DST [--format npz|hf|timm|orbax]`: any readable checkpoint to another format."""
+"""`vit convert SRC DST [--format npz|hf|timm|orbax]`: any readable checkpoint to another format.
+
+Lossless or refused: a format that cannot hold a property of the model (its head, GELU form,
+preprocessing, labels, ...) is refused with the property named, before anything is written.
+"""
 
 from __future__ import annotations
 
 import sys
 
-SUFFIX_FORMATS = {".npz": "npz", ".safetensors": "timm"}
+SUFFIX_FORMATS = {".npz": "npz"}
 
 
 def add_arguments(parser) -> None:
     parser.add_argument("src", help="any checkpoint `vit predict --checkpoint` accepts")
-    parser.add_argument("dst", help="destination file (.npz, .safetensors) or folder")
+    parser.add_argument("dst", help="a new destination: an .npz file, or a folder (hf, timm, "
+                                    "orbax); never an existing path")
     parser.add_argument("--format", choices=("npz", "hf", "timm", "orbax"), default=None,
-                        help="vit_jax-layout npz, Hugging Face folder, timm safetensors, or our "
-                             "orbax export (default: from DST's suffix); a text-conditioned "
-                             "model converts to orbax only")
+                        help="vit_jax-layout npz, Hugging Face folder, timm folder "
+                             "(model.safetensors + config.json), or our orbax export (default: "
+                             "npz for a .npz DST). A format that cannot hold the model is "
+                             "refused, naming what does not fit; orbax holds everything, "
+                             "text-conditioned models included")
     parser.add_argument("--image-size", type=int, default=None,
                         help="resize the position embeddings to this resolution first")
 
@@ -22,14 +29,20 @@ def run(args) -> int:
     from pathlib import Path
 
     from vit.checkpoints import load_checkpoint, save_checkpoint
+    from vit.checkpoints.files import check_destination
+    from vit.checkpoints.timm import BARE_FILE
     from vit.errors import CheckpointError
 
-    fmt = args.format or SUFFIX_FORMATS.get(Path(args.dst).suffix)
+    dst = Path(args.dst)
+    if dst.suffix == ".safetensors" and args.format in (None, "timm", "hf"):
+        raise CheckpointError(f"{args.dst}: {BARE_FILE}")
+    fmt = args.format or SUFFIX_FORMATS.get(dst.suffix)
     if fmt is None:
         raise CheckpointError(f"{args.dst}: cannot tell the format from the name; pass "
                               "--format npz|hf|timm|orbax")
+    check_destination(dst)  # before the (possibly long) read: nothing is written on failure
     loaded = load_checkpoint(args.src, image_size=args.image_size)
-    notes = loaded.warnings + save_checkpoint(loaded, args.dst, fmt)
+    notes = loaded.warnings + save_checkpoint(loaded, dst, fmt)
     for message in notes:
         print(f"vit convert: warning: {message}", file=sys.stderr)
     print(f"vit convert: {loaded.source} -> {args.dst} ({fmt})", file=sys.stderr)

@@ -1,0 +1,173 @@
+"""Damaged and mistyped checkpoint inputs are one-line `CheckpointError`s, and writes are checked
+before any work and never left half-written: malformed JSON in any config file, truncated or
+crafted safetensors files, a mistyped relative path, an existing or unwritable destination."""
+
+import json
+import struct
+
+import numpy as np
+import pytest
+from safetensors.numpy import save_file
+
+import vit
+from vit.checkpoints import load_checkpoint, save_checkpoint
+from vit.checkpoints import safetensors_io as st
+from vit.errors import CheckpointError
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def one_line(err) -> str:
+    message = str(err.value)
+    assert "\n" not in message
+    return message
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return vit.create_model("Ti/16", width=32, depth=1, mlp_dim=64, num_heads=4, patch_size=8,
+                            image_size=32, num_classes=3)
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory, tiny):
+    root = tmp_path_factory.mktemp("folders")
+    for fmt in ("hf", "timm", "orbax"):
+        save_checkpoint(tiny, root / fmt, fmt)
+    return root
+
+
+# -- malformed JSON ----------------------------------------------------------------------------
+@pytest.mark.parametrize("fmt,name", [("hf", "config.json"), ("hf", "preprocessor_config.json"),
+                                      ("timm", "config.json")])
+def test_malformed_json_names_the_file(tmp_path, folders, fmt, name):
+    import shutil
+
+    folder = shutil.copytree(folders / fmt, tmp_path / fmt)
+    (folder / name).write_text('{"hidden_size": 32,,}')
+    with pytest.raises(CheckpointError, match="not valid JSON") as err:
+        load_checkpoint(folder)
+    assert f"{name}: not valid JSON (line 1, column" in one_line(err)
+    (folder / name).write_text("[1, 2]")  # valid JSON, not an object
+    with pytest.raises(CheckpointError, match="expected a JSON object"):
+        load_checkpoint(folder)
+
+
+def test_malformed_shard_index(tmp_path, folders):
+    import shutil
+
+    folder = shutil.copytree(folders / "hf", tmp_path / "hf")
+    index = folder / "model.safetensors.index.json"
+    index.write_text('{"weight_map": ')
+    with pytest.raises(CheckpointError, match="index.json: not valid JSON"):
+        load_checkpoint(folder)
+    index.write_text(json.dumps({"weight_map": {"vit.embeddings.cls_token": "part-2.safetensors"}}))
+    with pytest.raises(CheckpointError, match="names shard part-2.safetensors"):
+        load_checkpoint(folder)
+    index.write_text(json.dumps({"metadata": {}}))
+    with pytest.raises(CheckpointError, match="no weight_map"):
+        load_checkpoint(folder)
+
+
+def test_malformed_workdir_files(tmp_path, folders):
+    import shutil
+
+    run = tmp_path / "run" / "checkpoints"
+    shutil.copytree(folders / "orbax", run / "5")
+    (run / "best.json").write_text("{step: 5")
+    with pytest.raises(CheckpointError, match="best.json: not a valid best-checkpoint record"):
+        load_checkpoint(tmp_path / "run")
+    (run / "best.json").unlink()
+    (run / "5" / "meta" / "metadata").write_text('{"format": ')
+    with pytest.raises(CheckpointError, match="unreadable checkpoint metadata") as err:
+        load_checkpoint(tmp_path / "run")
+    one_line(err)
+    (run / "5" / "meta" / "metadata").write_text('{"format": "vit-orbax-1"}')
+    with pytest.raises(CheckpointError, match="lacks model_config"):
+        load_checkpoint(tmp_path / "run")
+
+
+# -- safetensors: truncated payloads and crafted headers ---------------------------------------
+@pytest.fixture
+def weights(tmp_path):
+    path = tmp_path / "w.safetensors"
+    save_file({"a": np.arange(12, dtype=np.float32).reshape(3, 4),
+               "b": np.ones(5, np.float32)}, str(path))
+    return path
+
+
+def test_safetensors_reads_back(weights):
+    out = st.read_safetensors(weights)
+    np.testing.assert_array_equal(out["a"], np.arange(12, dtype=np.float32).reshape(3, 4))
+
+
+def test_truncated_safetensors_payload(weights):
+    data = weights.read_bytes()
+    weights.write_bytes(data[:-7])
+    with pytest.raises(CheckpointError, match="truncated") as err:
+        st.read_safetensors(weights)
+    assert "fetch it again" in one_line(err)
+
+
+def test_safetensors_header_longer_than_the_file_is_refused_before_reading(tmp_path):
+    path = tmp_path / "crafted.safetensors"
+    path.write_bytes(struct.pack("<Q", 2 ** 60) + b"{}")  # a 1 EiB header in a 10-byte file
+    with pytest.raises(CheckpointError, match="header length 1152921504606846976"):
+        st.read_safetensors_header(path)
+    path.write_bytes(b"\x01\x02")
+    with pytest.raises(CheckpointError, match="not a readable safetensors"):
+        st.read_safetensors(path)
+
+
+@pytest.mark.parametrize("entry,words", [
+    ({"dtype": "F32", "shape": [1000000, 1000000], "data_offsets": [0, 4]}, "4 bytes for shape"),
+    ({"dtype": "F32", "shape": [1], "data_offsets": [0, 2 ** 40]}, "truncated"),
+    ({"dtype": "F32", "shape": [-1], "data_offsets": [0, 4]}, "malformed header entry"),
+    ({"dtype": "F32", "shape": [1]}, "malformed header entry"),
+])
+def test_crafted_header_entries(tmp_path, entry, words):
+    header = json.dumps({"x": entry}).encode()
+    path = tmp_path / "crafted.safetensors"
+    path.write_bytes(struct.pack("<Q", len(header)) + header + b"\0" * 4)
+    with pytest.raises(CheckpointError, match=words):
+        st.read_safetensors(path)
+
+
+# -- a mistyped relative path is a path, not a hub id -------------------------------------------
+def test_mistyped_relative_path_suggests_the_nearest(tmp_path, monkeypatch, folders):
+    import shutil
+
+    shutil.copytree(folders / "orbax", tmp_path / "runs" / "demo")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    with pytest.raises(CheckpointError) as err:
+        load_checkpoint("runs/dmeo")
+    message = one_line(err)
+    assert message.startswith("runs/dmeo: no such file or directory")
+    assert "did you mean runs/demo?" in message and "hf download" not in message
+    with pytest.raises(CheckpointError, match="hf download org/model"):  # still a hub id
+        load_checkpoint("org/model")
+
+
+# -- destinations: checked first, never half-written -------------------------------------------
+def test_existing_destination_is_refused_for_every_format(tmp_path, tiny):
+    for fmt, name in (("npz", "a.npz"), ("hf", "hf"), ("timm", "timm"), ("orbax", "orbax")):
+        dst = tmp_path / name
+        dst.mkdir() if fmt != "npz" else dst.write_bytes(b"keep")
+        with pytest.raises(CheckpointError, match="already exists"):
+            save_checkpoint(tiny, dst, fmt)
+    assert (tmp_path / "a.npz").read_bytes() == b"keep"
+
+
+def test_a_failed_write_leaves_nothing(tmp_path, tiny, monkeypatch):
+    import vit.checkpoints.timm as timm
+
+    def broken(tensors, path):
+        path.write_bytes(b"half")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(timm, "write_safetensors", broken)
+    with pytest.raises(CheckpointError, match=r"cannot write \(No space left on device\); "
+                                              "nothing was written"):
+        save_checkpoint(tiny, tmp_path / "out", "timm")
+    assert list(tmp_path.iterdir()) == []
