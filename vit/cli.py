@@ -2,7 +2,8 @@
 
 Each subcommand lives in `vit/commands/<name>.py` with `add_arguments(parser)` and
 `run(args) -> int`; heavy imports happen inside `run`, so `vit --help` stays fast. A `VitError`
-(a user mistake) prints one line and exits 2.
+(a user mistake) prints one line and exits 2; so does an OSError about a named file
+(permissions, a full disk), which no check made in advance can rule out.
 """
 
 from __future__ import annotations
@@ -46,6 +47,14 @@ def main(argv: list[str] | None = None) -> int:
     except VitError as err:
         print(f"vit {args.command}: error: {err}", file=sys.stderr)
         return err.exit_code
+    except OSError as err:
+        if err.filename is None:  # not about a file the user named: a bug, keep the traceback
+            raise
+        # A file or folder the system refused (permissions, a full disk, a file where a folder
+        # was expected): the user's to fix, so one line naming it, as for a VitError.
+        print(f"vit {args.command}: error: {err.filename}: {err.strerror or err}",
+              file=sys.stderr)
+        return VitError.exit_code
     except KeyboardInterrupt:
         print(f"vit {args.command}: interrupted", file=sys.stderr)
         return 130

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from vit.errors import DataError
+from vit.errors import ConfigError, DataError
 
 # Larger images are refused (decompression-bomb guard): 16k x 16k pixels.
 MAX_PIXELS = 16_384 * 16_384
@@ -50,6 +50,19 @@ class Preprocessing:
         object.__setattr__(self, "std", tuple(float(s) for s in self.std))
         if self.resample not in RESAMPLE:
             raise DataError(f"unknown resample {self.resample!r}; use one of {', '.join(RESAMPLE)}")
+        # Values that would divide by zero or fail to broadcast deep inside the pipeline.
+        if len(self.size) != 2 or min(self.size) < 1:
+            raise ConfigError(f"image size {self.size}: must be two sizes of at least 1 pixel")
+        if self.crop_pct is not None and not self.crop_pct > 0:
+            raise ConfigError(f"crop_pct={self.crop_pct}: must be above 0 (timm's usual value is "
+                              "0.875), or none to resize without cropping")
+        for name in ("mean", "std"):
+            if len(getattr(self, name)) not in (1, 3):
+                raise ConfigError(f"{name}={list(getattr(self, name))}: give 3 values, one per "
+                                  "RGB channel (or 1 for all three)")
+        if min(self.std) <= 0:
+            raise ConfigError(f"std={list(self.std)}: every value must be above 0 (the pixels "
+                              "are divided by it)")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 METHODS = ("attention", "rollout", "grad-rollout", "relevancy")
+DEFAULT_METHODS = ("rollout", "relevancy")
 METRICS = ("deletion", "insertion")
 SUBSTRATES = ("mean", "zero", "blur")
 
@@ -14,8 +15,10 @@ def add_arguments(parser) -> None:
     parser.add_argument("--limit", type=int, default=None, help="at most this many images")
     parser.add_argument("--data-dir", default=None, help="where the dataset lives (TFDS)")
     parser.add_argument("--metric", choices=METRICS, default="deletion")
-    parser.add_argument("--method", nargs="+", choices=METHODS, default=["rollout", "relevancy"],
-                        help="maps to score (a random ranking is always added)")
+    # extend: `--method a b` and `--method a --method b` both give [a, b]
+    parser.add_argument("--method", nargs="+", action="extend", choices=METHODS, default=None,
+                        help="maps to score, repeatable (default: rollout relevancy; a random "
+                             "ranking is always added)")
     parser.add_argument("--steps", type=int, default=None,
                         help="points on the curve (default: patches, at most 20)")
     parser.add_argument("--substrate", choices=SUBSTRATES, default="mean",
@@ -33,15 +36,16 @@ def run(args) -> int:
     import numpy as np
 
     from vit.checkpoints import load_checkpoint
+    from vit.commands.checks import require_positive
     from vit.errors import ConfigError, DataError
     from vit.explain import faithfulness, inputs
 
-    if args.steps is not None and args.steps < 1:
-        raise ConfigError(f"--steps {args.steps}: must be at least 1")
+    require_positive(args, "steps", "limit", "batch_size")
+    methods = list(dict.fromkeys(args.method or DEFAULT_METHODS))
     if not 0.0 <= args.discard_ratio < 1.0:
         raise ConfigError(f"--discard-ratio {args.discard_ratio}: must lie in [0, 1)")
-    ckpt = load_checkpoint(args.checkpoint)
     items = inputs.gather([], args.data, args.split, args.limit, args.data_dir)
+    ckpt = load_checkpoint(args.checkpoint)
     pre = ckpt.preprocessing
     arrays = [b.arrays[:len(b.items)] for b in inputs.batches(items, pre, args.batch_size)]
     arrays = [a for a in arrays if len(a)]
@@ -50,7 +54,7 @@ def run(args) -> int:
     everything = np.concatenate(arrays)
     model = ckpt.build_model()
     report = faithfulness.evaluate(
-        model, arrays, list(dict.fromkeys(args.method)), metric=args.metric, steps=args.steps,
+        model, arrays, methods, metric=args.metric, steps=args.steps,
         substrate_kind=args.substrate, mean=everything.mean((0, 1, 2)),
         black=-np.asarray(pre.mean, np.float32) / np.asarray(pre.std, np.float32),
         explain_options=dict(head_fusion=args.head_fusion, discard_ratio=args.discard_ratio),

@@ -15,9 +15,11 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
+    from vit.commands.checks import require_positive
     from vit.commands.overrides import parse_model_overrides
     from vit.models.info import model_info
 
+    require_positive(args, "image_size")
     overrides = parse_model_overrides(args.set)
     if args.num_classes is not None:
         overrides["num_classes"] = args.num_classes

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import sys
 
+from vit.commands import inference_options
+
 METHODS = ("attention", "rollout", "grad-rollout", "relevancy")
 HEAD_FUSIONS = ("mean", "max", "min")
 
@@ -37,20 +39,24 @@ def add_arguments(parser) -> None:
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--image-size", type=int, default=None,
                         help="run the model at this size (position embeddings are resized)")
+    inference_options.add_arguments(parser)
 
 
 def run(args) -> int:
+    inference_options.start(args)  # before anything compiles
     import json
-    from pathlib import Path
 
     import jax
     import matplotlib
     import numpy as np
 
     from vit.checkpoints import load_checkpoint
+    from vit.commands import checks
     from vit.errors import ConfigError, DataError
     from vit.explain import explain, inputs, render
 
+    checks.require_positive(args, "batch_size", "limit", "image_size")
+    out = checks.check_output_dir(args.out, "--out")  # before the model loads, not after the maps
     method = args.method or ("relevancy" if args.prompt is not None else "rollout")
     if args.prompt is not None and method != "relevancy":
         raise ConfigError(f"--prompt is explained with the bi-modal relevancy rules only; drop "
@@ -64,7 +70,10 @@ def run(args) -> int:
         raise ConfigError(f"--discard-ratio {args.discard_ratio}: must lie in [0, 1)")
     if args.cmap not in matplotlib.colormaps:
         raise ConfigError(f"--cmap {args.cmap!r} is not a matplotlib colormap; try jet or viridis")
-    ckpt = load_checkpoint(args.checkpoint, image_size=args.image_size)
+    # The images first: a mistyped path or dataset fails before the model loads.
+    items = inputs.gather(args.inputs, args.data, args.split, args.limit, args.data_dir)
+    ckpt = load_checkpoint(args.checkpoint, image_size=args.image_size,
+                           **inference_options.with_dtype(args, {}))
     for warning in ckpt.warnings:
         print(f"vit rollout: warning: {warning}", file=sys.stderr)
     labels = ckpt.labels
@@ -73,16 +82,16 @@ def run(args) -> int:
         wanted = None
     else:
         wanted = inputs.resolve_class(args.class_, labels, ckpt.config.num_classes)
-    items = inputs.gather(args.inputs, args.data, args.split, args.limit, args.data_dir)
     model = ckpt.build_model()
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    new_output = checks.NewOutput(out)
     names = render.SafeNames()
-    gallery, written, skipped = [], 0, 0
-    with open(out / "manifest.jsonl", "w", encoding="utf-8") as manifest:
+    gallery, written, skipped, first_bad = [], 0, 0, None
+    with _LazyFile(out / "manifest.jsonl") as manifest:  # made with the first map
         for batch in inputs.batches(items, ckpt.preprocessing, args.batch_size):
             for item in batch.bad:
                 print(f"vit rollout: skipped {item}", file=sys.stderr)
+                if first_bad is None:
+                    first_bad = item
                 skipped += 1
             if not batch.items:
                 continue
@@ -112,7 +121,9 @@ def run(args) -> int:
                                 "text_relevance": row.get("text_relevance")})
                 written += 1
     if not written:
-        raise DataError("no image could be read; check the paths (see the skipped lines above)")
+        new_output.undo()
+        more = f" and {skipped - 1} more" if skipped > 1 else ""
+        raise DataError(f"none of the {len(items)} images could be read: {first_bad}{more}")
     what = method if args.prompt is None else f"{method} for prompt {args.prompt!r}"
     if args.html:
         render.write_gallery(out, gallery, title=f"vit rollout: {what}")
@@ -120,6 +131,27 @@ def run(args) -> int:
     print(f"wrote {written} {what} maps to {out} (manifest.jsonl{extra})"
           + (f"; skipped {skipped} unreadable" if skipped else ""))
     return 0
+
+
+class _LazyFile:
+    """A text file (and its folder) created on the first write, so a run that writes
+    nothing leaves nothing behind."""
+
+    def __init__(self, path):
+        self.path, self.file = path, None
+
+    def write(self, text: str) -> None:
+        if self.file is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.file = open(self.path, "w", encoding="utf-8")  # noqa: SIM115
+        self.file.write(text)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.file is not None:
+            self.file.close()
 
 
 def _check_prompt(prompt: str, checkpoint: str, text_config) -> None:

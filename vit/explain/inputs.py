@@ -52,12 +52,19 @@ def gather(paths: list[str], data: str | None, split: str, limit: int | None,
     """Items from files and folders (sorted), then the first `limit` of dataset `data`."""
     if not paths and not data:
         raise DataError("nothing to explain: give image files or folders, or --data NAME")
+    missing = [text for text in paths if not Path(text).exists()]
+    if missing and len(missing) == len(paths) and not data:  # a typo, not a few bad files
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise DataError(f"{missing[0]}: no such file or folder{more}")
     items: list[Item] = []
     for text in paths:
         path = Path(text)
         files = (sorted(p for p in path.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES)
                  if path.is_dir() else [path])
         items += [Item(str(f), lambda f=f: open_image(f)) for f in files]
+    if paths and not items and not data:
+        raise DataError(f"no image files found in {' '.join(paths)} (looked for "
+                        f"{', '.join(IMAGE_SUFFIXES)})")
     if data:
         from vit.data import open_source
 
@@ -73,8 +80,10 @@ def gather(paths: list[str], data: str | None, split: str, limit: int | None,
 
 def batches(items: list[Item], preprocessing: Preprocessing, size: int) -> Iterator[Batch]:
     """Fixed-size batches (the last one zero-padded, so one compile serves them all)."""
+    if size < 1:
+        raise ConfigError(f"batch size {size}: must be at least 1")
     h, w = preprocessing.size
-    size = max(1, min(size, len(items)))
+    size = max(1, min(size, len(items)))  # no larger than needed (and 1 for no items)
     for start in range(0, len(items), size):
         good, arrays, bad = [], [], []
         for item in items[start:start + size]:

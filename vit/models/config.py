@@ -73,6 +73,10 @@ class TextConfig:
     similarity_dim: int = 0
 
     def __post_init__(self):
+        for f in dataclasses.fields(self):  # a dict from --set or a file is not typed for us
+            value, kind = getattr(self, f.name), type(f.default)
+            if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+                raise ConfigError(f"text.{f.name}={value!r}: expected {kind.__name__}")
         _check_choice("text.source", self.source, TEXT_SOURCES)
         if self.source == "embeddings" and self.embed_dim <= 0:
             raise ConfigError("text.source='embeddings' needs text.embed_dim > 0 (the width of "
@@ -131,6 +135,7 @@ class ViTConfig:
             value = getattr(self, name)
             pair = (value, value) if isinstance(value, int) else tuple(int(v) for v in value)
             object.__setattr__(self, name, pair)
+        _check_numbers(self)
         _check_choice("classifier", self.classifier, CLASSIFIERS)
         _check_choice("posemb", self.posemb, POSEMBS)
         _check_choice("gelu", self.gelu, GELUS)
@@ -185,6 +190,36 @@ class ViTConfig:
 
 
 FIELDS = tuple(f.name for f in dataclasses.fields(ViTConfig))
+
+
+# Sizes that must be at least 1 (0 would divide by zero or build an empty layer deep inside).
+_POSITIVE = ("width", "depth", "mlp_dim", "num_heads", "in_channels")
+_RATES = ("dropout", "attention_dropout", "drop_path")
+
+
+def _check_numbers(cfg: ViTConfig) -> None:
+    """One-line ConfigErrors for sizes and rates no model can have, before anything divides."""
+    for name in _POSITIVE:
+        if getattr(cfg, name) < 1:
+            raise ConfigError(f"{name}={getattr(cfg, name)}: must be at least 1")
+    for name in ("patch_size", "image_size"):
+        if len(getattr(cfg, name)) != 2 or min(getattr(cfg, name)) < 1:
+            raise ConfigError(f"{name}={getattr(cfg, name)}: must be one or two sizes of at "
+                              "least 1 pixel")
+    if any(i < p for i, p in zip(cfg.image_size, cfg.patch_size, strict=True)):
+        raise ConfigError(f"image_size {cfg.image_size} is smaller than patch_size "
+                          f"{cfg.patch_size}; the image must hold at least one patch")
+    for name in ("num_classes", "num_registers"):
+        if getattr(cfg, name) < 0:
+            raise ConfigError(f"{name}={getattr(cfg, name)}: must be 0 or more")
+    if cfg.representation_size is not None and cfg.representation_size < 1:
+        raise ConfigError(f"representation_size={cfg.representation_size}: must be at least 1, "
+                          "or none for no representation layer")
+    for name in _RATES:
+        if not 0.0 <= getattr(cfg, name) < 1.0:
+            raise ConfigError(f"{name}={getattr(cfg, name)}: must lie in [0, 1)")
+    if not cfg.layer_norm_eps > 0:
+        raise ConfigError(f"layer_norm_eps={cfg.layer_norm_eps}: must be above 0")
 
 
 def _check_choice(field: str, value: Any, choices: tuple[str, ...]) -> None:
