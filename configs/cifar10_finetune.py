@@ -29,5 +29,5 @@ def get_config():
                    trainable=".*")
     c.train = dict(steps=10_000, batch_size=512, accum_steps=8, eval_every=1000,
                    checkpoint_every=1000, keep_checkpoints=2, log_every=50, ema_decay=0.0,
-                   num_devices=0, eval_batch_size=256)
+                   eval_batch_size=256)
     return ml_collections.ConfigDict(c)

@@ -25,5 +25,5 @@ def get_config():
                    trainable=".*")
     c.train = dict(steps=3000, batch_size=64, accum_steps=1, eval_every=500,
                    checkpoint_every=500, keep_checkpoints=2, log_every=50, ema_decay=0.0,
-                   num_devices=1, eval_batch_size=128)
+                   eval_batch_size=128)
     return ml_collections.ConfigDict(c)

@@ -27,5 +27,5 @@ def get_config():
                    trainable=".*")
     c.train = dict(steps=2000, batch_size=64, accum_steps=1, eval_every=200,
                    checkpoint_every=200, keep_checkpoints=2, log_every=20, ema_decay=0.0,
-                   num_devices=1, eval_batch_size=64)
+                   eval_batch_size=64)
     return ml_collections.ConfigDict(c)

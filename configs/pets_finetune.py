@@ -25,5 +25,5 @@ def get_config():
                    trainable=".*")
     c.train = dict(steps=500, batch_size=512, accum_steps=4, eval_every=100,
                    checkpoint_every=100, keep_checkpoints=2, log_every=10, ema_decay=0.0,
-                   num_devices=0, eval_batch_size=256)
+                   eval_batch_size=256)
     return ml_collections.ConfigDict(c)

@@ -33,7 +33,7 @@ def get_config():
                    trainable=".*", lr_mults=[], no_decay="")
     c.train = dict(steps=600, batch_size=64, accum_steps=1, eval_every=300,
                    checkpoint_every=300, keep_checkpoints=1, log_every=50, ema_decay=0.0,
-                   num_devices=1, eval_batch_size=250, loss="sigmoid_xent")
+                   eval_batch_size=250, loss="sigmoid_xent")
     c.stages = dict(
         vit=dict(order=0, text=False, skip_with_init=True,
                  train=dict(steps=800, loss="sigmoid_xent")),

@@ -39,8 +39,10 @@ ALLOWED = {
     "predict": _APPS | {"predict"},
     "overrides": _BASE | {"overrides"},
     "config": _BASE | {"overrides", "config"},
+    "compile_cache": {"compile_cache"},  # standard library + jax only
     "train": _APPS | {"explain", "predict", "overrides", "config", "train"},
-    "commands": _APPS | {"explain", "predict", "overrides", "config", "train", "commands"},
+    "commands": _APPS | {"explain", "predict", "overrides", "config", "train", "commands",
+                         "compile_cache"},
     "cli": _APPS | {"explain", "predict", "overrides", "config", "train", "commands", "cli"},
     # vit/__init__.py names its lazy attributes by string; it imports nothing of its own.
     "vit": _APPS | {"explain", "predict", "overrides", "config", "train"},

@@ -1,6 +1,9 @@
-"""`vit train --config FILE --workdir DIR [--set KEY=VALUE ...] [--init CHECKPOINT]`.
+"""`vit train --config FILE --workdir DIR [--set KEY=VALUE ...] [--init CHECKPOINT]
+[--coordinator HOST:PORT --num-processes N --process-id I]`.
 
-Running the same command again resumes from the workdir's latest checkpoint.
+Running the same command again resumes from the workdir's latest checkpoint. With the three
+process flags (or under SLURM / Open MPI / a multi-host TPU, detected) every process runs the
+same command and `jax.distributed` joins them; the mesh is `parallel.data` x `parallel.fsdp`.
 """
 
 from __future__ import annotations
@@ -15,16 +18,41 @@ def add_arguments(parser) -> None:
     parser.add_argument("--init", default=None, metavar="CHECKPOINT",
                         help="start from a pretrained checkpoint (npz, HF folder, timm, orbax); "
                              "the head is replaced when the class count differs")
+    procs = parser.add_argument_group("several processes (one per host or per GPU)")
+    procs.add_argument("--coordinator", default=None, metavar="HOST:PORT",
+                       help="process 0's address, the same on every process")
+    procs.add_argument("--num-processes", type=int, default=None, metavar="N")
+    procs.add_argument("--process-id", type=int, default=None, metavar="I",
+                       help="this process's index, 0..N-1")
 
 
 def run(args) -> int:
     from vit.config import load_config
 
     config = load_config(args.config, args.set)  # config mistakes fail before the heavy imports
+    from vit.commands.checks import NewOutput, check_output_dir
+    from vit.errors import VitError
+
+    workdir = check_output_dir(args.workdir, "--workdir")  # before any work, not after it
+    new_output = NewOutput(workdir)
+    from vit.train.parallel import start_processes
+
+    # Before anything touches a device: joining the other processes fixes the device list.
+    start_processes(args.coordinator, args.num_processes, args.process_id)
     if "stages" in config:  # several stages, each a train() run (vit/train/stages.py)
         from vit.train.stages import train_stages as train
     else:
         from vit.train.loop import train
 
-    train(config, args.workdir, init=args.init)  # a SIGINT/SIGTERM saves, then returns
+    try:
+        train(config, workdir, init=args.init)  # a SIGINT/SIGTERM saves, then returns
+    except VitError:  # a mistake found on the way in: no half-made workdir left behind
+        if not _has_checkpoint(workdir):  # a run that saved a step (then diverged) stays
+            new_output.undo()
+        raise
     return 0
+
+
+def _has_checkpoint(workdir) -> bool:
+    """Whether `workdir` (or one of its stages) holds a finished step folder."""
+    return any(p.name.isdigit() for p in workdir.glob("**/checkpoints/*"))

@@ -9,6 +9,9 @@ the best by validation accuracy; the latest is always among them, so a resume ne
 `TrainCheckpoints` is the storage; `CheckpointPolicy` decides when to save, keeps
 `checkpoints/best.json` pointing at a complete checkpoint, and refuses to let a diverged run
 checkpoint non-finite weights.
+
+With several processes every one calls the same saves and restores (orbax writes each
+process's shards; process 0 the metadata and `best.json`), so they must agree on the step.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import math
 import os
 from pathlib import Path
 
+import jax
 import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as policies
 
@@ -81,7 +85,9 @@ class TrainCheckpoints:
         return self.directory / str(step)
 
     def write_best(self, step: int, val_accuracy: float) -> None:
-        """`checkpoints/best.json`, replaced atomically."""
+        """`checkpoints/best.json`, replaced atomically (by process 0 alone)."""
+        if jax.process_index() != 0:
+            return
         path = self.directory / layout.BEST_FILE
         tmp = path.with_suffix(".json.tmp")
         tmp.write_text(json.dumps({"step": int(step), METRIC: float(val_accuracy)}))

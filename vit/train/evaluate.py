@@ -3,7 +3,8 @@ classifiers; exact-match accuracy for multi-label heads; answer accuracy for pro
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import math
+from collections.abc import Iterable, Iterator
 
 import jax
 import jax.numpy as jnp
@@ -11,29 +12,56 @@ import numpy as np
 import optax
 from flax import nnx
 
+from vit.data import eval_batches
 from vit.train import parallel
 
 # The model inputs of a batch: the images, and the prompts when the task reads text.
 INPUTS = ("image", "text", "text_mask")
 
 
-def make_logits_fn(graphdef, mesh):
-    """A jitted `(params, inputs) -> float32 logits`, batch sharded over the mesh; `inputs`
-    holds `image`, and `text`/`text_mask` for a prompt head."""
+def make_logits_fn(graphdef, mesh, params_sharding=None):
+    """A jitted `(params, inputs) -> float32 logits`, batch split over the mesh, logits
+    replicated; `inputs` holds `image`, and `text`/`text_mask` for a prompt head.
+    `params_sharding` is the training state's (default: replicated)."""
     rep, sharded = parallel.replicated(mesh), parallel.batch_sharded(mesh)
 
     def logits(params, inputs):
+        params = parallel.gathered_for_use(params, mesh)
         return nnx.merge(graphdef, params)(inputs["image"], text=inputs.get("text"),
                                            text_mask=inputs.get("text_mask"))
 
-    return jax.jit(logits, in_shardings=(rep, sharded), out_shardings=rep)
+    return jax.jit(logits, in_shardings=(params_sharding or rep, sharded), out_shardings=rep)
+
+
+def sharded_eval_batches(source, pre, *, batch_size: int, num_threads: int = 2,
+                         tokenize=None) -> Iterator[dict]:
+    """This process's shard of `source` in padded batches of `batch_size` (its share of the
+    global batch), then all-padding batches, so that every process runs the same number of
+    steps whatever the size of its shard: none waits forever in a collective."""
+    count, index = jax.process_count(), jax.process_index()
+    kwargs = dict(batch_size=batch_size, num_threads=num_threads, tokenize=tokenize,
+                  shard_count=count)
+    largest_shard = math.ceil(len(source) / count)
+    steps = math.ceil(largest_shard / batch_size)
+    template = None
+    for template in eval_batches(source, pre, shard_index=index, **kwargs):
+        steps -= 1
+        yield template
+    if steps > 0 and template is None:  # an empty shard: shapes from another's first batch
+        template = next(eval_batches(source, pre, shard_index=0, **kwargs))
+    for _ in range(steps):
+        yield {k: np.zeros_like(v) for k, v in template.items()}
 
 
 def _outputs(logits_fn, params, batches: Iterable[dict], mesh):
-    """(logits, batch) of each batch with the padding rows dropped."""
+    """(logits, batch) of each global batch (every process's rows) without the padding rows.
+    Every process gets the same arrays, so every process computes the same figures."""
+    gather = jax.jit(lambda x: x, out_shardings=parallel.replicated(mesh))
     for batch in batches:
-        inputs = parallel.to_global({k: batch[k] for k in INPUTS if k in batch}, mesh)
-        logits = np.asarray(logits_fn(params, inputs), np.float32)
+        batch = parallel.to_global(batch, mesh)
+        logits = np.asarray(logits_fn(params, {k: batch[k] for k in INPUTS if k in batch}),
+                            np.float32)
+        batch = jax.tree.map(np.asarray, gather(batch))
         keep = batch["mask"] > 0
         yield logits[keep], {k: v[keep] for k, v in batch.items()}
 

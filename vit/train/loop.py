@@ -19,12 +19,12 @@ from pathlib import Path
 import jax
 
 from vit.checkpoints import layout
-from vit.data import eval_batches, open_source, train_iterator
+from vit.data import open_source, train_iterator
 from vit.errors import ConfigError
 from vit.models.text import tokenize
 from vit.train import parallel
 from vit.train.checkpointing import CheckpointPolicy, TrainCheckpoints
-from vit.train.evaluate import evaluate_task, make_logits_fn
+from vit.train.evaluate import evaluate_task, make_logits_fn, sharded_eval_batches
 from vit.train.losses import DEFAULT as DEFAULT_LOSS
 from vit.train.losses import TEXT_LOSSES, get_loss
 from vit.train.metrics import MetricsLog, TrainMeter, plot_curves
@@ -32,7 +32,7 @@ from vit.train.optim import make_optimizer
 from vit.train.placement import Placement
 from vit.train.progress import progress
 from vit.train.signals import StopSignals
-from vit.train.state import augment_of, build_model, new_state, restore_state
+from vit.train.state import augment_of, build_model, iterator_states, new_state, restore_state
 from vit.train.step import make_train_step
 
 
@@ -48,12 +48,14 @@ def train(config, workdir: str | Path, *, init: str | None = None,
     if "stages" in config:
         raise ConfigError("a staged recipe runs through vit.train.stages.train_stages")
     workdir = Path(workdir)
+    primary = parallel.is_primary()  # process 0 alone writes files and prints
     workdir.mkdir(parents=True, exist_ok=True)
-    (workdir / "config.json").write_text(config.to_json(indent=2))
+    if primary:
+        (workdir / "config.json").write_text(config.to_json(indent=2))
     tc, steps = config.train, config.train.steps
-    mesh = parallel.make_mesh(tc.num_devices)
-    place = Placement.of(mesh)
+    mesh = parallel.mesh_from_config(config)
     host_batch = parallel.host_batch_size(tc.batch_size, mesh)
+    eval_host_batch = parallel.eval_host_batch_size(tc.eval_batch_size, mesh)
     if tc.batch_size % tc.accum_steps:
         raise ConfigError(f"train.batch_size={tc.batch_size} is not divisible by "
                           f"train.accum_steps={tc.accum_steps}")
@@ -80,6 +82,7 @@ def train(config, workdir: str | Path, *, init: str | None = None,
                                 init=init or config.init)
     tokenize = prompt_tokenizer(model.config, loss_name)
     tx, lr_fn = make_optimizer(config.optim, params, model.config.depth, steps)
+    place = Placement.of(mesh, params, tx, parallel.rules_from_config(config))
     use_ema = tc.ema_decay > 0
     state = (restore_state(ckpts, start, params, tx, place, ema=use_ema) if start
              else new_state(params, tx, place, ema=use_ema))
@@ -92,23 +95,22 @@ def train(config, workdir: str | Path, *, init: str | None = None,
                               tokenize=tokenize)
     if state.iterator_state is not None:
         iterator.set_state(state.iterator_state)
-    step_fn = make_train_step(model.graphdef, tx, mesh, accum_steps=tc.accum_steps,
+    step_fn = make_train_step(model.graphdef, tx, place, accum_steps=tc.accum_steps,
                               ema_decay=tc.ema_decay, loss_fn=loss_fn)
-    logits_fn = make_logits_fn(model.graphdef, mesh)
-    log = MetricsLog(workdir, start)
+    logits_fn = make_logits_fn(model.graphdef, mesh, place.params)
+    log = MetricsLog(workdir, start, enabled=primary)
     saver = CheckpointPolicy(ckpts, every=tc.checkpoint_every, resumed=bool(start))
 
     def validate(step: int) -> float:
-        batches = eval_batches(val_src, model.preprocessing, batch_size=tc.eval_batch_size,
-                               shard_index=jax.process_index(),
-                               shard_count=jax.process_count(), num_threads=data.num_threads,
-                               tokenize=tokenize)
+        batches = sharded_eval_batches(val_src, model.preprocessing, batch_size=eval_host_batch,
+                                       num_threads=data.num_threads, tokenize=tokenize)
         res = evaluate_task(loss_name, logits_fn, params, batches, num_classes, mesh)
         log.write({"step": step, "split": "validation", "loss": res["loss"],
                    "accuracy": res["accuracy"],
                    **{k: res[k] for k in ("top5_accuracy", "label_accuracy") if k in res}})
-        print(f"step {step}: validation accuracy {res['accuracy']:.4f} "
-              f"loss {res['loss']:.4f}", flush=True)
+        if primary:
+            print(f"step {step}: validation accuracy {res['accuracy']:.4f} "
+                  f"loss {res['loss']:.4f}", flush=True)
         return res["accuracy"]
 
     def save(step: int, val_acc: float | None) -> None:
@@ -117,46 +119,58 @@ def train(config, workdir: str | Path, *, init: str | None = None,
             labels=class_names, step=step,
             extra={"dataset": train_src.name, "val_accuracy": val_acc, "config": config.to_dict()})
         saver.save(step, params=params, opt_state=opt_state, ema_params=ema,
-                   data_iter=iterator.get_state(), train_state={"step": step, "seed": config.seed},
+                   data_iter=iterator_states(iterator.get_state()),
+                   train_state={"step": step, "seed": config.seed},
                    meta=json.loads(json.dumps(meta, default=list)), val_accuracy=val_acc)
 
-    # The loop: one step, its checks and logs, validation and saving when due.
-    last = {}
+    # The loop: one step, validation and saving when due. The step's metrics stay on the
+    # device until a log or a save needs them, so the host never waits on a step in between.
+    last, pending = {}, []
     end = steps if stop_after is None else min(steps, start + stop_after)
-    meter, bar, stop = TrainMeter(), progress(start, steps), StopSignals()
+    meter, bar, stop = TrainMeter(), progress(start, steps, enabled=primary), StopSignals()
+
+    def drain() -> None:
+        """Reads the pending steps' metrics: raises `Diverged` at the first non-finite one."""
+        for s, metrics in jax.device_get(pending):  # one transfer for all of them
+            saver.check_finite(s, float(metrics["loss"]), bool(metrics["finite"]))
+            meter.add({k: float(v) for k, v in metrics.items() if k != "finite"})
+        pending.clear()
+
     with stop.installed():
         step = start
         while step < end:
             batch = parallel.to_global(next(iterator), mesh)
             params, opt_state, ema, metrics = step_fn(params, opt_state, ema, batch,
                                                       config.seed, step)
-            loss = float(metrics["loss"])
-            saver.check_finite(step + 1, loss, bool(metrics["finite"]))
             step += 1
-            meter.add({"loss": loss, **{k: float(v) for k, v in metrics.items()
-                                        if k not in ("loss", "finite")}})
+            pending.append((step, metrics))
             bar.update(1)
-            if step % tc.log_every == 0 or step == end:
+            stopping = stop.check(step)
+            if step % tc.log_every == 0 or step == end or stopping:
+                drain()
                 means, images_per_s = meter.flush(tc.batch_size)
                 last = {"step": step, "split": "train", **means, "lr": float(lr_fn(step - 1)),
                         "images_per_s": images_per_s}
                 log.write(last)
                 bar.report(last)
+            validating = val_src is not None and (step % tc.eval_every == 0 or step == steps)
+            saving = saver.due(step, end, stopping=bool(stopping))
+            if validating or saving:
+                drain()  # waits for the step (training time); never saves non-finite weights
             with meter.paused():  # images/s counts training steps only
-                val_acc = None
-                if val_src is not None and (step % tc.eval_every == 0 or step == steps):
-                    val_acc = validate(step)
-                if saver.due(step, end, stopping=bool(stop.received)):
+                val_acc = validate(step) if validating else None
+                if saving:
                     save(step, val_acc)
-            if stop.received:
-                print(f"{stop.received}: saved step {step} to {ckpts.step_dir(step)}; run the "
-                      "same command to resume", file=sys.stderr)
+            if stopping:  # every process says so: each one's log shows where it stopped
+                who = f"process {jax.process_index()} " if jax.process_count() > 1 else ""
+                print(f"{stopping}: {who}saved step {step} to {ckpts.step_dir(step)}; run "
+                      "the same command to resume", file=sys.stderr, flush=True)
                 break
     bar.close()
     saver.close()
-    if (workdir / "metrics.jsonl").exists():
+    if primary and (workdir / "metrics.jsonl").exists():
         plot_curves(workdir / "metrics.jsonl", workdir / "curves.png")
-    if step >= steps:
+    if step >= steps and primary:
         print(f"done: {steps} steps; checkpoints in {ckpts.directory}, metrics in "
               f"{workdir / 'metrics.jsonl'}, curves in {workdir / 'curves.png'}")
     return {**last, "stopped_by": stop.received, "best_val_accuracy": saver.best_accuracy}

@@ -10,16 +10,18 @@ from pathlib import Path
 
 class MetricsLog:
     """Appends records; on resume, drops those past the step the run resumes from, so the
-    file reads as one uninterrupted run."""
+    file reads as one uninterrupted run. Only an `enabled` log (process 0's) writes."""
 
-    def __init__(self, workdir: str | Path, resume_step: int | None):
-        self.path = Path(workdir) / "metrics.jsonl"
-        if self.path.exists():
+    def __init__(self, workdir: str | Path, resume_step: int | None, enabled: bool = True):
+        self.path, self.enabled = Path(workdir) / "metrics.jsonl", enabled
+        if enabled and self.path.exists():
             keep = [r for r in read_metrics(self.path)
                     if resume_step is not None and r["step"] <= resume_step]
             self.path.write_text("".join(json.dumps(r) + "\n" for r in keep))
 
     def write(self, record: dict) -> None:
+        if not self.enabled:
+            return
         with self.path.open("a") as f:
             f.write(json.dumps(record) + "\n")
 

@@ -1,28 +1,74 @@
-"""Device mesh and shardings: data parallel over a `data` axis, parameters replicated.
+"""The device mesh, the sharding rules, global batches and the multi-process start-up.
 
-Everything jitted in training takes its shardings from here, so more devices or hosts change
-the mesh shape, not the step. One device is a mesh of one.
+One mesh with a `data` and an `fsdp` axis (room for a `model` axis later) comes from the
+recipe's `parallel` section. Batches are split over both axes. Parameters (and the optimiser
+state and EMA built like them) follow `rules`: a list of (regex on the parameter path ->
+PartitionSpec), first match wins. `"auto"` shards a leaf along its largest dimension divisible
+by the `fsdp` axis (ZeRO-3 style) and replicates it when none is or `fsdp` is 1; `"replicated"`
+is `PartitionSpec()`; a tuple such as `(None, "fsdp")` is a PartitionSpec as written. One
+device is a mesh of one.
 """
 
 from __future__ import annotations
 
+import json
+import math
+import os
+import re
+from collections.abc import Sequence
+
 import jax
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from vit.errors import ConfigError
 
-DATA = "data"
+DATA, FSDP = "data", "fsdp"
+AXES = (DATA, FSDP)
+BATCH = PartitionSpec(AXES)  # leading (batch) axis split over every mesh axis
+DEFAULT_RULES = ((".*", "auto"),)
 
 
-def make_mesh(num_devices: int = 1) -> Mesh:
-    """A 1-D mesh over the first `num_devices` devices (0: all of them, across hosts)."""
-    devices = jax.devices()
-    n = len(devices) if num_devices == 0 else num_devices
-    if n > len(devices):
-        raise ConfigError(f"train.num_devices={num_devices} but only {len(devices)} "
-                          "device(s) are visible; use 0 for all of them")
-    return Mesh(np.asarray(devices[:n]), (DATA,))
+def mesh_shape(data: int, fsdp: int, num_devices: int) -> tuple[int, int]:
+    """`(data, fsdp)` with one `-1` resolved to the devices left; a one-line error when the
+    axes do not fit `num_devices`."""
+    sizes = {DATA: data, FSDP: fsdp}
+    if any(v == 0 or v < -1 for v in sizes.values()) or list(sizes.values()).count(-1) > 1:
+        raise ConfigError(f"parallel.data={data}, parallel.fsdp={fsdp}: each must be a "
+                          "positive size, or -1 (once) for all remaining devices")
+    known = math.prod(v for v in sizes.values() if v != -1)
+    if -1 in sizes.values():
+        if num_devices % known:
+            raise ConfigError(f"parallel.data={data}, parallel.fsdp={fsdp}: {num_devices} "
+                              f"devices do not divide by {known}; {_fits(num_devices)}")
+        sizes = {k: (num_devices // known if v == -1 else v) for k, v in sizes.items()}
+    if math.prod(sizes.values()) != num_devices:
+        raise ConfigError(f"parallel.data={data} x parallel.fsdp={fsdp} is "
+                          f"{math.prod(sizes.values())} devices, but {num_devices} are "
+                          f"visible; {_fits(num_devices)}")
+    return sizes[DATA], sizes[FSDP]
+
+
+def _fits(n: int) -> str:
+    pairs = [f"data={n // f} fsdp={f}" for f in range(1, n + 1) if n % f == 0]
+    return f"use data=-1 (all), or one of: {', '.join(pairs)}"
+
+
+def make_mesh(data: int = -1, fsdp: int = 1, devices: Sequence | None = None) -> Mesh:
+    """A `data` x `fsdp` mesh over `devices` (default: every device of every process)."""
+    devices = list(jax.devices() if devices is None else devices)
+    shape = mesh_shape(data, fsdp, len(devices))
+    return jax.make_mesh(shape, AXES, axis_types=(AxisType.Auto,) * len(AXES), devices=devices)
+
+
+def mesh_from_config(config) -> Mesh:
+    p = config.parallel
+    return make_mesh(p.data, p.fsdp)
+
+
+def local_mesh() -> Mesh:
+    """Every device of this process on the `data` axis: `vit eval` and `vit predict`."""
+    return make_mesh(devices=jax.local_devices())
 
 
 def replicated(mesh: Mesh) -> NamedSharding:
@@ -30,21 +76,178 @@ def replicated(mesh: Mesh) -> NamedSharding:
 
 
 def batch_sharded(mesh: Mesh) -> NamedSharding:
-    """Leading (batch) axis split over the `data` axis."""
-    return NamedSharding(mesh, PartitionSpec(DATA))
+    """Leading (batch) axis split over the `data` and `fsdp` axes."""
+    return NamedSharding(mesh, BATCH)
 
 
-def host_batch_size(global_batch: int, mesh: Mesh) -> int:
-    """This host's share of the global batch (each host feeds its own devices)."""
+# Sharding rules: (regex on "blocks/0/mlp/fc1/kernel"-style paths, spec).
+
+def rules_from_config(config) -> tuple:
+    rules = config.get("parallel", {}).get("rules", None) or DEFAULT_RULES
+    out = []
+    for item in rules:
+        if len(item) != 2:
+            raise ConfigError(f"parallel.rules: {item!r} is not a (regex, spec) pair")
+        pattern, spec = item
+        try:
+            re.compile(pattern)
+        except re.error as err:
+            raise ConfigError(f"parallel.rules: {pattern!r} is not a regex ({err})") from None
+        out.append((pattern, spec if isinstance(spec, str) else tuple(spec)))
+    return tuple(out)
+
+
+def path_name(path) -> str:
+    return "/".join(str(getattr(k, "key", getattr(k, "idx", getattr(k, "name", k))))
+                    for k in path)
+
+
+def spec_for(name: str, shape: tuple[int, ...], rules, fsdp_size: int) -> PartitionSpec:
+    """The PartitionSpec of the leaf at path `name` with `shape`: the first rule whose regex
+    is found in the path (unanchored: optimiser states prefix the parameter paths). Scalars
+    (Adam's step count) are never split."""
+    if not shape:
+        return PartitionSpec()
+    spec = next((spec for pattern, spec in rules if re.search(pattern, name)), "replicated")
+    if spec == "replicated":
+        return PartitionSpec()
+    if spec == "auto":
+        return largest_divisible(shape, fsdp_size)
+    if len(spec) > len(shape) or any(a not in (None, *AXES) for a in spec):
+        raise ConfigError(f"parallel.rules: {spec!r} for {name} (shape {shape}) is not a spec "
+                          f"over the axes {AXES} with at most {len(shape)} entries")
+    return PartitionSpec(*spec)
+
+
+def largest_divisible(shape: tuple[int, ...], fsdp_size: int) -> PartitionSpec:
+    """ZeRO-3: split the largest dimension that `fsdp_size` divides; else replicate."""
+    if fsdp_size == 1:
+        return PartitionSpec()
+    for dim in sorted(range(len(shape)), key=lambda d: -shape[d]):
+        if shape[dim] % fsdp_size == 0:
+            return PartitionSpec(*([None] * dim + [FSDP]))
+    return PartitionSpec()
+
+
+def tree_shardings(tree, mesh: Mesh, rules=DEFAULT_RULES):
+    """A NamedSharding for every leaf of `tree` (arrays or shape placeholders). Optimiser
+    states carry the parameter paths inside theirs (`.../mu/blocks/0/...`), so the rules,
+    searched anywhere in the path, shard them like the parameters they track."""
+    fsdp_size = mesh.shape[FSDP]
+
+    def one(path, leaf):
+        spec = spec_for(path_name(path), tuple(np.shape(leaf)), rules, fsdp_size)
+        for dim, axis in enumerate(spec):
+            if axis is not None and np.shape(leaf)[dim] % mesh.shape[axis]:
+                raise ConfigError(
+                    f"parallel.rules: {path_name(path)} (shape {np.shape(leaf)}) cannot split "
+                    f"dimension {dim} over {axis}={mesh.shape[axis]}; change the rule or use "
+                    "\"auto\"")
+        return NamedSharding(mesh, spec)
+
+    return jax.tree_util.tree_map_with_path(one, tree)
+
+
+def gathered_for_use(params, mesh: Mesh):
+    """Inside a jitted function: `params` constrained to whole copies, so XLA all-gathers each
+    fsdp-sharded weight for the layer that uses it (and reduce-scatters its gradient) while the
+    activations stay split by batch. Without it XLA may instead split the activations by
+    feature to match the weights, and all-reduce them at every layer."""
+    if mesh.shape[FSDP] == 1:
+        return params
+    return jax.tree.map(lambda p: jax.lax.with_sharding_constraint(p, replicated(mesh)), params)
+
+
+# Batches.
+
+def host_batch_size(global_batch: int, mesh: Mesh, what: str = "train.batch_size") -> int:
+    """This process's share of the global batch (each process feeds its own devices)."""
     n = mesh.devices.size
     if global_batch % n:
-        raise ConfigError(f"train.batch_size={global_batch} is not divisible by the {n} "
-                          "devices of the mesh")
+        lo, hi = (global_batch // n) * n, -(-global_batch // n) * n
+        raise ConfigError(f"{what}={global_batch} does not split over the {n} devices of the "
+                          f"mesh (data={mesh.shape[DATA]} x fsdp={mesh.shape[FSDP]}); use a "
+                          f"multiple of {n}, e.g. {hi if lo == 0 else f'{lo} or {hi}'}")
     return global_batch // jax.process_count()
 
 
+def eval_host_batch_size(global_batch: int, mesh: Mesh) -> int:
+    """Evaluation pads its batches, so a size the mesh does not divide is rounded up."""
+    n = mesh.devices.size
+    return -(-global_batch // n) * n // jax.process_count()
+
+
 def to_global(batch: dict, mesh: Mesh) -> dict:
-    """This host's numpy batch -> global arrays sharded over the mesh's `data` axis."""
+    """This process's numpy batch -> global arrays split over the mesh's batch axes."""
     sharding = batch_sharded(mesh)
     return {k: jax.make_array_from_process_local_data(sharding, np.asarray(v))
             for k, v in batch.items()}
+
+
+# Processes.
+
+def is_primary() -> bool:
+    """Process 0 alone writes files (metrics, curves, config, best.json) and prints."""
+    return jax.process_index() == 0
+
+
+def cluster_detected(environ=None) -> bool:
+    """A launcher that started several processes: SLURM, Open MPI or a multi-host TPU."""
+    env = os.environ if environ is None else environ
+
+    def more_than_one(key: str) -> bool:
+        try:
+            return int(env.get(key, "1")) > 1
+        except ValueError:
+            return False
+
+    return (more_than_one("SLURM_NTASKS") or more_than_one("OMPI_COMM_WORLD_SIZE")
+            or "," in env.get("TPU_WORKER_HOSTNAMES", ""))
+
+
+def start_processes(coordinator: str | None = None, num_processes: int | None = None,
+                    process_id: int | None = None) -> bool:
+    """`jax.distributed.initialize` with the flags given, or with the cluster's own settings
+    when one is detected; nothing on a plain machine (one process, never waiting for peers).
+    Returns whether the run is multi-process. Call before anything touches the devices."""
+    given = [coordinator is not None, num_processes is not None, process_id is not None]
+    if any(given) and not all(given):
+        raise ConfigError("--coordinator, --num-processes and --process-id go together; "
+                          "give all three (e.g. --coordinator 10.0.0.1:1234 --num-processes 2 "
+                          "--process-id 0)")
+    if all(given):
+        if not 0 <= process_id < num_processes:
+            raise ConfigError(f"--process-id {process_id} is not in 0..{num_processes - 1}")
+        if ":" not in coordinator:
+            raise ConfigError(f"--coordinator {coordinator}: expected HOST:PORT")
+        jax.distributed.initialize(coordinator, num_processes, process_id)
+        return True
+    if cluster_detected():
+        jax.distributed.initialize()  # the cluster's own detection (SLURM, MPI, TPU)
+        return True
+    return False
+
+
+def put(tree, shardings):
+    """Host values (the same on every process) -> global arrays with `shardings` (a tree like
+    `tree`); each process builds only its own shards, so nothing is gathered on one device."""
+    def one(x, sharding):
+        x = np.asarray(x)
+        return jax.make_array_from_callback(x.shape, sharding, lambda index: x[index])
+
+    return jax.tree.map(one, tree, shardings)
+
+
+def allgather_json(value) -> list:
+    """`[value of process 0, value of process 1, ...]` for a JSON-able `value`, on every
+    process (each process's data-iterator state, for the checkpoint)."""
+    if jax.process_count() == 1:
+        return [value]
+    from jax.experimental import multihost_utils
+
+    data = np.frombuffer(json.dumps(value).encode(), np.uint8)
+    lengths = multihost_utils.process_allgather(np.int32(len(data)))
+    padded = np.zeros(int(np.max(lengths)), np.uint8)
+    padded[:len(data)] = data
+    rows = multihost_utils.process_allgather(padded)
+    return [json.loads(bytes(row[:n]).decode()) for row, n in zip(rows, lengths, strict=True)]

@@ -2,8 +2,8 @@
 
 Every sharding the training code uses (the jitted step's, the first `device_put`, the restore
 targets) is read from a `Placement`, and every one of those comes from a `parallel` call made
-in `Placement.of`. Scaling out (sharded parameters, a model axis) changes `parallel.py` and
-this file, not the step, the state builders or the loop.
+in `Placement.of`. Scaling out (a model axis, other rules) changes `parallel.py` and this
+file, not the step, the state builders or the loop.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import jax
+import optax
 
 from vit.train import parallel
 
@@ -20,6 +21,7 @@ from vit.train import parallel
 class Placement:
     """Shardings (or trees of them) for each piece of the step's inputs and outputs."""
 
+    mesh: Any
     params: Any
     opt_state: Any
     ema: Any
@@ -27,14 +29,24 @@ class Placement:
     metrics: Any  # the step's scalar outputs
 
     @classmethod
-    def of(cls, mesh) -> Placement:
-        """Data parallel: state replicated, batches split over the `data` axis."""
-        rep = parallel.replicated(mesh)
-        return cls(params=rep, opt_state=rep, ema=rep, batch=parallel.batch_sharded(mesh),
-                   metrics=rep)
+    def of(cls, mesh, params, tx: optax.GradientTransformation,
+           rules=parallel.DEFAULT_RULES) -> Placement:
+        """`params` (arrays or placeholders) and the optimiser state `tx` builds for them,
+        sharded by `rules` (replicated when the mesh's `fsdp` axis is 1); batches split over
+        the mesh."""
+        params_sharding = parallel.tree_shardings(params, mesh, rules)
+        opt_shape = jax.eval_shape(tx.init, params)
+        return cls(mesh=mesh, params=params_sharding,
+                   opt_state=parallel.tree_shardings(opt_shape, mesh, rules),
+                   ema=params_sharding, batch=parallel.batch_sharded(mesh),
+                   metrics=parallel.replicated(mesh))
 
 
 def abstract(tree, sharding):
-    """`tree` as shape/dtype placeholders carrying `sharding`: what a restore fills in."""
+    """`tree` as shape/dtype placeholders carrying `sharding` (one, or a tree like `tree`):
+    what a restore fills in."""
+    if not isinstance(sharding, jax.sharding.Sharding):
+        return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                            tree, sharding)
     return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding),
                         tree)

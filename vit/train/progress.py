@@ -12,9 +12,23 @@ import sys
 _NOT_METRICS = ("step", "split", "lr", "images_per_s")
 
 
-def progress(start: int, total: int):
-    """A display for steps `start..total`: `update(n)`, `report(record)`, `close()`."""
+def progress(start: int, total: int, enabled: bool = True):
+    """A display for steps `start..total`: `update(n)`, `report(record)`, `close()`.
+    Disabled (processes other than 0 of a multi-process run), it shows nothing."""
+    if not enabled:
+        return _Silent()
     return _Bar(start, total) if sys.stderr.isatty() else _Lines(total)
+
+
+class _Silent:
+    def update(self, n: int) -> None:
+        pass
+
+    def report(self, record: dict) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
 
 
 def _metrics(record: dict) -> dict:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import jax
 import ml_collections
 
 from vit.checkpoints import layout
@@ -61,7 +62,9 @@ def train_stages(config, workdir: str | Path, *, init: str | None = None,
         get_config(cfg.model.name, image_size=cfg.input.image_size, **model_fields(cfg))
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
-    (workdir / "recipe.json").write_text(config.to_json(indent=2))
+    primary = jax.process_index() == 0  # process 0 alone writes files
+    if primary:
+        (workdir / "recipe.json").write_text(config.to_json(indent=2))
     previous, result = init or (config.get("init") or None), {}
     for k, (name, cfg) in enumerate(stages):
         if init and config.stages[name].get("skip_with_init", False):
@@ -79,8 +82,9 @@ def train_stages(config, workdir: str | Path, *, init: str | None = None,
             if result.get("stopped_by") or _latest_step(where) != steps:
                 return result  # interrupted: the same command resumes this stage
         previous = str(where)
-    (workdir / "stages.json").write_text(json.dumps(
-        {"stages": [name for name, _ in stages], "final": str(workdir)}, indent=2))
+    if primary:
+        (workdir / "stages.json").write_text(json.dumps(
+            {"stages": [name for name, _ in stages], "final": str(workdir)}, indent=2))
     return result
 
 

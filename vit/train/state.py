@@ -20,9 +20,11 @@ from flax import nnx
 
 from vit.checkpoints import layout
 from vit.data import Augment
+from vit.errors import ConfigError
 from vit.models.config import ViTConfig, get_config
 from vit.models.vit import VisionTransformer
 from vit.preprocess import Preprocessing
+from vit.train import parallel
 from vit.train.checkpointing import TrainCheckpoints
 from vit.train.placement import Placement, abstract
 
@@ -127,19 +129,47 @@ class TrainState:
 
 def new_state(params, tx: optax.GradientTransformation, place: Placement, *,
               ema: bool) -> TrainState:
-    params = jax.device_put(params, place.params)
-    opt_state = jax.device_put(tx.init(params), place.opt_state)
+    """Fresh optimiser state for `params` (host values, the same on every process), each
+    piece built straight into its sharding."""
+    params = parallel.put(params, place.params)
+    opt_state = jax.jit(tx.init, out_shardings=place.opt_state)(params)
     return TrainState(params, opt_state, jax.tree.map(jnp.copy, params) if ema else None)
 
 
 def restore_state(ckpts: TrainCheckpoints, step: int, params, tx: optax.GradientTransformation,
                   place: Placement, *, ema: bool) -> TrainState:
-    """`step`'s checkpoint, restored straight into `place`'s shardings; `params` gives the
-    structure (placeholders will do) and `tx` the optimiser state's."""
+    """`step`'s checkpoint, restored straight into `place`'s shardings (whatever mesh wrote
+    it); `params` gives the structure (placeholders will do) and `tx` the optimiser state's.
+    The data-iterator state is this process's."""
     opt_shape = jax.eval_shape(tx.init, params)
     restored = ckpts.restore(step, params=abstract(params, place.params),
                              opt_state=abstract(opt_shape, place.opt_state),
                              ema_params=abstract(params, place.ema) if ema else None)
-    print(f"resumed from step {step} ({ckpts.step_dir(step)})")
+    iterator_state = iterator_state_of_process(restored[layout.DATA_ITER], step)
+    if parallel.is_primary():
+        print(f"resumed from step {step} ({ckpts.step_dir(step)})")
     return TrainState(restored[layout.PARAMS], restored[layout.OPT_STATE],
-                      restored.get(layout.EMA_PARAMS), restored[layout.DATA_ITER])
+                      restored.get(layout.EMA_PARAMS), iterator_state)
+
+
+def iterator_states(local_state: dict) -> dict:
+    """What a checkpoint records of the data stream: every process's iterator state (the
+    same on each process, gathered), so a resumed multi-process run reads the same data."""
+    return {"process_count": jax.process_count(),
+            "per_process": parallel.allgather_json(local_state)}
+
+
+def iterator_state_of_process(saved: dict, step: int) -> dict:
+    """This process's iterator state from `iterator_states`' record. Each process reads its
+    own shard of the data, so another process count would read other data from this point:
+    refused rather than silently replaying or skipping examples."""
+    if "per_process" not in saved:  # written by one process before the record had this form
+        saved = {"process_count": 1, "per_process": [saved]}
+    count, now = saved["process_count"], jax.process_count()
+    if count != now:
+        raise ConfigError(
+            f"the checkpoint at step {step} was written by {count} process(es) and this run "
+            f"has {now}: each process reads its own shard of the data, so resuming would "
+            f"replay or skip examples; resume with {count} process(es), or start a new workdir "
+            "from its weights with --init WORKDIR")
+    return saved["per_process"][jax.process_index()]

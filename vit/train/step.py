@@ -1,9 +1,9 @@
 """The jitted training step: forward, loss, gradient accumulation, update, EMA.
 
 Everything the step depends on comes in as an argument (the optimiser, the objective, the
-trainable mask, the mesh), never from the config, so a caller can build one step per training
-stage. Randomness is a pure function of (seed, step): a resumed run replays the same dropout
-and drop-path masks as an uninterrupted one.
+trainable mask, the shardings), never from the config, so a caller can build one step per
+training stage. Randomness is a pure function of (seed, step): a resumed run replays the same
+dropout and drop-path masks as an uninterrupted one.
 """
 
 from __future__ import annotations
@@ -13,22 +13,27 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
+from vit.train import parallel
 from vit.train.losses import LossFn, softmax_xent
 from vit.train.placement import Placement
 
 
-def make_train_step(graphdef, tx: optax.GradientTransformation, mesh, *, accum_steps: int,
-                    ema_decay: float, loss_fn: LossFn = softmax_xent, trainable=None):
+def make_train_step(graphdef, tx: optax.GradientTransformation, place: Placement, *,
+                    accum_steps: int, ema_decay: float, loss_fn: LossFn = softmax_xent,
+                    trainable=None):
     """`step(params, opt_state, ema, batch, seed, step) -> (params, opt_state, ema, metrics)`.
 
     `metrics` holds the loss, `loss_fn`'s metrics (means over the batch) and `finite`.
     `accum_steps` splits the batch into that many micro-batches, one update from their mean
     gradient. `ema` is None to keep no EMA. `trainable` is a bool tree like the params (None:
     all): frozen leaves get no backward pass and never move, whatever `tx` does.
+    `place` (`Placement.of`) gives the shardings of the state, the batch and the metrics:
+    replicated or fsdp-sharded state, the same step.
     """
-    place = Placement.of(mesh)
+    batch_sharding = place.batch
 
     def objective(params, batch, key):
+        params = parallel.gathered_for_use(params, place.mesh)
         if trainable is not None:
             params = jax.tree.map(lambda p, t: p if t else jax.lax.stop_gradient(p),
                                   params, trainable)
@@ -36,6 +41,8 @@ def make_train_step(graphdef, tx: optax.GradientTransformation, mesh, *, accum_s
         logits = nnx.merge(graphdef, params)(batch["image"], text=batch.get("text"),
                                              text_mask=batch.get("text_mask"), train=True,
                                              rng=key)
+        # Per-example outputs stay split like the batch.
+        logits = jax.lax.with_sharding_constraint(logits, batch_sharding)
         return loss_fn(logits, batch)
 
     grad_fn = jax.value_and_grad(objective, has_aux=True)
@@ -71,9 +78,10 @@ def make_train_step(graphdef, tx: optax.GradientTransformation, mesh, *, accum_s
             ema = jax.tree.map(lambda e, p: decay * e + (1 - decay) * p, ema, params)
         # An update can overflow the weights while this step's loss is still finite: check
         # both, so a checkpoint never holds non-finite weights.
+        # Checked on the device; the loop reads the flag before every save and log.
         finite = jnp.all(jnp.array([jnp.isfinite(x).all() for x in jax.tree.leaves(params)]))
         return params, opt_state, ema, {"loss": loss, **aux, "finite": finite}
 
-    state = (place.params, place.opt_state, place.ema)
+    state = (place.params, place.opt_state, place.ema if ema_decay > 0 else None)
     return jax.jit(step_fn, in_shardings=(*state, place.batch, None, None),
                    out_shardings=(*state, place.metrics), donate_argnums=(0, 1, 2))
