@@ -1,27 +1,33 @@
 #!/usr/bin/env python3
 """Attention kernels and a ViT-B/16 training step, timed; results as JSON.
 
-    PYTHONPATH=$PWD python3 scripts/bench_attention.py [--out DIR] [--dry-run]
+    PYTHONPATH=$PWD python3 scripts/bench_attention.py [--out DIR] [--budget-s S] [--quick]
+        [--dry-run]
 
-Sections, each written to DIR/bench_attention.json as soon as it finishes:
+Sections, in this order, each written to DIR/bench_attention.json as soon as it finishes:
   correctness  our kernel (compiled where there is an accelerator) against a float32 softmax
-               reference: outputs and dq/dk/dv at ragged ViT lengths, head dims, dtypes, kv_len.
+               reference: outputs and dq/dk/dv at ragged ViT lengths, head dims, dtypes, kv_len,
+               per element within atol + rtol * |reference|.
   attention    forward and forward+backward TFLOP/s at ViT shapes for our kernel,
                jax.nn.dot_product_attention (cudnn, xla) and jax's Pallas GPU `mha`.
+  block_sweep  each of our kernels (forward, dK/dV, dQ) over tiles and warps, per head_dim (64,
+               128) and sequence (197, 577), the default (fitted) tiles first: data for tuning.
   train_step   ViT-B/16 training step (bfloat16) in images/s and MFU with each attention path.
-  block_sweep  our kernel over (block_q, block_k) tiles, in the time left: data for tuning.
-Every measurement catches its own errors, so one failing path never hides the others.
+Each timed section has its own share of --budget-s. Every row has a status: "ok", "failed" (it
+raised, or a correctness check missed) or "skipped" (the time budget ran out before it started).
+The exit code keeps them apart: 1 if any row failed, else 3 if any was skipped, else 0.
 
---dry-run: tiny shapes in Pallas interpret mode, so CI on a CPU proves the script runs.
+--quick: the seq-577 attention rows only. --dry-run: tiny shapes in Pallas interpret mode, so CI
+on a CPU proves the script runs.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import functools
 import importlib.metadata
-import itertools
 import json
 import math
 import pathlib
@@ -36,12 +42,17 @@ import jax.numpy as jnp
 
 FLOP_CONVENTION = (
     "attention forward = 4*B*H*Sq*Sk*D (QK^T and PV, unpadded lengths); backward = 2.5x "
-    "forward, so fwd_bwd = 3.5x forward. Train step: 105 GFLOP per 224px ViT-B/16 image "
-    "(forward + backward); MFU = images/s * 105e9 / 989e12 (H100/H200 dense bf16 peak)."
+    "forward, so fwd_bwd = 3.5x forward. Block sweep, per kernel as it runs (recomputation "
+    "counted): fwd 4*B*H*S^2*D, dkv 8*B*H*S^2*D, dq 6*B*H*S^2*D. Train step: 105 GFLOP per "
+    "224px ViT-B/16 image (forward + backward); MFU = images/s * 105e9 / 989e12 (H100/H200 "
+    "dense bf16 peak)."
 )
 TRAIN_FLOP_PER_IMAGE = 105e9
 PEAK_FLOP_S = 989e12
-TOL = {"float32": 1e-4, "bfloat16": 3e-2, "float16": 1e-2}
+# Per element: |ours - reference| <= ATOL + RTOL * |reference| (as tests/test_flash_attention.py).
+ATOL = {"float32": 1e-5, "bfloat16": 2e-2, "float16": 2e-3}
+RTOL = {"float32": 5e-5, "bfloat16": 2e-2, "float16": 2e-3}
+SKIPPED = {"status": "skipped", "reason": "time budget"}
 
 
 def _error(exc: BaseException) -> str:
@@ -56,6 +67,10 @@ class Deadline:
 
     def left(self) -> float:
         return self.end - time.monotonic()
+
+    def share(self, fraction: float) -> Deadline:
+        """A deadline for one section: `fraction` of the time left now."""
+        return Deadline(max(0.0, self.left()) * fraction)
 
 
 def _time(fn, *args, iters: int, reps: int = 3) -> float:
@@ -97,12 +112,15 @@ def _jax_pallas_mha(q, k, v, *, interpret):
 def attention_impls(interpret: bool) -> dict:
     from vit.ops.flash_attention import flash_attention
 
-    return {
+    impls = {
         "pallas": flash_attention,
         "cudnn": functools.partial(jax.nn.dot_product_attention, implementation="cudnn"),
         "xla": functools.partial(jax.nn.dot_product_attention, implementation="xla"),
         "jax_pallas_mha": functools.partial(_jax_pallas_mha, interpret=interpret),
     }
+    if jax.default_backend() != "gpu":
+        del impls["cudnn"]  # NVIDIA only; on a GPU its failure is a failed row
+    return impls
 
 
 def _with_grads(attention, q, k, v, do):
@@ -148,24 +166,36 @@ def correctness(dry_run: bool) -> list[dict]:
                 *(x.astype(jnp.float32) for x in (q, k, v, do)))
             # Rows with no valid key: ours are zeros, the reference's are NaN.
             rows = True if lens is None else (lens > 0)[:, None, None, None]
-            errors = {}
+            worst = {}
             for name, a, b, mask in zip(("out", "dq", "dk", "dv"), ours, ref,
                                         (rows, rows, valid, valid), strict=True):
                 a = jnp.where(mask, a.astype(jnp.float32), 0)
                 b = jnp.where(mask, b, 0)
-                scale = max(1.0, float(jnp.max(jnp.abs(b))))
-                errors[name] = float(jnp.max(jnp.abs(a - b))) / scale
+                bound = ATOL[dtype] + RTOL[dtype] * jnp.abs(b)
+                worst[name] = float(jnp.max(jnp.abs(a - b) / bound))
             finite = all(bool(jnp.isfinite(x.astype(jnp.float32)).all()) for x in ours)
-            row.update(max_rel_err=errors, finite=finite,
-                       ok=finite and max(errors.values()) <= TOL[dtype])
+            ok = finite and max(worst.values()) <= 1.0
+            row.update(worst_error_over_bound=worst, finite=finite, ok=ok,
+                       status="ok" if ok else "failed")
         except Exception as exc:  # recorded, and the run goes on
-            row.update(ok=False, error=_error(exc))
+            row.update(ok=False, status="failed", error=_error(exc))
         results.append(row)
         print(f"correctness {row}", flush=True)
     return results
 
 
-def _measure_modes(attention, batch, seq, heads, d, inputs, iters, skip: bool, **labels):
+def _timed_row(row: dict, fn, args, iters: int, flop: float, deadline: Deadline) -> dict:
+    """Fills `row` with ms and TFLOP/s, or the reason it has none."""
+    if deadline.left() <= 0:
+        return {**row, **SKIPPED}
+    try:
+        seconds = _time(fn, *args, iters=iters)
+        return {**row, "status": "ok", "ms": seconds * 1e3, "tflops": flop / seconds / 1e12}
+    except Exception as exc:
+        return {**row, "status": "failed", "error": _error(exc)}
+
+
+def _measure_modes(attention, batch, seq, heads, d, inputs, iters, deadline, **labels):
     """Forward and forward+backward rows (ms, TFLOP/s) for one attention function and shape."""
     q, k, v, do = inputs
     fwd_flop = 4 * batch * heads * seq * seq * d
@@ -173,58 +203,123 @@ def _measure_modes(attention, batch, seq, heads, d, inputs, iters, skip: bool, *
     for mode, flop in (("fwd", fwd_flop), ("fwd_bwd", 3.5 * fwd_flop)):
         row = dict(**labels, mode=mode, batch=batch, seq=seq, heads=heads, head_dim=d,
                    dtype="bfloat16")
-        if skip:
-            row["error"] = "skipped: time budget"
-        else:
-            fn = jax.jit(attention if mode == "fwd"
-                         else functools.partial(_with_grads, attention))
-            args = (q, k, v) if mode == "fwd" else (q, k, v, do)
-            try:
-                seconds = _time(fn, *args, iters=iters)
-                row.update(ms=seconds * 1e3, tflops=flop / seconds / 1e12)
-            except Exception as exc:
-                row["error"] = _error(exc)
-        rows.append(row)
+        fn = jax.jit(attention if mode == "fwd" else functools.partial(_with_grads, attention))
+        args = (q, k, v) if mode == "fwd" else (q, k, v, do)
+        rows.append(_timed_row(row, fn, args, iters, flop, deadline))
     return rows
 
 
-def attention_bench(dry_run: bool, iters: int, deadline: Deadline, reserve_s: float):
+def attention_bench(dry_run: bool, quick: bool, iters: int, deadline: Deadline):
     interpret = jax.default_backend() == "cpu"
     impls = attention_impls(interpret)
-    # seq 577 first: the issue's target (1.5x XLA) is set there, so it is measured first.
+    # seq 577 first (ViT-B/16 at 384 px): --quick measures it alone. 12 heads: ViT-B, 16: ViT-L.
+    seqs = (577,) if quick else (577, 197)
     shapes = [(1, 50, 2, 64)] if dry_run else [
-        (batch, seq, heads, 64) for seq in (577, 197) for batch in (128, 256) for heads in (12, 16)
+        (128, seq, heads, 64) for seq in seqs for heads in (12, 16)
     ]
     results = []
     for batch, seq, heads, d in shapes:
         inputs = _inputs(jax.random.PRNGKey(0), batch, seq, seq, heads, d, jnp.bfloat16)
         for name, attention in impls.items():
-            for row in _measure_modes(attention, batch, seq, heads, d, inputs, iters,
-                                      skip=deadline.left() < reserve_s, impl=name):
+            for row in _measure_modes(attention, batch, seq, heads, d, inputs, iters, deadline,
+                                      impl=name):
                 results.append(row)
                 print(f"attention {row}", flush=True)
     return results
 
 
-def block_sweep(dry_run: bool, iters: int, deadline: Deadline) -> list[dict]:
-    """Our kernel over (block_q, block_k) tiles and warps at ViT-B shapes, in whatever time is
-    left: the data for tuning `default_block_sizes`. Each setting applies to all three kernels."""
+# Tiles tried per kernel after the default (fitted) one and the largest one, in order:
+# (query rows, key rows). fwd and dQ keep queries resident, dK/dV keeps keys.
+SWEEP_TILES = {
+    "fwd": [(64, 64), (128, 128), (64, 32), (128, 64)],
+    "dkv": [(64, 128), (32, 64), (16, 128), (32, 128)],
+    "dq": [(128, 64), (64, 32), (128, 16), (128, 32)],
+}
+SWEEP_FLOP = {"fwd": 4, "dkv": 8, "dq": 6}  # x B*H*S^2*D
+
+
+def _sweep_settings(kernel: str, seq: int, head_dim: int, count: int):
+    """The first `count` (BlockSizes, labels) settings of one kernel, the others at their
+    defaults: the default for this length, the same with the other warp count (4 <-> 8), the
+    unfitted largest tile, then SWEEP_TILES. Settings that clamp to one listed are dropped."""
+    from vit.ops.flash_attention import _resolve_blocks, default_block_sizes
+
+    index = ("fwd", "dkv", "dq").index(kernel)
+    base = default_block_sizes("gpu", head_dim, seq, seq)
+    tile, warps = getattr(base, kernel), base.warps[index]
+    largest = getattr(default_block_sizes("gpu", head_dim), kernel)
+    candidates = [(tile, warps), (tile, 12 - warps), (largest, warps),
+                  *((t, warps) for t in SWEEP_TILES[kernel])]
+    settings, seen = [], set()
+    for tile_, warps_ in candidates:
+        trial = dataclasses.replace(
+            base, **{kernel: tile_},
+            warps=tuple(warps_ if i == index else w for i, w in enumerate(base.warps)))
+        # The wrapper clamps tiles to short sequences; key on what actually runs.
+        ran = getattr(_resolve_blocks(False, head_dim, seq, seq, None, None, trial), kernel)
+        if (ran, warps_) not in seen:
+            seen.add((ran, warps_))
+            settings.append((trial, dict(tile=list(ran), num_warps=warps_,
+                                         default=not settings)))
+    return settings[:count]
+
+
+def _dkv_only(vjp_fn, do):
+    return vjp_fn(do)[1:]
+
+
+def _dq_only(vjp_fn, do):
+    return vjp_fn(do)[0]
+
+
+def block_sweep(dry_run: bool, iters: int, deadline: Deadline, per_case: int) -> list[dict]:
+    """Each kernel over tiles and warps at ViT shapes, with the other two at their defaults:
+    the data for tuning `default_block_sizes`. Forward rows time the forward; dK/dV and dQ rows
+    time a backward pass asked for that kernel's outputs only (XLA drops the other kernel when
+    it can; else it adds the same time to every row). Breadth first: every (kernel, head_dim,
+    seq) gets its default measured before any gets a second setting."""
     from vit.ops.flash_attention import flash_attention
 
-    shapes = [(1, 50, 2, 64)] if dry_run else [(128, 577, 12, 64), (128, 197, 12, 64)]
-    tiles = [(16, 16)] if dry_run else [(128, 64), (64, 64), (128, 32), (64, 128), (128, 128)]
-    warps = (4,) if dry_run else (4, 8)
+    batch, heads = (1, 2) if dry_run else (128, 12)
+    cases = [(20, 16)] if dry_run else [(577, 64), (197, 64), (577, 128), (197, 128)]
+    grid = {}
+    for seq, d in cases:
+        for kernel in ("fwd", "dkv", "dq"):
+            grid[(seq, d, kernel)] = _sweep_settings(kernel, seq, d, per_case)
+    rounds = max(len(v) for v in grid.values())
+    inputs = {}
     results = []
-    for batch, seq, heads, d in shapes:
-        inputs = _inputs(jax.random.PRNGKey(0), batch, seq, seq, heads, d, jnp.bfloat16)
-        for (block_q, block_k), num_warps in itertools.product(tiles, warps):
-            attention = functools.partial(flash_attention, block_q=block_q, block_k=block_k,
-                                          num_warps=num_warps)
-            for row in _measure_modes(attention, batch, seq, heads, d, inputs, iters,
-                                      skip=deadline.left() <= 0, block_q=block_q,
-                                      block_k=block_k, num_warps=num_warps):
-                results.append(row)
-                print(f"blocks {row}", flush=True)
+    for r in range(rounds):
+        for (seq, d, kernel), settings in grid.items():
+            if r >= len(settings):
+                continue
+            blocks, labels = settings[r]
+            row = dict(kernel=kernel, seq=seq, head_dim=d, batch=batch, heads=heads,
+                       dtype="bfloat16", **labels)
+            flop = SWEEP_FLOP[kernel] * batch * heads * seq * seq * d
+            if deadline.left() <= 0:
+                row.update(SKIPPED)
+            else:
+                if (seq, d) not in inputs:
+                    inputs[(seq, d)] = _inputs(jax.random.PRNGKey(0), batch, seq, seq, heads,
+                                               d, jnp.bfloat16)
+                q, k, v, do = inputs[(seq, d)]
+                attention = functools.partial(flash_attention, block_sizes=blocks)
+                try:
+                    if kernel == "fwd":
+                        fn, args = jax.jit(attention), (q, k, v)
+                    else:
+                        _, vjp_fn = jax.vjp(attention, q, k, v)
+                        fn = jax.jit(_dkv_only if kernel == "dkv" else _dq_only)
+                        args = (vjp_fn, do)
+                except Exception as exc:
+                    fn, args = None, exc
+                if fn is None:
+                    row.update(status="failed", error=_error(args))
+                else:
+                    row = _timed_row(row, fn, args, iters, flop, deadline)
+            results.append(row)
+            print(f"blocks {row}", flush=True)
     return results
 
 
@@ -264,7 +359,9 @@ def _train_step_time(impl: str, batch: int, image_size: int, overrides: dict, it
     return (time.perf_counter() - start) / iters, first_step_s, model.config
 
 
-def train_bench(dry_run: bool, iters: int, deadline: Deadline) -> dict:
+def train_bench(dry_run: bool, iters: int, deadline: Deadline, min_left_s: float) -> dict:
+    """One row per attention path; a row starts only with `min_left_s` of its budget left (a
+    ViT-B/16 step compiles for tens of seconds), else it is skipped."""
     batch, image_size = (2, 32) if dry_run else (256, 224)
     # Dry run: a one-layer toy with ViT-B/16's structure, so CI stays fast.
     overrides = dict(width=64, depth=1, mlp_dim=128, num_heads=2) if dry_run else {}
@@ -272,18 +369,18 @@ def train_bench(dry_run: bool, iters: int, deadline: Deadline) -> dict:
     # On CPU "cudnn" falls back to "xla": the dry run skips compiling the same step twice.
     for impl in ("pallas", "xla") if dry_run else ("pallas", "cudnn", "xla"):
         row = dict(impl=impl, batch=batch, image_size=image_size)
-        if deadline.left() <= 0:
-            row["error"] = "skipped: time budget"
+        if deadline.left() < min_left_s:
+            row.update(SKIPPED)
         else:
             try:
                 seconds, first_step_s, config = _train_step_time(
                     impl, batch, image_size, overrides, iters)
                 images_per_s = batch / seconds
-                row.update(step_ms=seconds * 1e3, images_per_s=images_per_s,
+                row.update(status="ok", step_ms=seconds * 1e3, images_per_s=images_per_s,
                            mfu=images_per_s * TRAIN_FLOP_PER_IMAGE / PEAK_FLOP_S,
                            first_step_s=first_step_s, dispatch=_dispatch(impl, batch, config))
             except Exception as exc:
-                row["error"] = _error(exc)
+                row.update(status="failed", error=_error(exc))
                 traceback.print_exc()
         runs.append(row)
         print(f"train_step {row}", flush=True)
@@ -302,31 +399,59 @@ def _dispatch(impl: str, batch: int, config) -> str:
         return f"unknown ({_error(exc)})"
 
 
+def _figure(r: dict, width: int = 10) -> str:
+    if r.get("status") == "ok":
+        return f"{r['ms']:>{width}.3f}{r['tflops']:>9.1f}"
+    return f"  {r['status'].upper()}: {r.get('error') or r.get('reason', '')}"
+
+
 def _summary(result: dict) -> None:
     print(f"\n== {result['machine']['device_kind']} jax {result['versions']['jax']}")
     checks = result.get("correctness", [])
-    print(f"correctness: {sum(c['ok'] for c in checks)}/{len(checks)} ok")
+    if checks:
+        print(f"correctness: {sum(c['ok'] for c in checks)}/{len(checks)} ok")
     for c in checks:
         if not c["ok"]:
             print(f"  FAILED {c}")
     print(f"{'impl':<16}{'mode':<9}{'B':>5}{'S':>5}{'H':>4}{'ms':>10}{'TFLOP/s':>9}")
     for r in result.get("attention", []):
-        figure = f"{r['ms']:>10.3f}{r['tflops']:>9.1f}" if "ms" in r else f"  {r['error']}"
-        print(f"{r['impl']:<16}{r['mode']:<9}{r['batch']:>5}{r['seq']:>5}{r['heads']:>4}{figure}")
-    best = {}
-    for r in result.get("block_sweep", []):
-        key = (r["mode"], r["seq"])
-        if "tflops" in r and r["tflops"] > best.get(key, {}).get("tflops", 0):
-            best[key] = r
-    for (mode, seq), r in sorted(best.items()):
-        print(f"best tiles {mode:<8} seq {seq}: block_q={r['block_q']} block_k={r['block_k']}"
-              f" num_warps={r['num_warps']} {r['tflops']:.1f} TFLOP/s")
+        print(f"{r['impl']:<16}{r['mode']:<9}{r['batch']:>5}{r['seq']:>5}{r['heads']:>4}"
+              f"{_figure(r)}")
+    sweep = result.get("block_sweep", [])
+    if sweep:
+        print(f"{'kernel':<7}{'S':>5}{'D':>5}  {'tile':<11}{'warps':>5}{'ms':>10}{'TFLOP/s':>9}")
+    for r in sweep:
+        mark = " (default)" if r["default"] else ""
+        print(f"{r['kernel']:<7}{r['seq']:>5}{r['head_dim']:>5}  {str(r['tile']):<11}"
+              f"{r['num_warps']:>5}{_figure(r)}{mark}")
     for r in result.get("train_step", {}).get("runs", []):
-        if "images_per_s" in r:
+        if r.get("status") == "ok":
             print(f"train {r['impl']:<8} {r['images_per_s']:>9.1f} img/s  MFU {r['mfu']:.1%}"
                   f"  ({r.get('dispatch', '')})")
         else:
-            print(f"train {r['impl']:<8} {r['error']}")
+            print(f"train {r['impl']:<8} {r['status'].upper()}: "
+                  f"{r.get('error') or r.get('reason', '')}")
+    print(f"rows: {result['status']}")
+
+
+def _rows(result: dict) -> list[dict]:
+    return [*result.get("correctness", []), *result.get("attention", []),
+            *result.get("block_sweep", []), *result.get("train_step", {}).get("runs", [])]
+
+
+def _status(result: dict) -> dict:
+    """Rows per status; a section that failed as a whole (no rows) counts as one failure."""
+    counts = {"ok": 0, "failed": 0, "skipped": 0}
+    for row in _rows(result):
+        counts[row["status"]] += 1
+    counts["failed"] += sum(1 for section in ("train_step",)
+                            if "error" in result.get(section, {}))
+    return counts
+
+
+def exit_code(status: dict) -> int:
+    """1 if any row failed, else 3 if the time budget skipped any, else 0."""
+    return 1 if status["failed"] else 3 if status["skipped"] else 0
 
 
 def _versions() -> dict:
@@ -343,12 +468,14 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default="benchmarks", help="results directory")
     parser.add_argument("--dry-run", action="store_true",
                         help="tiny shapes in interpret mode (CPU CI)")
+    parser.add_argument("--quick", action="store_true", help="the seq-577 attention rows only")
     parser.add_argument("--iters", type=int, default=None, help="timed calls per repetition")
-    parser.add_argument("--budget-s", type=float, default=330,
+    parser.add_argument("--budget-s", type=float, default=300,
                         help="stop starting new measurements after this many seconds")
+    parser.add_argument("--sweep-settings", type=int, default=None,
+                        help="settings per kernel, head_dim and sequence (default 4; dry run 1)")
     parser.add_argument("--skip-train", action="store_true", help="no ViT training step")
-    parser.add_argument("--skip-sweep", action="store_true",
-                        help="no block-size sweep (it runs last, in the time left)")
+    parser.add_argument("--skip-sweep", action="store_true", help="no block-size sweep")
     args = parser.parse_args(argv)
     iters = args.iters or (1 if args.dry_run else 10)
     deadline = Deadline(args.budget_s)
@@ -359,33 +486,45 @@ def main(argv=None) -> int:
     result = {
         "command": " ".join([sys.executable, *sys.argv]),
         "dry_run": args.dry_run,
+        "quick": args.quick,
         "machine": dict(platform=jax.default_backend(), device_kind=device.device_kind,
                         device_count=jax.device_count(), host=platform.node()),
         "versions": _versions(),
         "flop_convention": FLOP_CONVENTION,
+        "budget_s": args.budget_s,
     }
 
     def save():
+        result["status"] = _status(result)
         path.write_text(json.dumps(result, indent=1, default=str))
 
-    result["correctness"] = correctness(args.dry_run)
+    sweep = not (args.quick or args.skip_sweep)
+    train = not (args.quick or args.skip_train)
+    if not args.quick:
+        result["correctness"] = correctness(args.dry_run)
+        save()
+    # Each section gets a share of the time left when it starts; what one leaves unused goes
+    # to the next. The sweep runs before the training step so it is not starved.
+    later = sweep + train
+    result["attention"] = attention_bench(args.dry_run, args.quick, iters,
+                                          deadline.share(1.0 / (1 + 0.8 * later)))
     save()
-    # Keep time for the training step so both sections report.
-    reserve = 0 if args.skip_train or args.dry_run else 0.35 * args.budget_s
-    result["attention"] = attention_bench(args.dry_run, iters, deadline, reserve)
-    save()
-    if not args.skip_train:
+    if sweep:
+        per_case = args.sweep_settings or (1 if args.dry_run else 4)
+        result["block_sweep"] = block_sweep(args.dry_run, iters, deadline.share(
+            0.5 if train else 1.0), per_case)
+        save()
+    if train:
         try:
-            result["train_step"] = train_bench(args.dry_run, max(iters, 2), deadline)
+            result["train_step"] = train_bench(args.dry_run, max(iters // 2, 2), deadline,
+                                               min_left_s=0 if args.dry_run else 40)
         except Exception as exc:  # e.g. the model package fails to import
             result["train_step"] = {"error": _error(exc), "runs": []}
         save()
-    if not args.skip_sweep:
-        result["block_sweep"] = block_sweep(args.dry_run, iters, deadline)
-        save()
+    save()
     _summary(result)
     print(f"\nwrote {path}")
-    return 0 if all(c["ok"] for c in result["correctness"]) else 1
+    return exit_code(result["status"])
 
 
 if __name__ == "__main__":

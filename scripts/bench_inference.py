@@ -1,15 +1,21 @@
-"""Inference speed: our ViT against Hugging Face transformers' PyTorch ViT, same configuration.
+"""Inference speed: our ViT (float32 and bfloat16) against Hugging Face transformers' PyTorch
+ViT in float32, with the same weights.
 
-Each measurement runs in its own process (ours and theirs alternating, so drifts in machine load
-hit both), and the claim is the median of the per-round ratios. Writes JSON under benchmarks/.
+One checkpoint is made first: a transformers ViTForImageClassification with the parity
+fixture's random weights (every tensor N(0, 0.3^2), LayerNorm scales around 1), saved with
+`save_pretrained`; both sides load that folder. Each measurement runs in its own
+process (contestants alternate round by round, so drifts in machine load hit all of them), and
+each claim is the median of the per-round ratios. The first round also classifies
+`--agree-images` images on every side and reports the top-1 agreement and the largest
+probability difference against transformers. Writes JSON under benchmarks/.
 
-    python scripts/bench_inference.py                      # ViT-B/16, batch 8, 224 px, float32
+    python scripts/bench_inference.py                          # ViT-B/16, batch 8, 224 px
     python scripts/bench_inference.py --rounds 5 --iters 10
-    python scripts/bench_inference.py --baseline /tmp/old   # also an older checkout of ours
+    python scripts/bench_inference.py --baseline /tmp/before   # also an older copy of ours
 
-`--baseline DIR` adds a third contestant in every round: our model imported from DIR (a
-`git worktree` of an earlier commit), so a change to the hot path is measured against the code
-before it on the same machine in the same run (`ratio_to_baseline_median`).
+`--baseline DIR` adds our model imported from DIR (an export of an earlier commit, e.g.
+`git archive HEAD | tar -x -C DIR`), float32, so a change to the hot path is measured against
+the code before it on the same machine in the same run (`ratio_to_baseline_median`).
 """
 
 from __future__ import annotations
@@ -21,62 +27,96 @@ import platform
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def worker_ours(args) -> list[float]:
+def inputs(n: int, size: int, seed: int):
+    import numpy as np
+
+    return np.random.RandomState(seed).randn(n, size, size, 3).astype(np.float32)  # NHWC
+
+
+def worker_ours(args, dtype: str):
     import jax
-    import jax.numpy as jnp
+    import numpy as np
     from flax import nnx
 
-    import vit
+    from vit.checkpoints import load_checkpoint
 
-    model = vit.create_model(args.model, image_size=args.image_size, dtype="float32")
-    forward = nnx.jit(lambda m, x: m(x))
-    x = jax.random.normal(jax.random.key(0), (args.batch, args.image_size, args.image_size, 3))
-    x = jnp.asarray(x, jnp.float32)
-    forward(model, x).block_until_ready()  # compile
+    model = load_checkpoint(args.checkpoint, dtype=dtype).build_model()
+    graphdef, state = nnx.split(model)
+    forward = jax.jit(lambda s, x: jax.nn.softmax(nnx.merge(graphdef, s)(x), -1))
+    x = inputs(args.batch, args.image_size, 0)
+    forward(state, x).block_until_ready()  # compile
     times = []
     for _ in range(args.iters):
         t = time.perf_counter()
-        forward(model, x).block_until_ready()
+        forward(state, x).block_until_ready()
         times.append(time.perf_counter() - t)
-    return times
+    probs = None
+    if args.agree_images:
+        xs = inputs(args.agree_images, args.image_size, 1)
+        probs = np.concatenate([np.asarray(forward(state, xs[i:i + args.batch]))
+                                for i in range(0, len(xs), args.batch)])
+    return times, probs
 
 
-def worker_hf(args) -> list[float]:
+def worker_hf(args):
     import torch
-    from transformers import ViTConfig, ViTForImageClassification
+    from transformers import ViTForImageClassification
 
-    import vit
-
-    cfg = vit.get_config(args.model, image_size=args.image_size)
     torch.set_num_threads(os.cpu_count())
-    model = ViTForImageClassification(ViTConfig(
-        hidden_size=cfg.width, num_hidden_layers=cfg.depth, num_attention_heads=cfg.num_heads,
-        intermediate_size=cfg.mlp_dim, image_size=args.image_size, patch_size=cfg.patch_size[0],
-        num_labels=cfg.num_classes)).eval()
-    x = torch.randn(args.batch, 3, args.image_size, args.image_size)
-    times = []
+    model = ViTForImageClassification.from_pretrained(args.checkpoint).eval()
+    x = torch.from_numpy(inputs(args.batch, args.image_size, 0).transpose(0, 3, 1, 2).copy())
+    times, probs = [], None
     with torch.inference_mode():
         model(pixel_values=x)  # warm-up
         for _ in range(args.iters):
             t = time.perf_counter()
             model(pixel_values=x)
             times.append(time.perf_counter() - t)
-    return times
+        if args.agree_images:
+            xs = torch.from_numpy(inputs(args.agree_images, args.image_size, 1)
+                                  .transpose(0, 3, 1, 2).copy())
+            probs = torch.cat([torch.softmax(model(pixel_values=xs[i:i + args.batch]).logits, -1)
+                               for i in range(0, len(xs), args.batch)]).numpy()
+    return times, probs
 
 
-def run_worker(kind: str, args) -> float:
+def make_checkpoint(folder: str, args) -> None:
+    import torch
+    import transformers
+
+    import vit
+
+    cfg = vit.get_config(args.model, image_size=args.image_size)
+    torch.manual_seed(0)
+    model = transformers.ViTForImageClassification(transformers.ViTConfig(
+        hidden_size=cfg.width, num_hidden_layers=cfg.depth, num_attention_heads=cfg.num_heads,
+        intermediate_size=cfg.mlp_dim, image_size=args.image_size, patch_size=cfg.patch_size[0],
+        num_labels=cfg.num_classes)).eval()
+    with torch.no_grad():  # the parity fixture's recipe (tests/test_checkpoints.py)
+        for name, p in model.named_parameters():
+            base = 1.0 if ("layernorm" in name and name.endswith("weight")) else 0.0
+            p.copy_(base + 0.3 * torch.randn_like(p))
+    model.save_pretrained(folder)
+
+
+def run_worker(kind: str, args, folder: str, agree: bool):
     env = dict(os.environ)
-    if kind == "baseline":  # our worker, with `vit` imported from the baseline checkout
-        kind, env["PYTHONPATH"] = "ours", args.baseline
-    cmd = [sys.executable, __file__, "--worker", kind, "--model", args.model,
+    if kind == "baseline":  # our float32 worker, with `vit` imported from the baseline copy
+        env["PYTHONPATH"] = args.baseline
+    cmd = [sys.executable, os.path.abspath(__file__), "--worker", kind, "--model", args.model,
            "--batch", str(args.batch), "--image-size", str(args.image_size),
-           "--iters", str(args.iters)]
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=ROOT, env=env)
+           "--iters", str(args.iters), "--checkpoint", os.path.join(folder, "model"),
+           "--agree-images", str(args.agree_images if agree else 0),
+           "--probs-out", os.path.join(folder, f"{kind}.npy")]
+    out = subprocess.run(cmd, capture_output=True, text=True, cwd=folder, env=env)
+    if out.returncode:
+        sys.exit(f"worker {kind} failed:\n{out.stderr[-3000:]}")
     times = json.loads(out.stdout.strip().splitlines()[-1])
     return args.batch / statistics.median(times)
 
@@ -87,6 +127,29 @@ def versions() -> dict:
     return {p: md.version(p) for p in ("jax", "jaxlib", "flax", "torch", "transformers")}
 
 
+def agreement(folder: str, kinds) -> dict:
+    import numpy as np
+
+    ref = np.load(os.path.join(folder, "hf.npy"), allow_pickle=False)
+    out = {}
+    for kind in kinds:
+        probs = np.load(os.path.join(folder, f"{kind}.npy"), allow_pickle=False)
+        out[kind] = {"top1_agreement_with_transformers": float(np.mean(
+                         probs.argmax(1) == ref.argmax(1))),
+                     "max_prob_error": float(np.abs(probs - ref).max())}
+    if "ours_bfloat16" in kinds:
+        a = np.load(os.path.join(folder, "ours_float32.npy"), allow_pickle=False)
+        b = np.load(os.path.join(folder, "ours_bfloat16.npy"), allow_pickle=False)
+        out["bfloat16_vs_float32"] = {"top1_agreement": float(np.mean(a.argmax(1) ==
+                                                                      b.argmax(1))),
+                                      "max_prob_error": float(np.abs(a - b).max())}
+    out["images"] = int(len(ref))
+    out["distinct_top1"] = int(len(set(ref.argmax(1).tolist())))
+    top2 = np.sort(ref, axis=1)[:, -2:]
+    out["near_ties"] = int(np.sum(top2[:, 1] - top2[:, 0] < 0.01))  # top-2 within 0.01
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="vit_b16")
@@ -94,28 +157,51 @@ def main() -> None:
     parser.add_argument("--image-size", type=int, default=224)
     parser.add_argument("--iters", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--dtypes", default="float32,bfloat16",
+                        help="our compute dtypes to time (comma-separated)")
+    parser.add_argument("--agree-images", type=int, default=64,
+                        help="images for the agreement check in the first round (0: none)")
     parser.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "bench_inference.json"))
     parser.add_argument("--baseline", default=None, metavar="DIR",
-                        help="also time our model from this checkout (an earlier commit)")
-    parser.add_argument("--worker", choices=("ours", "hf"), help=argparse.SUPPRESS)
+                        help="also time our float32 model from this copy (an earlier commit)")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--checkpoint", help=argparse.SUPPRESS)
+    parser.add_argument("--probs-out", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        times = (worker_ours if args.worker == "ours" else worker_hf)(args)
+        import numpy as np
+
+        if args.worker == "hf":
+            times, probs = worker_hf(args)
+        else:
+            dtype = "float32" if args.worker == "baseline" else args.worker.split("_", 1)[1]
+            times, probs = worker_ours(args, dtype)
+        if probs is not None:
+            np.save(args.probs_out, np.asarray(probs, np.float32), allow_pickle=False)
         print(json.dumps(times))
         return
+    ours = [f"ours_{d}" for d in args.dtypes.split(",") if d]
+    kinds = ours + (["baseline"] if args.baseline else []) + ["hf"]
     rounds = []
-    for i in range(args.rounds):
-        # Alternate which goes first, so neither always meets a warmer or cooler machine.
-        order = ("ours", "hf") if i % 2 == 0 else ("hf", "ours")
-        if args.baseline:
-            order = ("ours", "baseline", "hf") if i % 2 == 0 else ("hf", "baseline", "ours")
-        r = {kind: run_worker(kind, args) for kind in order}
-        r["ratio"] = r["ours"] / r["hf"]
-        if args.baseline:
-            r["ratio_to_baseline"] = r["ours"] / r["baseline"]
-        rounds.append(r)
-        print(f"round {i}: ours {r['ours']:.2f} img/s, transformers {r['hf']:.2f} img/s, "
-              f"ratio {r['ratio']:.2f}", file=sys.stderr)
+    with tempfile.TemporaryDirectory() as folder:
+        make_checkpoint(os.path.join(folder, "model"), args)
+        agree = None
+        for i in range(args.rounds):
+            # Rotate the order, so no contestant always meets a warmer or cooler machine.
+            order = kinds[i % len(kinds):] + kinds[:i % len(kinds)]
+            r = {kind: run_worker(kind, args, folder, agree=i == 0 and args.agree_images > 0)
+                 for kind in order}
+            for kind in kinds:
+                if kind != "hf":
+                    r[f"{kind}_ratio"] = r[kind] / r["hf"]
+            if args.baseline:
+                r["ratio_to_baseline"] = r["ours_float32"] / r["baseline"]
+            rounds.append(r)
+            print(f"round {i}: " + ", ".join(f"{k} {r[k]:.2f} img/s" for k in kinds),
+                  file=sys.stderr)
+            if i == 0 and args.agree_images:
+                agree = agreement(folder, [k for k in kinds if k != "hf"])
+    med = lambda key: statistics.median(r[key] for r in rounds)  # noqa: E731
     result = {
         "benchmark": "inference",
         "command": " ".join([os.path.relpath(__file__, ROOT)] + sys.argv[1:]),
@@ -123,28 +209,29 @@ def main() -> None:
                     "cpus": os.cpu_count()},
         "versions": versions(),
         "setup": {"model": args.model, "batch": args.batch, "image_size": args.image_size,
-                  "dtype": "float32", "iters": args.iters,
-                  "ours": "vit.create_model + nnx.jit forward",
-                  "peer": "transformers ViTForImageClassification, torch.inference_mode, "
-                          "default SDPA attention, threads = cores"},
+                  "iters": args.iters, "rounds": args.rounds,
+                  "weights": "one transformers ViTForImageClassification with the parity "
+                             "fixture's random weights, save_pretrained; both sides load it",
+                  "ours": "vit.checkpoints.load_checkpoint(dtype=...) + jax.jit forward + "
+                          "softmax",
+                  "peer": "transformers ViTForImageClassification float32, "
+                          "torch.inference_mode, default SDPA attention, threads = cores"},
         "rounds": rounds,
-        "ours_img_s_median": statistics.median(r["ours"] for r in rounds),
-        "peer_img_s_median": statistics.median(r["hf"] for r in rounds),
-        "ratio_median": statistics.median(r["ratio"] for r in rounds),
+        "img_s_median": {k: med(k) for k in kinds},
+        "ratio_to_transformers_median": {k: med(f"{k}_ratio") for k in kinds if k != "hf"},
+        "agreement": agree,
     }
     if args.baseline:
         base = subprocess.run(["git", "-C", args.baseline, "rev-parse", "HEAD"],
                               capture_output=True, text=True).stdout.strip()
-        result["baseline"] = {"dir": args.baseline, "commit": base}
-        result["baseline_img_s_median"] = statistics.median(r["baseline"] for r in rounds)
-        result["ratio_to_baseline_median"] = statistics.median(
-            r["ratio_to_baseline"] for r in rounds)
+        result["baseline"] = {"dir": args.baseline, "commit": base or None}
+        result["ratio_to_baseline_median"] = med("ratio_to_baseline")
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(result, f, indent=2)
-    print(json.dumps({k: result[k] for k in ("ours_img_s_median", "peer_img_s_median",
-                                             "ratio_median", "ratio_to_baseline_median")
-                      if k in result}))
+    print(json.dumps({k: result[k] for k in ("img_s_median", "ratio_to_transformers_median",
+                                             "ratio_to_baseline_median", "agreement")
+                      if k in result}, indent=1))
 
 
 if __name__ == "__main__":

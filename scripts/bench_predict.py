@@ -1,11 +1,20 @@
 """Benchmark `vit predict` against the transformers image-classification pipeline.
 
-Both classify the same folder of generated images with the same random-weight ViT-B/16, saved
-once as a Hugging Face folder (nothing is downloaded), on the CPU, in the same run. Each side
-gets one untimed warm-up pass (our compile, torch's first-call setup); the timed pass covers
-decode, preprocessing, forward and top-k. Writes benchmarks/bench_predict.json.
+Both classify the same folder of generated JPEGs (mixed sizes) with the same random-weight
+ViT-B/16, saved once as a Hugging Face folder (nothing is downloaded), on the CPU, in the same
+run, at the same batch size. Two measurements:
 
-    .venv/bin/python scripts/bench_predict.py [--images 32] [--batch-size 16] [--repeats 1]
+- steady state: each side gets one untimed warm-up pass (our compile, torch's first-call set-up);
+  the timed passes cover decode, preprocessing, forward and top-k. Ours in float32 and in
+  bfloat16; the sides alternate pass by pass and the best pass of each counts.
+- start-up: `vit predict` on one image as a fresh process, with an empty compilation cache
+  (cold), then again (warm: the compile is read from the cache), against a fresh process that
+  builds `pipeline("image-classification")` and classifies the same image. Wall time of the
+  whole process, imports included.
+
+Writes benchmarks/bench_predict.json.
+
+    .venv/bin/python scripts/bench_predict.py [--images 64] [--batch-size 16] [--repeats 3]
 """
 
 from __future__ import annotations
@@ -14,6 +23,7 @@ import argparse
 import json
 import os
 import platform
+import subprocess
 import sys
 import tempfile
 import time
@@ -23,6 +33,8 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import numpy as np  # noqa: E402
 from PIL import Image  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def make_images(folder: Path, n: int) -> list[Path]:
@@ -36,21 +48,60 @@ def make_images(folder: Path, n: int) -> list[Path]:
     return paths
 
 
-def time_best(fn, repeats: int) -> float:
-    fn()  # warm-up
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
+def time_interleaved(fns: dict, repeats: int) -> dict:
+    """Best wall time of each function, one warm-up call each, then `repeats` alternating calls."""
+    for fn in fns.values():
         fn()
-        best = min(best, time.perf_counter() - start)
+    best = {k: float("inf") for k in fns}
+    for _ in range(repeats):
+        for k, fn in fns.items():
+            start = time.perf_counter()
+            fn()
+            best[k] = min(best[k], time.perf_counter() - start)
     return best
+
+
+HF_FIRST_PREDICTION = """
+import sys, time
+start = time.perf_counter()
+from transformers import pipeline
+pipe = pipeline("image-classification", model=sys.argv[1], device=-1)
+pipe([sys.argv[2]], top_k=5)
+print(time.perf_counter() - start)
+"""
+
+
+def start_up(model: Path, image: Path, cache: Path) -> dict:
+    """Seconds from process start to exit for one image: ours cold and warm, and transformers."""
+    env = {**os.environ, "VIT_CACHE_DIR": str(cache), "JAX_PLATFORMS": "cpu"}
+    env.pop("JAX_ENABLE_COMPILATION_CACHE", None)
+    ours = [sys.executable, "-m", "vit.cli", "predict", str(image), "--checkpoint", str(model),
+            "--top-k", "5"]
+
+    def run(cmd) -> tuple[float, str]:
+        start = time.perf_counter()
+        out = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
+        if out.returncode:
+            sys.exit(f"{' '.join(cmd)} failed:\n{out.stderr[-3000:]}")
+        return time.perf_counter() - start, out.stderr
+
+    cold, cold_log = run(ours)
+    warm, warm_log = run(ours)
+    theirs, _ = run([sys.executable, "-c", HF_FIRST_PREDICTION, str(model), str(image)])
+    ready = lambda log: next((line for line in log.splitlines() if "ready in" in line), None)  # noqa: E731
+    return {"vit_cold_s": cold, "vit_warm_s": warm, "transformers_s": theirs,
+            "cold_over_warm": cold / warm, "transformers_over_warm": theirs / warm,
+            "vit_cold_ready": ready(cold_log), "vit_warm_ready": ready(warm_log),
+            "cache_files": len(list(cache.iterdir())) if cache.exists() else 0}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--images", type=int, default=32)
+    parser.add_argument("--images", type=int, default=64)
     parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--dtypes", default="float32,bfloat16")
+    parser.add_argument("--skip-start-up", action="store_true")
     parser.add_argument("--out", default="benchmarks/bench_predict.json")
     args = parser.parse_args()
 
@@ -58,7 +109,8 @@ def main() -> None:
     import torch
     import transformers
 
-    from vit.predict import Predictor, collect_images, load_pretrained
+    from vit.checkpoints import load_checkpoint
+    from vit.predict import Predictor, collect_images
 
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
@@ -71,25 +123,32 @@ def main() -> None:
         files = collect_images([tmp / "images"])
         assert len(files) == len(paths)
 
-        model, preprocess, labels = load_pretrained(tmp / "model")
-        predictor = Predictor(model, preprocess, labels, top_k=5, batch_size=args.batch_size)
-        ours_rows = []
+        rows, fns = {}, {}
+        for dtype in args.dtypes.split(","):
+            loaded = load_checkpoint(tmp / "model", dtype=dtype)
+            predictor = Predictor(loaded.build_model(), loaded.preprocessing, loaded.labels,
+                                  top_k=5, batch_size=args.batch_size)
 
-        def ours():
-            ours_rows[:] = list(predictor.predict_files(files))
+            def ours(predictor=predictor, key=f"vit_{dtype}"):
+                rows[key] = list(predictor.predict_files(files))
 
+            fns[f"vit_{dtype}"] = ours
         pipe = transformers.pipeline("image-classification", model=str(tmp / "model"),
                                      device=-1)
-        theirs_rows = []
 
         def theirs():
-            theirs_rows[:] = pipe([str(p) for p in files], top_k=5, batch_size=args.batch_size)
+            rows["transformers"] = pipe([str(p) for p in files], top_k=5,
+                                        batch_size=args.batch_size)
 
-        ours_s = time_best(ours, args.repeats)
-        theirs_s = time_best(theirs, args.repeats)
+        fns["transformers"] = theirs
+        best = time_interleaved(fns, args.repeats)
         label2id = hf_model.config.label2id
-        agree = np.mean([o["top_k"][0]["index"] == label2id[t[0]["label"]]
-                         for o, t in zip(ours_rows, theirs_rows, strict=True)])
+        ref = [label2id[t[0]["label"]] for t in rows["transformers"]]
+        agree = {k: float(np.mean([o["top_k"][0]["index"] == r
+                                   for o, r in zip(rows[k], ref, strict=True)]))
+                 for k in rows if k != "transformers"}
+        startup = None if args.skip_start_up else start_up(tmp / "model", files[0],
+                                                           tmp / "cache")
 
     n = len(files)
     result = {
@@ -101,11 +160,12 @@ def main() -> None:
                      "transformers": transformers.__version__, "python": platform.python_version()},
         "task": f"top-5 classification of {n} JPEGs (180-480 px) with random-weight ViT-B/16 "
                 f"at 224 px, batch {args.batch_size}, after one warm-up pass, best of "
-                f"{args.repeats}",
-        "vit_images_per_s": n / ours_s,
-        "transformers_pipeline_images_per_s": n / theirs_s,
-        "ratio_vit_over_transformers": theirs_s / ours_s,
-        "top1_agreement": float(agree),
+                f"{args.repeats} interleaved passes",
+        "images_per_s": {k: n / s for k, s in best.items()},
+        "ratio_vit_over_transformers": {k: best["transformers"] / s for k, s in best.items()
+                                        if k != "transformers"},
+        "top1_agreement_with_transformers": agree,
+        "start_up_one_image": startup,
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")

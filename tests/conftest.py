@@ -1,9 +1,26 @@
 import os
+import tempfile
 
 import pytest
 
 # Tests run on the CPU unless a caller (the GPU check) says otherwise.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# The commands turn on JAX's persistent compilation cache (vit/compile_cache.py); tests keep it
+# off and out of the home folder. tests/test_inference.py turns it on in a temporary folder.
+os.environ.setdefault("JAX_ENABLE_COMPILATION_CACHE", "false")
+os.environ.setdefault("VIT_CACHE_DIR", os.path.join(tempfile.gettempdir(), "vit-test-cache"))
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _expected_backend():
+    """scripts/gpu_check.sh sets VIT_TEST_BACKEND=gpu (and JAX_PLATFORMS=cuda): then every test
+    errors unless jax really runs there, rather than passing on a CPU."""
+    expected = os.environ.get("VIT_TEST_BACKEND")
+    if expected:
+        import jax
+
+        assert jax.default_backend() == expected, (
+            f"VIT_TEST_BACKEND={expected} but jax runs on {jax.default_backend()}")
 
 # Libraries the cross-checks compare against. CI installs them (the `compare` extra), so there a
 # comparison test that skips for want of one is a failure, not a quiet pass.

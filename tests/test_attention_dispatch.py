@@ -1,6 +1,7 @@
 """The attention dispatcher, and the ViT on the Pallas kernel against the XLA path."""
 
 import logging
+import os
 
 import jax
 import jax.numpy as jnp
@@ -13,6 +14,12 @@ import vit
 from vit.ops import attention
 
 pytestmark = pytest.mark.timeout(600)
+
+
+def test_runs_on_the_expected_backend():
+    """scripts/gpu_check.sh runs this file with VIT_TEST_BACKEND=gpu: the ViT-on-kernel checks
+    below must then run compiled on the GPU, not on a CPU."""
+    assert jax.default_backend() == os.environ.get("VIT_TEST_BACKEND", "cpu")
 
 
 def _pick(impl, shape=(2, 197, 12, 64), dtype=jnp.float32, **kw):

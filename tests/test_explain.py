@@ -233,17 +233,32 @@ def test_gradients_pair_with_their_own_layer():
     assert not np.allclose(out.maps, layout.patch_grid(jnp.asarray(swapped[:, 0])), rtol=1e-3)
 
 
-def test_explain_logits_equal_normal_logits_with_pallas():
+def _jaxpr_text(fn, model, *args):
+    graphdef, state = nnx.split(model)
+    return str(jax.make_jaxpr(lambda s, *a: fn(nnx.merge(graphdef, s), *a))(state, *args))
+
+
+def test_explain_on_a_pallas_model_gives_the_pallas_forward_logits_and_the_reference_maps():
+    """The claim: whatever backend the model was built with, explain recomputes attention on the
+    materialising path and its logits equal the model's own forward pass. Here the forward pass
+    runs our Pallas kernel (interpret mode on CPU), explain does not, and the two must agree."""
     import vit.ops.flash_attention  # noqa: F401  (our own module: missing is a failure)
     model = tiny(attention_impl="pallas")
     x = images(2)
-    normal = nnx.jit(lambda m, x: m(x))(model, x)
-    xla = tiny()
-    np.testing.assert_allclose(normal, nnx.jit(lambda m, x: m(x))(xla, x), atol=1e-4)
+    assert "pallas_call" in _jaxpr_text(lambda m, x: m(x), model, x)
+    normal = np.asarray(nnx.jit(lambda m, x: m(x))(model, x))
+    assert np.abs(normal).max() > 0.1 and np.ptp(normal, axis=-1).min() > 1e-2
+    cls = jnp.argmax(normal, -1)
     for method in ("rollout", "relevancy"):
+        core = lambda m, x, method=method: explain_core(  # noqa: E731
+            m, x, cls, method=method, head_fusion="mean", discard_ratio=0.0)
+        assert "pallas_call" not in _jaxpr_text(core, model, x)
         out = explain(model, x, method)
-        np.testing.assert_allclose(out.logits, normal, atol=1e-4, rtol=1e-4)
-        np.testing.assert_allclose(out.maps, explain(xla, x, method).maps, rtol=1e-5, atol=1e-7)
+        np.testing.assert_allclose(out.logits, normal, rtol=1e-5, atol=1e-5)
+        np.testing.assert_array_equal(out.class_index, np.asarray(cls))
+        want, _ = reference_rows(model, x, method, cls)
+        np.testing.assert_allclose(out.maps, want, rtol=1e-4, atol=1e-6)
+        assert np.abs(want).max() > 0
 
 
 def compiled_bytes(model, x, method=None, naive=False):
@@ -272,3 +287,18 @@ def test_memory_does_not_grow_as_layers_times_tokens_squared():
     # The keep-everything capture does grow so: the measurement can tell.
     naive = compiled_bytes(deep, x, naive=True) - compiled_bytes(shallow, x, naive=True)
     assert naive > 4 * per_layer
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "known bug: at batch 4 and 1,025 tokens XLA's CPU compiler keeps every layer's attention in "
+    "the forward-only rollout loop (ViT-L/14 at 518 px: 0.40 GB at batch 1, 12.3 GB at batch 4; "
+    "benchmarks/explain_memory.json). Running it through _encode's rematerialised scan "
+    "(backward=True) measured flat. Remove this marker with the fix."))
+def test_forward_rollout_memory_stays_flat_at_larger_batches_and_token_counts():
+    # The shape where it shows: 1,025 tokens (the test above has 65, where it does not).
+    shape = dict(width=16, mlp_dim=32, num_heads=4, image_size=128)
+    x = images(4, size=128)
+    per_layer = 4 * 4 * 1025 * 1025 * 4
+    growth = (compiled_bytes(tiny(depth=6, **shape), x, "rollout")
+              - compiled_bytes(tiny(depth=2, **shape), x, "rollout"))
+    assert growth < 4 * per_layer / 2, (growth, per_layer)

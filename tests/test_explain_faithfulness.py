@@ -5,7 +5,7 @@ import pytest
 
 from vit.explain import faithfulness as fa
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = pytest.mark.timeout(300)
 
 
 def test_deletion_removes_patches_in_map_order_and_insertion_reveals_them():
@@ -73,3 +73,33 @@ def test_substrates():
     assert blurred.shape == images.shape and blurred.std() < images.std()
     with pytest.raises(ValueError):
         fa.substrate(images, "noise")
+
+
+def test_evaluate_reports_paired_differences_and_mean_curves():
+    import jax
+    from flax import nnx
+
+    import vit
+
+    model = vit.create_model("Ti/16", width=16, depth=1, mlp_dim=32, num_heads=2, patch_size=4,
+                             image_size=8, num_classes=3, attention_impl="xla",
+                             rngs=nnx.Rngs(0))
+    k = model.head.kernel
+    k[...] = jax.random.normal(jax.random.key(1), k.shape)
+    images = np.random.default_rng(3).normal(size=(6, 8, 8, 3)).astype(np.float32)
+    report = fa.evaluate(model, [images], ["rollout"], metric="deletion",
+                         steps=4, mean=np.zeros(3, np.float32), bootstrap_samples=200)
+    rollout, rand = report["results"]["rollout"], report["results"]["random"]
+    # Paired differences: their mean is the difference of the means; random against itself is 0.
+    np.testing.assert_allclose(rollout["vs_random"]["mean"], rollout["auc"] - rand["auc"],
+                               atol=1e-9)
+    assert rand["vs_random"] == {"mean": 0.0, "ci95": [0.0, 0.0]}
+    # The mean curve starts at the clean images' top probability and ends on the all-substrate
+    # image's probability of that class, computed here straight from the model.
+    probs = np.asarray(jax.nn.softmax(model(images), -1))
+    blank = np.asarray(jax.nn.softmax(model(np.zeros_like(images)), -1))
+    top = probs.argmax(-1)
+    assert len(rollout["curve"]) == 5
+    np.testing.assert_allclose(rollout["curve"][0], probs.max(-1).mean(), atol=1e-4)
+    np.testing.assert_allclose(rollout["curve"][-1], blank[np.arange(6), top].mean(), atol=1e-4)
+    assert abs(rollout["curve"][0] - rollout["curve"][-1]) > 1e-3  # the path moves something

@@ -127,7 +127,6 @@ def test_eval_on_arrays_matches_predict_on_exported_pngs(straight_run, tmp_path,
 
 def test_init_replaces_head_and_resizes_posemb(straight_run, tmp_path):
     from vit.checkpoints import load_checkpoint
-    from vit.models.posemb import resize_posemb
     from vit.train.loop import train
     from vit.train.state import start_from_init
 
@@ -150,8 +149,14 @@ def test_init_replaces_head_and_resizes_posemb(straight_run, tmp_path):
         == (16, 3)
     np.testing.assert_array_equal(params["blocks"][0]["mlp"]["fc1"]["kernel"],
                                   src.params["blocks"][0]["mlp"]["fc1"]["kernel"])
-    want = resize_posemb(np.asarray(src.params["pos_embed"]), (4, 4), (8, 8), 0, "bicubic")
-    np.testing.assert_allclose(params["pos_embed"], want, rtol=1e-6)
+    # torch's bicubic (a = -0.75, half-pixel centres, clamped taps) from 4 to 8, worked out
+    # by hand: output i samples input i/2 - 1/4, so the taps alternate t = 3/4 and t = 1/4.
+    m = np.array([[283, -27, 0, 0], [198, 67, -9, 0], [58, 225, -27, 0], [-27, 225, 67, -9],
+                  [-9, 67, 225, -27], [0, -27, 225, 58], [0, -9, 67, 198], [0, 0, -27, 283]],
+                 np.float64) / 256
+    grid = np.asarray(src.params["pos_embed"], np.float64).reshape(4, 4, -1)
+    want = np.einsum("ih,hwd,jw->ijd", m, grid, m).reshape(1, 64, -1)
+    np.testing.assert_allclose(params["pos_embed"], want, rtol=1e-5, atol=1e-6)
     assert pre.size == (16, 16) and pre.mean == src.preprocessing.mean
     result = train(config, tmp_path / "ft", init=str(workdir))
     assert result["step"] == 2 and np.isfinite(result["loss"])
@@ -201,6 +206,15 @@ def test_optimizer_recipes():
     assert moved["patch_kernel"] and moved["blocks"][0]["mlp"]["fc1"]["kernel"]
     assert not moved["pos_embed"] and not moved["blocks"][0]["mlp"]["fc1"]["bias"]
     assert not moved["blocks"][0]["norm1"]["scale"] and not moved["head"]["bias"]
+    # By hand: with a zero gradient Adam's step is 0, so a kernel moves by -lr * wd * p = -0.05.
+    decayed = {"patch_kernel", "blocks/0/mlp/fc1/kernel", "head/kernel"}
+    for u, n in zip(jax.tree.leaves(updates), jax.tree.leaves(path_names(params)), strict=True):
+        np.testing.assert_allclose(u, -0.05 if n in decayed else 0.0, atol=1e-7, err_msg=n)
+    # And with a unit gradient (clipped, but Adam's first step is g / |g| = 1 whatever the scale):
+    # -lr * (1 + wd * p) = -0.15 on kernels, -0.1 on the rest.
+    updates, _ = tx.update(jax.tree.map(jnp.ones_like, params), tx.init(params), params)
+    for u, n in zip(jax.tree.leaves(updates), jax.tree.leaves(path_names(params)), strict=True):
+        np.testing.assert_allclose(u, -0.15 if n in decayed else -0.1, rtol=1e-5, err_msg=n)
     # Freezing: only the head trains.
     tx, _ = make_optimizer(ml_collections.ConfigDict({**base, "trainable": "head/.*"}), params,
                            depth=1, steps=10)
@@ -213,9 +227,14 @@ def test_optimizer_recipes():
     sgd = {**base, "name": "sgd", "momentum": 0.0, "clip_norm": 0.0, "layer_decay": 0.5}
     tx, _ = make_optimizer(ml_collections.ConfigDict(sgd), params, depth=1, steps=10)
     updates, _ = tx.update(grads, tx.init(params), params)
+    # By hand, depth 1: embeddings are layer 0 (0.5 ** 2), block 0 layer 1 (0.5), the head 2.
+    factor = {"patch_kernel": 0.25, "pos_embed": 0.25, "blocks/0/norm1/scale": 0.5,
+              "blocks/0/mlp/fc1/kernel": 0.5, "blocks/0/mlp/fc1/bias": 0.5,
+              "head/kernel": 1.0, "head/bias": 1.0}
     names = path_names(params)
+    assert sorted(jax.tree.leaves(names)) == sorted(factor)
     for u, n in zip(jax.tree.leaves(updates), jax.tree.leaves(names), strict=True):
-        np.testing.assert_allclose(u, -0.1 * 0.5 ** (2 - layer_id(n, 1)), rtol=1e-6)
+        np.testing.assert_allclose(u, -0.1 * factor[n], rtol=1e-6, err_msg=n)
     assert layer_id("blocks/0/mlp/fc1/kernel", 1) == 1 and layer_id("pos_embed", 1) == 0
     # The vit_jax schedule: warmup then cosine to 0.
     _, lr = make_optimizer(ml_collections.ConfigDict({**sgd, "schedule": "cosine",
@@ -228,6 +247,7 @@ def test_gradient_accumulation_equals_one_big_batch():
     from vit.models.config import get_config
     from vit.train import parallel
     from vit.train.optim import make_optimizer
+    from vit.train.placement import Placement
     from vit.train.state import fresh_params, model_fields
     from vit.train.step import make_train_step
 
@@ -243,7 +263,8 @@ def test_gradient_accumulation_equals_one_big_batch():
     batch["target"] = np.eye(10, dtype=np.float32)[batch["label"]]
     outs = []
     for accum in (1, 4):
-        step = make_train_step(graphdef, tx, mesh, accum_steps=accum, ema_decay=0.0)
+        step = make_train_step(graphdef, tx, Placement.of(mesh, params, tx), accum_steps=accum,
+                               ema_decay=0.0)
         p = jax.tree.map(jnp.array, params)
         p, _, _, m = step(p, tx.init(p), None, parallel.to_global(batch, mesh), 0, 0)
         outs.append((p, float(m["loss"])))
@@ -261,6 +282,7 @@ def test_trainable_mask_freezes_in_the_step_and_losses_are_chosen_by_name():
     from vit.train import parallel
     from vit.train.losses import get_loss, softmax_xent
     from vit.train.optim import make_optimizer, path_names
+    from vit.train.placement import Placement
     from vit.train.state import fresh_params, model_fields
     from vit.train.step import make_train_step
 
@@ -278,7 +300,8 @@ def test_trainable_mask_freezes_in_the_step_and_losses_are_chosen_by_name():
     outs = []
     for optim, trainable in ((config.optim, mask), (head_only, None)):
         tx, _ = make_optimizer(optim, params, cfg.depth, 8)
-        step = make_train_step(graphdef, tx, mesh, accum_steps=2, ema_decay=0.0,
+        step = make_train_step(graphdef, tx, Placement.of(mesh, params, tx), accum_steps=2,
+                               ema_decay=0.0,
                                loss_fn=get_loss("softmax_xent"), trainable=trainable)
         p = jax.tree.map(jnp.array, params)
         p, _, _, m = step(p, tx.init(p), None, parallel.to_global(batch, mesh), 0, 0)
@@ -300,6 +323,7 @@ from vit.train import parallel
 from vit.train.state import fresh_params, model_fields
 from vit.train.step import make_train_step
 from vit.train.optim import make_optimizer
+from vit.train.placement import Placement
 assert jax.device_count() == 2, jax.devices()
 config = load_config("configs/digits.py", %r)
 cfg = get_config("Ti/16", num_classes=10, image_size=8, **model_fields(config))
@@ -311,8 +335,9 @@ batch = {"image": rng.normal(size=(8, 8, 8, 3)).astype(np.float32),
 batch["target"] = np.eye(10, dtype=np.float32)[batch["label"]]
 out = []
 for n in (1, 2):
-    mesh = parallel.make_mesh(n)
-    step = make_train_step(graphdef, tx, mesh, accum_steps=1, ema_decay=0.9)
+    mesh = parallel.make_mesh(devices=jax.devices()[:n])
+    step = make_train_step(graphdef, tx, Placement.of(mesh, params, tx), accum_steps=1,
+                           ema_decay=0.9)
     p = jax.device_put(jax.tree.map(jnp.array, params), parallel.replicated(mesh))
     gb = parallel.to_global(batch, mesh)
     assert len(gb["image"].sharding.device_set) == n

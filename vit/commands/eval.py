@@ -12,6 +12,9 @@ import json
 import sys
 from pathlib import Path
 
+from vit.commands import inference_options
+from vit.commands.checks import check_output_dir, require_positive
+
 
 def add_arguments(parser) -> None:
     where = parser.add_mutually_exclusive_group(required=True)
@@ -27,35 +30,34 @@ def add_arguments(parser) -> None:
                         help="folder for confusion.png and eval.json "
                              "(default WORKDIR/eval_SPLIT, or ./eval_SPLIT)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    inference_options.add_arguments(parser)
     parser.add_argument("--heldout-split", default=None,
                         help="text models: also score this split (default: the run's "
                              "data.heldout_split, e.g. promptshapes' unseen colour-shape pairs)")
 
 
 def run(args) -> int:
-    import ml_collections
-
+    inference_options.start(args)  # before anything compiles
     from vit.checkpoints import load_checkpoint
     from vit.data import eval_batches, open_source
     from vit.errors import ConfigError
     from vit.train import parallel
     from vit.train.evaluate import evaluate, make_logits_fn, save_confusion_png
 
+    require_positive(args, "batch_size")
     if args.workdir:
-        config_file = Path(args.workdir) / "config.json"
-        if not config_file.is_file():
-            raise ConfigError(f"{args.workdir}: no config.json; is it a `vit train` workdir?")
-        config = ml_collections.ConfigDict(json.loads(config_file.read_text()))
+        config = _workdir_config(args.workdir)
         name, data_dir = config.data.name, config.data.data_dir
         split = args.split or config.data.test_split or "test"
-        loaded = load_checkpoint(args.workdir)
-        out = Path(args.out or Path(args.workdir) / f"eval_{_safe(split)}")
+        out = check_output_dir(args.out or Path(args.workdir) / f"eval_{_safe(split)}",
+                               "--out")  # before the evaluation, not after it
+        loaded = load_checkpoint(args.workdir, **inference_options.with_dtype(args, {}))
     else:
         if not args.data:
             raise ConfigError("--checkpoint needs --data NAME (digits, tfds:NAME or a folder)")
         name, data_dir, split = args.data, args.data_dir, args.split or "test"
-        loaded = load_checkpoint(args.checkpoint)
-        out = Path(args.out or f"eval_{_safe(split)}")
+        out = check_output_dir(args.out or f"eval_{_safe(split)}", "--out")
+        loaded = load_checkpoint(args.checkpoint, **inference_options.with_dtype(args, {}))
     source = open_source(name, split, data_dir=data_dir)
     if loaded.config.text is not None:  # a text model answers prompts: score its answers
         heldout = args.heldout_split if args.heldout_split is not None else (
@@ -73,8 +75,9 @@ def run(args) -> int:
     from flax import nnx
 
     graphdef, params = nnx.split(model, nnx.Param)
-    mesh = parallel.make_mesh(1)
-    batches = eval_batches(source, loaded.preprocessing, batch_size=args.batch_size)
+    mesh = parallel.local_mesh()  # every local device; batches padded to fit them
+    batches = eval_batches(source, loaded.preprocessing,
+                           batch_size=parallel.eval_host_batch_size(args.batch_size, mesh))
     res = evaluate(make_logits_fn(graphdef, mesh), params, batches, len(class_names), mesh)
     out.mkdir(parents=True, exist_ok=True)
     save_confusion_png(res["confusion"], class_names, out / "confusion.png")
@@ -112,12 +115,13 @@ def _eval_prompts(args, loaded, source, name, data_dir, split, heldout, out) -> 
     from vit.train.evaluate import evaluate_prompts, make_logits_fn
 
     graphdef, params = nnx.split(loaded.build_model(), nnx.Param)
-    mesh = parallel.make_mesh(1)
+    mesh = parallel.local_mesh()  # every local device; batches padded to fit them
     logits_fn = make_logits_fn(graphdef, mesh)
     tok = functools.partial(tokenize, max_len=loaded.config.text.max_len)
 
     def score(src) -> dict:
-        batches = eval_batches(src, loaded.preprocessing, batch_size=args.batch_size,
+        batches = eval_batches(src, loaded.preprocessing,
+                               batch_size=parallel.eval_host_batch_size(args.batch_size, mesh),
                                tokenize=tok)
         return evaluate_prompts(logits_fn, params, batches, mesh)
 
@@ -144,6 +148,25 @@ def _eval_prompts(args, loaded, source, name, data_dir, split, heldout, out) -> 
         print(f"  held-out ({heldout}) accuracy {report['heldout_accuracy']:.4f}")
     print(f"  figures {out / 'eval.json'}")
     return 0
+
+
+def _workdir_config(workdir):
+    """The run's resolved recipe (`WORKDIR/config.json`), with the fields eval reads."""
+    import ml_collections
+
+    from vit.errors import ConfigError
+
+    config_file = Path(workdir) / "config.json"
+    if not config_file.is_file():
+        raise ConfigError(f"{workdir}: no config.json; is it a `vit train` workdir?")
+    try:
+        config = ml_collections.ConfigDict(json.loads(config_file.read_text()))
+        _ = config.data.name, config.data.data_dir, config.data.test_split  # all present
+    except (ValueError, AttributeError, KeyError, TypeError) as err:
+        raise ConfigError(f"{config_file}: not a readable `vit train` config ({err}); rerun "
+                          "`vit train` into a new workdir, or use --checkpoint and --data") \
+            from None
+    return config
 
 
 def _safe(split: str) -> str:

@@ -9,6 +9,8 @@ import sys
 import time
 import warnings
 
+from vit.commands import inference_options
+
 
 def add_arguments(parser) -> None:
     parser.add_argument("inputs", nargs="+", metavar="IMAGE_OR_DIR",
@@ -41,6 +43,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                         help="override a model field that keeps weight shapes, e.g. "
                              "--set attention_impl=xla (repeatable)")
+    inference_options.add_arguments(parser)
     parser.add_argument("--json", action="store_true",
                         help="JSON Lines on stdout: {image, top_k: [{index, label, prob}]}, or "
                              "with prompts {image, prompts: [{text, prob}]}; a bad image "
@@ -80,16 +83,20 @@ def _text_inputs(args, config):
 
 
 def run(args) -> int:
+    started = time.perf_counter()
+    inference_options.start(args)  # before anything compiles
     from tqdm import tqdm
 
     from vit.checkpoints import load_checkpoint
     from vit.checkpoints.labels import read_labels
+    from vit.commands.checks import require_positive
     from vit.commands.overrides import parse_model_overrides
     from vit.errors import CheckpointError, DataError
     from vit.predict import Predictor, collect_images
 
     if args.top_k < 1 or args.batch_size < 1:
         raise DataError("--top-k and --batch-size must be at least 1")
+    require_positive(args, "image_size")
     text_flags = [flag for flag, value in (("--prompt", args.prompt),
                                            ("--text-embeddings", args.text_embeddings),
                                            ("--zero-shot", args.zero_shot)) if value is not None]
@@ -103,8 +110,12 @@ def run(args) -> int:
     paths = collect_images(args.inputs)
     if not paths:
         raise DataError(f"no image files found in {' '.join(args.inputs)}")
+    missing = [p for p in paths if not p.exists()]
+    if len(missing) == len(paths):  # a typo, not a few bad files: say so before the model loads
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise DataError(f"{missing[0]}: no such file or folder{more}")
     loaded = load_checkpoint(args.checkpoint, image_size=args.image_size,
-                             **parse_model_overrides(args.set))
+                             **inference_options.with_dtype(args, parse_model_overrides(args.set)))
     print(f"vit predict: {loaded.source}", file=sys.stderr)
     for message in loaded.warnings:
         if "head is all zeros" in message:
@@ -115,9 +126,15 @@ def run(args) -> int:
     prompts, zero_shot = _text_inputs(args, loaded.config)
     labels = (read_labels(args.labels, loaded.config.num_classes) if args.labels
               else loaded.labels)
+    # One image is not padded to a batch of 32: the batch is at most the number of images.
     predictor = Predictor(loaded.build_model(), loaded.preprocessing, labels,
-                          top_k=args.top_k, batch_size=args.batch_size, prompts=prompts,
-                          zero_shot=zero_shot)
+                          top_k=args.top_k, batch_size=min(args.batch_size, len(paths)),
+                          prompts=prompts, zero_shot=zero_shot)
+    compiling = time.perf_counter()
+    predictor.compile()
+    ready = time.perf_counter()
+    print(f"vit predict: ready in {ready - started:.1f} s (compile {ready - compiling:.1f} s, "
+          f"batch {predictor.batch_size}, {loaded.config.dtype})", file=sys.stderr)
     verb = "scored" if prompts is not None else "classified"
     start, done, failed = time.perf_counter(), 0, 0
     with tqdm(total=len(paths), unit="img", file=sys.stderr, dynamic_ncols=True) as bar:

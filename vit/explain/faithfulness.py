@@ -101,12 +101,17 @@ def evaluate(model, batches, methods: list[str], *, metric: str = "deletion",
              bootstrap_samples: int = 1000) -> dict:
     """Scores `methods` (plus `random`) over `batches` of preprocessed NHWC images.
 
-    Returns `{"metric": ..., "results": {method: {"auc": mean, "ci95": [lo, hi]}}}`.
+    Returns `{"metric": ..., "results": {method: {"auc", "ci95", "vs_random", "curve"}}}`:
+    `vs_random` is the mean per-image difference from the random ranking on the same images
+    with its 95% interval (paired, so it is tighter than comparing the two `ci95`s), and `curve`
+    the mean probability at each step (the start and end show what the substrate alone and
+    the clean image give).
     """
     patch = tuple(model.config.patch_size)
     probs_fn = lambda x: _probabilities(model, x)  # noqa: E731
     rng = np.random.default_rng(seed)
     areas: dict[str, list[np.ndarray]] = {m: [] for m in [*methods, "random"]}
+    paths: dict[str, list[np.ndarray]] = {m: [] for m in areas}
     for images in batches:
         images = np.asarray(images, np.float32)
         gh, gw = model.grid_for(images.shape[1:3])
@@ -119,9 +124,16 @@ def evaluate(model, batches, methods: list[str], *, metric: str = "deletion",
         for name, order in orders.items():
             curve = curves(probs_fn, images, classes, order, fill, patch, n_steps, metric)
             areas[name].append(area(curve))
+            paths[name].append(curve)
+    random_areas = np.concatenate(areas["random"])
     results = {}
     for name, chunks in areas.items():
         values = np.concatenate(chunks)
+        diff = values - random_areas
         results[name] = {"auc": float(values.mean()),
-                         "ci95": bootstrap_ci(values, samples=bootstrap_samples, seed=seed)}
+                         "ci95": bootstrap_ci(values, samples=bootstrap_samples, seed=seed),
+                         "vs_random": {"mean": float(diff.mean()), "ci95": bootstrap_ci(
+                             diff, samples=bootstrap_samples, seed=seed)},
+                         "curve": [round(float(c), 4)
+                                   for c in np.concatenate(paths[name]).mean(0)]}
     return {"metric": metric, "results": results}

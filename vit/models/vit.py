@@ -142,13 +142,15 @@ class VisionTransformer(nnx.Module):
         patches = rearrange(images, "b (gh ph) (gw pw) c -> b (gh gw) (ph pw c)", ph=ph, pw=pw)
         kernel = rearrange(self.patch_kernel[...], "ph pw c d -> (ph pw c) d")
         patches, kernel = patches.astype(self.dtype), kernel.astype(self.dtype)
-        x = patches @ kernel + self.patch_bias[...].astype(self.dtype)
+        # The matmul runs in the compute dtype; the residual stream it starts stays float32
+        # (each block adds its bfloat16 output to it), so rounding does not pile up with depth.
+        x = jnp.matmul(patches, kernel, preferred_element_type=jnp.float32) + self.patch_bias[...]
         if self.cls_token is not None:
-            cls = jnp.broadcast_to(self.cls_token[...].astype(self.dtype), (b, 1, cfg.width))
+            cls = jnp.broadcast_to(self.cls_token[...], (b, 1, cfg.width))
             x = jnp.concatenate([cls, x], axis=1)
-        x = x + self._pos_embed((gh, gw)).astype(self.dtype)
+        x = x + self._pos_embed((gh, gw)).astype(jnp.float32)
         if self.reg_tokens is not None:
-            regs = jnp.broadcast_to(self.reg_tokens[...].astype(self.dtype),
+            regs = jnp.broadcast_to(self.reg_tokens[...].astype(jnp.float32),
                                     (b, cfg.num_registers, cfg.width))
             n_cls = int(cfg.class_token)
             x = jnp.concatenate([x[:, :n_cls], regs, x[:, n_cls:]], axis=1)

@@ -15,16 +15,20 @@ kernel body lowers through Mosaic: the wrapper moves heads before sequence so th
 block dimensions are `(block, head_dim)`, and `kv_len` arrives by scalar prefetch.
 
 What the wrapper does around the kernel. ViT lengths (50, 197, 257, 577, 1025) are rarely
-block multiples, so sequences are padded to the block multiple and sliced back; padded or
-`kv_len`-masked keys are removed with `jnp.where` (never a multiplication by a 0/1 mask, since
-padding may hold NaN and 0 * NaN = NaN) and the running max starts finite, so no row is ever
-fully masked into inf - inf. Head dims are padded to a power of two on the Triton path
-(80 and 96 -> 128). The softmax statistics and accumulator are float32 whatever the input
-dtype; the output has the input dtype.
+tile multiples. Tiles are chosen from the sequence length (`default_block_sizes`), the inputs are
+zero-padded to a multiple of every kernel's tiles, and each kernel touches only the blocks that
+hold a real row: its grid covers `cdiv(seq, tile)` blocks and its key loop stops at the last
+block holding a key below `kv_len`, so tiles made entirely of padding cost nothing. Full key
+blocks run unmasked; only the last, partial one masks its padded or beyond-`kv_len` keys, with
+`jnp.where` (never a multiplication by a 0/1 mask, since padding may hold NaN and 0 * NaN = NaN)
+from a finite running max, so no row is ever fully masked into inf - inf. Head dims are padded to
+a power of two on the Triton path (80 and 96 -> 128). The softmax statistics and accumulator are
+float32 whatever the input dtype; the output has the input dtype.
 
-Backward: a `jax.custom_vjp` that recomputes probabilities from the log-sum-exp saved by the
-forward (base 2), with one kernel over key blocks for dK/dV and one over query blocks for dQ
-(no atomics); delta = rowsum(dO * O) is a fused XLA reduction.
+Backward: a `jax.custom_vjp` over the caller's unpadded arrays. It saves q, k, v, the output and
+the log-sum-exp (base 2); padded copies exist only while a kernel runs. Probabilities are
+recomputed from the log-sum-exp, with one kernel over key blocks for dK/dV and one over query
+blocks for dQ (no atomics); delta = rowsum(dO * O) is a fused XLA reduction.
 
 A row whose `kv_len` is 0 attends to nothing: its output and all gradients through it are 0.
 """
@@ -55,6 +59,14 @@ _MIN_TRITON_BLOCK = 16
 _TPU_ROWS = 16
 # On TPU each program holds whole-sequence K/V (or Q/dO) in VMEM, double-buffered.
 _TPU_VMEM_BUDGET = 12 * 2**20
+# Tile fitting (GPU): a tile shrinks, halving, while its padding exceeds this share of the
+# sequence. The resident tile (the rows a program keeps: queries in the forward and dQ kernels,
+# keys in dK/dV) stays >= 64 rows, the M of Hopper's warpgroup MMA; the streamed tile (the loop's
+# rows) stays >= 32, so the per-block softmax rescale stays small next to the matmuls. These are
+# first guesses: the block sweep of scripts/gpu_check.sh measures the alternatives.
+_MAX_PAD_SHARE = 1 / 16
+_MIN_RESIDENT = 64
+_MIN_STREAMED = 32
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,23 +80,59 @@ class BlockSizes:
     num_stages: int = 2
 
 
-def default_block_sizes(platform: str, head_dim: int) -> BlockSizes:
-    """Default tiles, after Triton's fused-attention tutorial; not yet timed on a GPU.
+def default_block_sizes(platform: str, head_dim: int, seq_q: int | None = None,
+                        seq_k: int | None = None) -> BlockSizes:
+    """The tiles `flash_attention` uses: the largest per head_dim, fitted to the lengths if given.
 
-    The backward kernels keep a large block resident and stream small blocks of the other
-    operand: dK/dV holds 128 keys and streams 32 queries, dQ the reverse. The warps are chosen
-    so that no kernel spills registers on sm_90 (`scripts/kernel_resources.py` compiles them on
-    any host): with 4 warps the dK/dV kernel spills at head_dim 64, with 8 it does not.
+    The largest tiles follow Triton's fused-attention tutorial. The backward kernels keep a large
+    block resident and stream small blocks of the other operand: dK/dV holds 128 keys and streams
+    32 queries, dQ the reverse. The warps are chosen so that no kernel spills registers on sm_90
+    (`scripts/kernel_resources.py` compiles every tile this function picks, on any host): with 4
+    warps the dK/dV kernel spills at head_dim 64, with 8 it does not.
+
+    With `seq_q`/`seq_k` (GPU), each tile is fitted to its length (`_fit_tile`): 197 tokens keep
+    128-query forward tiles (256 rows, unavoidable at >= 64) but stream 32 keys (224 rows, not
+    256), which takes the forward's padded work from 1.69x to 1.48x the real work; 577 tokens
+    stream 32 keys (608 rows, not 640): 1.23x -> 1.17x.
     """
     if platform == "tpu":
-        return BlockSizes(fwd=(128, 128), dkv=(128, 128), dq=(128, 128))
-    if head_dim <= 32:
-        return BlockSizes(fwd=(128, 64), dkv=(32, 128), dq=(128, 32), warps=(4, 4, 4))
-    if head_dim <= 64:
-        return BlockSizes(fwd=(128, 64), dkv=(32, 128), dq=(128, 32), warps=(8, 8, 8))
-    if head_dim <= 128:
-        return BlockSizes(fwd=(128, 64), dkv=(32, 64), dq=(64, 32), warps=(8, 8, 8))
-    return BlockSizes(fwd=(64, 32), dkv=(16, 32), dq=(64, 16), warps=(8, 8, 8))
+        blocks = BlockSizes(fwd=(128, 128), dkv=(128, 128), dq=(128, 128))
+    elif head_dim <= 32:
+        blocks = BlockSizes(fwd=(128, 64), dkv=(32, 128), dq=(128, 32), warps=(4, 4, 4))
+    elif head_dim <= 64:
+        blocks = BlockSizes(fwd=(128, 64), dkv=(32, 128), dq=(128, 32), warps=(8, 8, 8))
+    elif head_dim <= 128:
+        blocks = BlockSizes(fwd=(128, 64), dkv=(32, 64), dq=(64, 32), warps=(8, 8, 8))
+    else:
+        # dQ keeps 16 queries: 64 spill with kv_len (a masked, dynamic key loop), 32 without.
+        blocks = BlockSizes(fwd=(64, 32), dkv=(16, 32), dq=(16, 32), warps=(8, 8, 8))
+    if seq_q is None or seq_k is None:
+        return blocks
+    if platform == "tpu":
+        fit_q = fit_k = lambda b, _: b
+    else:
+        fit_q = lambda b, resident: _fit_tile(b, seq_q, resident)
+        fit_k = lambda b, resident: _fit_tile(b, seq_k, resident)
+    return dataclasses.replace(
+        blocks,
+        fwd=(fit_q(blocks.fwd[0], True), fit_k(blocks.fwd[1], False)),
+        dkv=(fit_q(blocks.dkv[0], False), fit_k(blocks.dkv[1], True)),
+        dq=(fit_q(blocks.dq[0], True), fit_k(blocks.dq[1], False)),
+    )
+
+
+def _fit_tile(largest: int, seq: int, resident: bool) -> int:
+    """The largest power-of-two tile <= `largest` whose padding of `seq` is within
+    `_MAX_PAD_SHARE`; failing that, the one (not below the floor) that pads least."""
+    floor = _MIN_RESIDENT if resident else _MIN_STREAMED
+    top = min(largest, max(_MIN_TRITON_BLOCK, pl.next_power_of_2(seq)))
+    tiles = [top]
+    while tiles[-1] // 2 >= max(floor, _MIN_TRITON_BLOCK):
+        tiles.append(tiles[-1] // 2)
+    for tile in tiles:
+        if _round_up(seq, tile) - seq <= seq * _MAX_PAD_SHARE:
+            return tile
+    return min(tiles, key=lambda t: (_round_up(seq, t), -t))
 
 
 def flash_attention_supported(q_shape, k_shape, dtype, platform: str) -> tuple[bool, str]:
@@ -149,13 +197,18 @@ def _is_tpu_interpret(interpret) -> bool:
 
 @dataclasses.dataclass(frozen=True)
 class _Plan:
-    """Everything static about one call: layout, tiles, lowering."""
+    """Everything static about one call: lengths, layout, tiles, lowering."""
 
     tpu: bool  # Mosaic TPU layout [batch, heads, seq, dim]; else Triton's [batch, seq, heads, dim]
     interpret: Any  # False, True, or a pltpu.InterpretParams
     blocks: BlockSizes
     scale: float
-    mask_keys: bool  # some key columns are padding or beyond kv_len
+    seq_q: int  # the caller's lengths and head_dim
+    seq_k: int
+    head_dim: int
+    pad_q: int  # padded lengths: multiples of every kernel's query (key) tile
+    pad_k: int
+    dim: int  # padded head_dim
     zero_keys: bool  # the caller gave kv_len: K/V rows beyond it may hold anything, NaN included
     precision: Any  # HIGHEST for float32 inputs, so Triton does not drop to TF32
 
@@ -170,11 +223,27 @@ class _Plan:
     def block_index(self):
         return pl.program_id(2 if self.tpu else 0)
 
-    def kv_len(self, ref):
-        # TPU: the whole [batch] array, scalar-prefetched to SMEM; Triton: a 0-d block.
+    def key_limit(self, ref):
+        """Keys this program may attend to: kv_len (TPU: the whole [batch] array, scalar-
+        prefetched to SMEM; Triton: a 0-d block), or the static length when none was given."""
+        if not self.zero_keys:
+            return self.seq_k
         return ref[pl.program_id(0)] if self.tpu else ref[()]
 
-    def seq_spec(self, block: int, dim: int, *, blocked: bool = True) -> pl.BlockSpec:
+    def masks_keys(self, block_k: int) -> bool:
+        """Whether a kernel streaming `block_k` keys may meet a partial key block."""
+        return self.zero_keys or self.seq_k % block_k != 0
+
+    def pad(self, x, seq: int):
+        """Zero-pads a caller's [batch, seq, heads, head_dim] array to this plan's kernel layout."""
+        x = jnp.pad(x, ((0, 0), (0, seq - x.shape[1]), (0, 0), (0, self.dim - self.head_dim)))
+        return x.transpose(0, 2, 1, 3) if self.tpu else x
+
+    def unpad(self, x, seq: int):
+        x = x.transpose(0, 2, 1, 3) if self.tpu else x
+        return x[:, :seq, :, : self.head_dim]
+
+    def seq_spec(self, block: int, *, blocked: bool = True) -> pl.BlockSpec:
         """`block` rows of one (batch, head) of a q/k/v-like array; `blocked=False` pins row 0."""
 
         def index_map(*g):
@@ -182,7 +251,7 @@ class _Plan:
             i = i if blocked else 0
             return (b, h, i, 0) if self.tpu else (b, i, h, 0)
 
-        shape = (None, None, block, dim) if self.tpu else (None, block, None, dim)
+        shape = (None, None, block, self.dim) if self.tpu else (None, block, None, self.dim)
         return pl.BlockSpec(shape, index_map)
 
     def row_spec(self, block: int, *, blocked: bool = True) -> pl.BlockSpec:
@@ -246,39 +315,47 @@ def _logits2(q, k, plan):
     return _dot_t(q, k, plan) * (plan.scale * _LOG2E)
 
 
-def _real_keys(shape, first_key, kv_len, axis):
-    return first_key + lax.broadcasted_iota(jnp.int32, shape, axis) < kv_len
+def _real_keys(shape, first_key, limit, axis):
+    return first_key + lax.broadcasted_iota(jnp.int32, shape, axis) < limit
 
 
-def _keys(x, first_key, kv_len, plan):
+def _keys(x, first_key, limit, plan):
     """Zeroes rows of a K/V tile beyond kv_len: with NaN there, p == 0 still gives p @ v = NaN."""
     if not plan.zero_keys:
-        return x
-    return jnp.where(_real_keys(x.shape, first_key, kv_len, 0), x, jnp.zeros_like(x))
+        return x  # the wrapper's own padding is zeros
+    return jnp.where(_real_keys(x.shape, first_key, limit, 0), x, jnp.zeros_like(x))
 
 
-def _probs(q, k, lse, first_key, kv_len, plan):
-    """Probabilities recomputed from the saved log-sum-exp (base 2)."""
-    p = jnp.exp2(_logits2(q, k, plan) - lse)
-    if plan.mask_keys:
-        # Select after the exp: a kv_len == 0 row has lse ~ _MASK_VALUE, and must get p == 0.
-        p = jnp.where(_real_keys(p.shape, first_key, kv_len, 1), p, 0.0)
-    return p
+def _key_loops(body, limit, block_k, init, plan):
+    """Runs `body(j, carry, masked)` over the key blocks below `limit`: the full blocks unmasked,
+    then the partial last one, if any, masked. Blocks wholly beyond `limit` never run."""
+    full = _div(limit, block_k)
+    carry = lax.fori_loop(0, full, functools.partial(body, masked=False), init)
+    if plan.masks_keys(block_k):
+        carry = lax.fori_loop(full, _div(limit + block_k - 1, block_k),
+                              functools.partial(body, masked=True), carry)
+    return carry
+
+
+def _div(a, b: int):
+    """a // b for a static or a traced non-negative int."""
+    return a // b if isinstance(a, int) else lax.div(a, jnp.int32(b))
 
 
 def _fwd_kernel(kv_len_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *, plan):
     block_q, block_k = plan.blocks.fwd
-    kv_len = plan.kv_len(kv_len_ref)
+    limit = plan.key_limit(kv_len_ref)
     q = q_ref[...]
 
-    def body(j, carry):
+    def body(j, carry, masked):
         acc, row_max, row_sum = carry
         start = pl.multiple_of(j * block_k, block_k)
-        k = _keys(k_ref[pl.ds(start, block_k), :], start, kv_len, plan)
-        v = _keys(v_ref[pl.ds(start, block_k), :], start, kv_len, plan)
+        k, v = k_ref[pl.ds(start, block_k), :], v_ref[pl.ds(start, block_k), :]
+        if masked:
+            v = _keys(v, start, limit, plan)  # NaN logits are masked below; NaN values are not
         s = _logits2(q, k, plan)
-        if plan.mask_keys:
-            s = jnp.where(_real_keys(s.shape, start, kv_len, 1), s, _MASK_VALUE)
+        if masked:
+            s = jnp.where(_real_keys(s.shape, start, limit, 1), s, _MASK_VALUE)
         new_max = jnp.maximum(row_max, jnp.max(s, axis=1, keepdims=True))
         alpha = jnp.exp2(row_max - new_max)
         p = jnp.exp2(s - new_max)
@@ -291,76 +368,87 @@ def _fwd_kernel(kv_len_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *, plan):
         jnp.full((block_q, 1), _MASK_VALUE, jnp.float32),
         jnp.zeros((block_q, 1), jnp.float32),
     )
-    acc, row_max, row_sum = lax.fori_loop(0, k_ref.shape[0] // block_k, body, init)
-    # row_sum >= 1: the row max contributes exp2(0).
-    o_ref[...] = (acc / row_sum).astype(o_ref.dtype)
-    lse_ref[...] = row_max + jnp.log2(row_sum)
+    acc, row_max, row_sum = _key_loops(body, limit, block_k, init, plan)
+    if plan.zero_keys:
+        # kv_len == 0: no block ran, row_sum == 0; the row's output is 0 and its lse unused.
+        has_keys = row_sum > 0
+        o_ref[...] = (acc / jnp.where(has_keys, row_sum, 1.0)).astype(o_ref.dtype)
+        lse_ref[...] = jnp.where(has_keys, row_max + jnp.log2(row_sum), 0.0)
+    else:
+        # row_sum >= 1: the row max contributes exp2(0).
+        o_ref[...] = (acc / row_sum).astype(o_ref.dtype)
+        lse_ref[...] = row_max + jnp.log2(row_sum)
 
 
 def _dkv_kernel(kv_len_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref,
                 *, plan):
     block_q, block_k = plan.blocks.dkv
-    kv_len = plan.kv_len(kv_len_ref)
+    limit = plan.key_limit(kv_len_ref)
     first_key = plan.block_index() * block_k
-    k = _keys(k_ref[...], first_key, kv_len, plan)
-    v = _keys(v_ref[...], first_key, kv_len, plan)
+    masked = plan.masks_keys(block_k)
+    k = _keys(k_ref[...], first_key, limit, plan)
+    v = _keys(v_ref[...], first_key, limit, plan)
 
     def body(i, carry):
         dk, dv = carry
         rows = pl.ds(pl.multiple_of(i * block_q, block_q), block_q)
         q, do = q_ref[rows, :], do_ref[rows, :]
-        p = _probs(q, k, lse_ref[rows, :], first_key, kv_len, plan)
+        # Padded query rows carry q = dO = delta = lse = 0: they add exactly 0 below.
+        p = jnp.exp2(_logits2(q, k, plan) - lse_ref[rows, :])
+        if masked:
+            # Select after the exp: masked logits minus lse may overflow, and must give p == 0.
+            p = jnp.where(_real_keys(p.shape, first_key, limit, 1), p, 0.0)
         dv = dv + _dot(p.astype(do.dtype).T, do, plan)
         ds = p * (_dot_t(do, v, plan) - delta_ref[rows, :])
         dk = dk + _dot(ds.astype(q.dtype).T, q, plan)
         return dk, dv
 
+    n_blocks = pl.cdiv(plan.seq_q, block_q)
+    if plan.zero_keys:  # a key block wholly beyond kv_len gets zero gradients, for free
+        # (0 or 1) * n, not jnp.where: Triton's scalar select would give the bound type i1.
+        n_blocks = (first_key < limit).astype(jnp.int32) * n_blocks
     zeros = jnp.zeros(k.shape, jnp.float32)
-    dk, dv = lax.fori_loop(0, q_ref.shape[0] // block_q, body, (zeros, zeros))
+    dk, dv = lax.fori_loop(0, n_blocks, body, (zeros, zeros))
     dk_ref[...] = (dk * plan.scale).astype(dk_ref.dtype)
     dv_ref[...] = dv.astype(dv_ref.dtype)
 
 
 def _dq_kernel(kv_len_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dq_ref, *, plan):
     _, block_k = plan.blocks.dq
-    kv_len = plan.kv_len(kv_len_ref)
+    limit = plan.key_limit(kv_len_ref)
     q, do, lse, delta = q_ref[...], do_ref[...], lse_ref[...], delta_ref[...]
 
-    def body(j, dq):
+    def body(j, dq, masked):
         start = pl.multiple_of(j * block_k, block_k)
-        k = _keys(k_ref[pl.ds(start, block_k), :], start, kv_len, plan)
-        v = _keys(v_ref[pl.ds(start, block_k), :], start, kv_len, plan)
-        p = _probs(q, k, lse, start, kv_len, plan)
+        k, v = k_ref[pl.ds(start, block_k), :], v_ref[pl.ds(start, block_k), :]
+        p = jnp.exp2(_logits2(q, k, plan) - lse)
+        if masked:
+            k, v = _keys(k, start, limit, plan), _keys(v, start, limit, plan)
+            p = jnp.where(_real_keys(p.shape, start, limit, 1), p, 0.0)
         ds = p * (_dot_t(do, v, plan) - delta)
         return dq + _dot(ds.astype(k.dtype), k, plan)
 
-    dq = lax.fori_loop(0, k_ref.shape[0] // block_k, body, jnp.zeros(q.shape, jnp.float32))
+    dq = _key_loops(body, limit, block_k, jnp.zeros(q.shape, jnp.float32), plan)
     dq_ref[...] = (dq * plan.scale).astype(dq_ref.dtype)
 
 
 # ----------------------------------------------------------------------------- pallas calls
 
 
-def _seq_len(plan, x):
-    return x.shape[2 if plan.tpu else 1]
-
-
 def _forward(plan, q, k, v, kv_len):
+    """o and lse (base 2, [batch, heads, pad_q, 1]) for padded q, k, v; rows of blocks past
+    seq_q are left unwritten."""
     block_q, _ = plan.blocks.fwd
-    sq, sk, d = _seq_len(plan, q), _seq_len(plan, k), q.shape[-1]
     batch, heads = q.shape[0], q.shape[1 if plan.tpu else 2]
+    whole_kv = plan.seq_spec(plan.pad_k, blocked=False)
     return plan.call(
         _fwd_kernel,
-        n_blocks=sq // block_q,
-        in_specs=[
-            plan.seq_spec(block_q, d),
-            plan.seq_spec(sk, d, blocked=False),
-            plan.seq_spec(sk, d, blocked=False),
-        ],
-        out_specs=[plan.seq_spec(block_q, d), plan.row_spec(block_q)],
+        n_blocks=pl.cdiv(plan.seq_q, block_q),
+        in_specs=[plan.seq_spec(block_q), whole_kv, whole_kv],
+        out_specs=[plan.seq_spec(block_q), plan.row_spec(block_q)],
         out_shape=[
             jax.ShapeDtypeStruct(q.shape, q.dtype),
-            jax.ShapeDtypeStruct((batch, heads, sq, 1), jnp.float32),
+            jax.ShapeDtypeStruct((batch, heads, plan.pad_q, 1), jnp.float32),
         ],
         name="flash_attention_fwd",
         warps=plan.blocks.warps[0],
@@ -369,21 +457,18 @@ def _forward(plan, q, k, v, kv_len):
     )
 
 
-def _backward(plan, q, k, v, kv_len, o, lse, do):
-    sq, sk, d = _seq_len(plan, q), _seq_len(plan, k), q.shape[-1]
-    # delta = rowsum(dO * O), stored like lse.
-    delta = jnp.sum(o.astype(jnp.float32) * do.astype(jnp.float32), axis=-1)
-    delta = (delta if plan.tpu else delta.transpose(0, 2, 1))[..., None]
-    whole_q = [plan.seq_spec(sq, d, blocked=False)]
-    whole_kv = [plan.seq_spec(sk, d, blocked=False)] * 2
-    whole_rows = [plan.row_spec(sq, blocked=False)] * 2
+def _backward(plan, q, k, v, kv_len, lse, delta, do):
+    """dq, dk, dv for padded inputs; lse and delta are zero on padded query rows."""
+    whole_q = plan.seq_spec(plan.pad_q, blocked=False)
+    whole_kv = plan.seq_spec(plan.pad_k, blocked=False)
+    whole_rows = plan.row_spec(plan.pad_q, blocked=False)
 
     _, block_k = plan.blocks.dkv
-    kv_tile = plan.seq_spec(block_k, d)
+    kv_tile = plan.seq_spec(block_k)
     dk, dv = plan.call(
         _dkv_kernel,
-        n_blocks=sk // block_k,
-        in_specs=[*whole_q, kv_tile, kv_tile, *whole_q, *whole_rows],
+        n_blocks=pl.cdiv(plan.seq_k, block_k),
+        in_specs=[whole_q, kv_tile, kv_tile, whole_q, whole_rows, whole_rows],
         out_specs=[kv_tile, kv_tile],
         out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype)] * 2,
         name="flash_attention_dkv",
@@ -393,11 +478,11 @@ def _backward(plan, q, k, v, kv_len, o, lse, do):
     )
 
     block_q, _ = plan.blocks.dq
-    q_tile, row_tile = plan.seq_spec(block_q, d), plan.row_spec(block_q)
+    q_tile, row_tile = plan.seq_spec(block_q), plan.row_spec(block_q)
     dq = plan.call(
         _dq_kernel,
-        n_blocks=sq // block_q,
-        in_specs=[q_tile, *whole_kv, q_tile, row_tile, row_tile],
+        n_blocks=pl.cdiv(plan.seq_q, block_q),
+        in_specs=[q_tile, whole_kv, whole_kv, q_tile, row_tile, row_tile],
         out_specs=q_tile,
         out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
         name="flash_attention_dq",
@@ -410,17 +495,30 @@ def _backward(plan, q, k, v, kv_len, o, lse, do):
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _attention(plan, q, k, v, kv_len):
-    return _forward(plan, q, k, v, kv_len)[0]
+    return _attention_fwd(plan, q, k, v, kv_len)[0]
 
 
 def _attention_fwd(plan, q, k, v, kv_len):
-    o, lse = _forward(plan, q, k, v, kv_len)
+    o, lse = _forward(plan, plan.pad(q, plan.pad_q), plan.pad(k, plan.pad_k),
+                      plan.pad(v, plan.pad_k), kv_len)
+    o = plan.unpad(o, plan.seq_q)
+    # The caller's unpadded arrays and the output itself: no padded copy outlives the kernel.
     return o, (q, k, v, kv_len, o, lse)
 
 
 def _attention_bwd(plan, res, do):
     q, k, v, kv_len, o, lse = res
-    return (*_backward(plan, q, k, v, kv_len, o, lse, do), None)
+    real_rows = (jnp.arange(plan.pad_q) < plan.seq_q)[:, None]
+    # Rows past seq_q: the forward left some unwritten; 0 makes their p finite, and with
+    # dO = delta = 0 there they add nothing.
+    lse = jnp.where(real_rows, lse, 0.0)
+    delta = jnp.sum(o.astype(jnp.float32) * do.astype(jnp.float32), axis=-1)  # [b, s, h]
+    delta = jnp.pad(delta, ((0, 0), (0, plan.pad_q - plan.seq_q), (0, 0)))
+    delta = delta.transpose(0, 2, 1)[..., None]  # stored like lse: [b, h, s, 1]
+    dq, dk, dv = _backward(plan, plan.pad(q, plan.pad_q), plan.pad(k, plan.pad_k),
+                           plan.pad(v, plan.pad_k), kv_len, lse, delta, plan.pad(do, plan.pad_q))
+    return (plan.unpad(dq, plan.seq_q), plan.unpad(dk, plan.seq_k), plan.unpad(dv, plan.seq_k),
+            None)
 
 
 _attention.defvjp(_attention_fwd, _attention_bwd)
@@ -429,33 +527,44 @@ _attention.defvjp(_attention_fwd, _attention_bwd)
 # ----------------------------------------------------------------------------- wrapper
 
 
-def _resolve_blocks(tpu, head_dim, seq_q, seq_k, block_q, block_k) -> BlockSizes:
-    """Defaults or the caller's tiles (used by all three kernels), clamped to short sequences."""
-    blocks = default_block_sizes("tpu" if tpu else "gpu", head_dim)
-    for name, b in (("block_q", block_q), ("block_k", block_k)):
-        if b is None:
-            continue
-        if tpu and (b <= 0 or b % _TPU_ROWS):
-            raise ValueError(f"{name}={b} must be a positive multiple of {_TPU_ROWS} on TPU")
-        if not tpu and (b < _MIN_TRITON_BLOCK or b & (b - 1)):
-            raise ValueError(f"{name}={b} must be a power of two >= {_MIN_TRITON_BLOCK}")
+def _check_tile(name: str, b: int, tpu: bool) -> None:
+    if tpu and (b <= 0 or b % _TPU_ROWS):
+        raise ValueError(f"{name}={b} must be a positive multiple of {_TPU_ROWS} on TPU")
+    if not tpu and (b < _MIN_TRITON_BLOCK or b & (b - 1)):
+        raise ValueError(f"{name}={b} must be a power of two >= {_MIN_TRITON_BLOCK}")
+
+
+def _resolve_blocks(tpu, head_dim, seq_q, seq_k, block_q, block_k, block_sizes) -> BlockSizes:
+    """The caller's `BlockSizes`, else tiles fitted to the lengths with `block_q`/`block_k`
+    (if given) replacing every kernel's query/key tile; all clamped to short sequences."""
+    if block_sizes is not None:
+        blocks = block_sizes
+        for kernel in ("fwd", "dkv", "dq"):
+            for name, b in zip(("block_q", "block_k"), getattr(blocks, kernel), strict=True):
+                _check_tile(f"{kernel} {name}", b, tpu)
+    else:
+        blocks = default_block_sizes("tpu" if tpu else "gpu", head_dim, seq_q, seq_k)
+        for name, b in (("block_q", block_q), ("block_k", block_k)):
+            if b is not None:
+                _check_tile(name, b, tpu)
 
     def fit(b, seq):
         if tpu:
             return min(b, _round_up(seq, _TPU_ROWS))
         return min(b, max(_MIN_TRITON_BLOCK, pl.next_power_of_2(seq)))
 
-    def tile(default):
-        bq, bk = block_q or default[0], block_k or default[1]
-        return fit(bq, seq_q), fit(bk, seq_k)
+    def tile(pair):
+        return fit(block_q or pair[0], seq_q), fit(block_k or pair[1], seq_k)
 
+    if block_sizes is not None:
+        block_q = block_k = None
     return dataclasses.replace(
         blocks, fwd=tile(blocks.fwd), dkv=tile(blocks.dkv), dq=tile(blocks.dq)
     )
 
 
 def flash_attention(q, k, v, *, kv_len=None, scale=None, block_q=None, block_k=None,
-                    num_warps=None, interpret=None):
+                    num_warps=None, block_sizes=None, interpret=None):
     """Softmax attention `softmax(q k^T * scale) v` with a Pallas flash-attention kernel.
 
     Args:
@@ -465,9 +574,12 @@ def flash_attention(q, k, v, *, kv_len=None, scale=None, block_q=None, block_k=N
         contents may be anything, NaN included). Clipped to [0, kv_len_max]; a row with 0
         valid keys returns zeros.
       scale: static float; defaults to 1/sqrt(head_dim).
-      block_q, block_k: tile rows for queries and keys, for all three kernels (defaults:
-        `default_block_sizes`). Powers of two >= 16 on GPU/CPU, multiples of 16 on TPU.
+      block_q, block_k: tile rows for queries and keys, for all three kernels (default: fitted
+        to the lengths by `default_block_sizes`). Powers of two >= 16 on GPU/CPU, multiples of
+        16 on TPU.
       num_warps: Triton warps for all three kernels on GPU (default: per kernel and head_dim).
+      block_sizes: a `BlockSizes` giving every kernel's tiles and warps (for tuning); overrides
+        `block_q`, `block_k` and the default warps.
       interpret: None runs interpreted exactly on CPU; True/False force it; a
         `pltpu.InterpretParams` runs the TPU (Mosaic) variant in the TPU interpreter.
 
@@ -488,20 +600,15 @@ def flash_attention(q, k, v, *, kv_len=None, scale=None, block_q=None, block_k=N
     platform = _platform()
     tpu = platform == "tpu" or _is_tpu_interpret(interpret)
     interpret = platform == "cpu" if interpret is None else interpret
-    blocks = _resolve_blocks(tpu, head_dim, seq_q, seq_k, block_q, block_k)
-    if num_warps is not None:
+    blocks = _resolve_blocks(tpu, head_dim, seq_q, seq_k, block_q, block_k, block_sizes)
+    if num_warps is not None and block_sizes is None:
         if num_warps not in (1, 2, 4, 8, 16):
             raise ValueError(f"num_warps={num_warps} must be one of 1, 2, 4, 8, 16")
         blocks = dataclasses.replace(blocks, warps=(num_warps,) * 3)
-    pad_q = math.lcm(blocks.fwd[0], blocks.dkv[0], blocks.dq[0])
-    pad_k = math.lcm(blocks.fwd[1], blocks.dkv[1], blocks.dq[1])
-    sq, sk = _round_up(seq_q, pad_q), _round_up(seq_k, pad_k)
-    # Triton tiles need power-of-two sizes; Mosaic takes a whole head_dim as is.
-    d = head_dim if tpu else max(_MIN_TRITON_BLOCK, pl.next_power_of_2(head_dim))
 
     zero_keys = kv_len is not None
     if kv_len is None:
-        kv_len = jnp.full((batch,), seq_k, jnp.int32)
+        kv_len = jnp.full((batch,), seq_k, jnp.int32)  # unread: the kernels use seq_k
     else:
         kv_len = jnp.asarray(kv_len)
         if kv_len.shape != (batch,):
@@ -513,15 +620,15 @@ def flash_attention(q, k, v, *, kv_len=None, scale=None, block_q=None, block_k=N
         interpret=interpret,
         blocks=blocks,
         scale=1.0 / math.sqrt(head_dim) if scale is None else float(scale),
-        mask_keys=zero_keys or sk != seq_k,
+        seq_q=seq_q,
+        seq_k=seq_k,
+        head_dim=head_dim,
+        # All tiles are powers of two (GPU) or multiples of 16 (TPU): one padding serves all.
+        pad_q=_round_up(seq_q, math.lcm(blocks.fwd[0], blocks.dkv[0], blocks.dq[0])),
+        pad_k=_round_up(seq_k, math.lcm(blocks.fwd[1], blocks.dkv[1], blocks.dq[1])),
+        # Triton tiles need power-of-two sizes; Mosaic takes a whole head_dim as is.
+        dim=head_dim if tpu else max(_MIN_TRITON_BLOCK, pl.next_power_of_2(head_dim)),
         zero_keys=zero_keys,
         precision=lax.Precision.HIGHEST if q.dtype == jnp.float32 else None,
     )
-
-    def prepare(x, seq):
-        x = jnp.pad(x, ((0, 0), (0, seq - x.shape[1]), (0, 0), (0, d - head_dim)))
-        return x.transpose(0, 2, 1, 3) if tpu else x
-
-    o = _attention(plan, prepare(q, sq), prepare(k, sk), prepare(v, sk), kv_len)
-    o = o.transpose(0, 2, 1, 3) if tpu else o
-    return o[:, :seq_q, :, :head_dim]
+    return _attention(plan, q, k, v, kv_len)
