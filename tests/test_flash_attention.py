@@ -344,8 +344,8 @@ def test_tpu_variant_in_tpu_interpret_mode():
 @pytest.mark.parametrize("head_dim", [96, 128])
 def test_vit_lengths(seq, head_dim):
     """Real ViT shapes (/16 models at 384 and 512 px; head_dim 96 and 128, where the Triton path
-    pads 96 to 128) at the default tiles, gradients included. Interpreted on CPU it takes
-    minutes; scripts/gpu_check.sh runs it compiled on a GPU, within its own time limit."""
+    pads 96 to 128) at the default tiles, gradients included. Slow set: ~25 s in all,
+    interpreted on 2 CPU cores; scripts/gpu_check.sh runs it compiled, within its own limit."""
     q, k, v, do = _inputs(seq, seq, head_dim, jnp.bfloat16, batch=2, heads=2)
     got = _kernel_and_grads(q, k, v, do)
     want = _reference_and_grads(q, k, v, do)
