@@ -67,7 +67,11 @@ def run(args) -> int:
     better = "lower" if args.metric == "deletion" else "higher"
     print(f"{args.metric} AUC on {args.data}:{args.split}, {len(everything)} images, {steps} "
           f"steps, substrate {args.substrate} ({better} is better)")
-    print(f"{'method':<14}{'auc':>8}   95% CI")
+    print(f"{'method':<14}{'auc':>8}   {'95% CI':<18}  vs random (paired, 95% CI)")
     for name, r in report["results"].items():
-        print(f"{name:<14}{r['auc']:>8.4f}   [{r['ci95'][0]:.4f}, {r['ci95'][1]:.4f}]")
+        d = r["vs_random"]
+        paired = "" if name == "random" else (
+            f"{d['mean']:+.4f} [{d['ci95'][0]:+.4f}, {d['ci95'][1]:+.4f}]")
+        line = f"{name:<14}{r['auc']:>8.4f}   [{r['ci95'][0]:.4f}, {r['ci95'][1]:.4f}]  {paired}"
+        print(line.rstrip())
     return 0

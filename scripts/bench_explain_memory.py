@@ -1,0 +1,95 @@
+#!/usr/bin/env python
+"""Records the explain memory figures: XLA's compiled memory (temporaries + outputs, from
+`compiled.memory_analysis()`; nothing is run, no weights are allocated) of `explain` for
+`rollout` and `relevancy` on ViT-L/14 at 518 px, against the keep-every-layer capture
+(`vit.explain.capture.attention_grads`, every layer's attention and its gradient), at several
+batch sizes, so the per-image cost and the batch-independent part can be told apart. Writes
+benchmarks/explain_memory.json with the command, the machine and the versions.
+
+    python scripts/bench_explain_memory.py [--model L/14] [--image-size 518] [--batches 1 2 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import records
+
+ROOT = records.ROOT
+GB = 1e9
+
+
+def compiled_bytes(model, batch: int, size: int, what: str) -> dict:
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from vit.explain import capture
+    from vit.explain.maps import explain_core
+
+    graphdef, state = nnx.split(model)
+    x = jax.ShapeDtypeStruct((batch, size, size, 3), jnp.float32)
+    cls = jax.ShapeDtypeStruct((batch,), jnp.int32)
+
+    def run(state, x, cls):
+        m = nnx.merge(graphdef, state)
+        if what == "keep-every-layer":
+            return capture.attention_grads.__wrapped__(m, x, jnp.maximum(cls, 0))
+        return explain_core(m, x, cls, method=what, head_fusion="mean", discard_ratio=0.0)
+
+    start = time.time()
+    stats = jax.jit(run).lower(state, x, cls).compile().memory_analysis()
+    return {"batch": batch, "temp_bytes": int(stats.temp_size_in_bytes),
+            "output_bytes": int(stats.output_size_in_bytes),
+            "argument_bytes": int(stats.argument_size_in_bytes),
+            "total_gb": round((stats.temp_size_in_bytes + stats.output_size_in_bytes) / GB, 3),
+            "compile_seconds": round(time.time() - start, 1)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="L/14")
+    parser.add_argument("--image-size", type=int, default=518)
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 2, 4])
+    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "explain_memory.json"))
+    args = parser.parse_args()
+    import jax
+    import numpy as np
+    from flax import nnx
+
+    import vit
+
+    # An abstract model: shapes only, so ViT-L's 1.2 GB of weights are never allocated.
+    model = nnx.eval_shape(lambda: vit.create_model(
+        args.model, num_classes=1000, image_size=args.image_size, attention_impl="xla",
+        rngs=nnx.Rngs(0)))
+    params = sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+    results = {}
+    for what in ("rollout", "relevancy", "keep-every-layer"):
+        rows = [compiled_bytes(model, b, args.image_size, what) for b in args.batches]
+        # XLA's buffer assignment is not linear in the batch (at small batches it can even
+        # shrink), so the fit over the batch sizes is a guide; the totals are the figures.
+        slope, intercept = np.polyfit([r["batch"] for r in rows],
+                                      [r["total_gb"] for r in rows], 1)
+        results[what] = {"compiled": rows,
+                         "gb_per_image_at_batch_1": rows[0]["total_gb"] / rows[0]["batch"],
+                         "fit_gb_per_image": round(float(slope), 3),
+                         "fit_batch_independent_gb": round(float(intercept), 3)}
+        print(what, [r["total_gb"] for r in rows], round(float(slope), 3),
+              round(float(intercept), 3), flush=True)
+    cfg = model.config
+    records.write(args.out, {
+        "record": "compiled memory of explain (streaming) against keeping every layer",
+        "model": args.model, "image_size": args.image_size,
+        "tokens": cfg.num_tokens,
+        "depth": cfg.depth, "heads": cfg.num_heads, "parameters": int(params),
+        "parameter_gb_float32": round(params * 4 / GB, 3),
+        "measure": "temp_size_in_bytes + output_size_in_bytes of the compiled program "
+                   "(arguments, i.e. the weights and images, excluded)",
+        "results": results,
+    })
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,54 @@
+"""What every recorded figure carries: the command that made it, the machine and the versions.
+
+Imported by the record scripts in this folder (`python scripts/NAME.py` puts it on the path).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("jax", "jaxlib", "flax", "optax", "numpy", "scipy")
+
+
+def command() -> str:
+    """The command line as typed, relative to the repository root."""
+    script = os.path.relpath(os.path.abspath(sys.argv[0]), ROOT)
+    return " ".join(["python", script, *sys.argv[1:]])
+
+
+def machine() -> dict:
+    import jax
+
+    return {"platform": platform.platform(), "processor": platform.processor(),
+            "cpus": os.cpu_count(), "jax_backend": jax.default_backend(),
+            "devices": [str(d) for d in jax.devices()],
+            "load_average": [round(x, 2) for x in os.getloadavg()]}
+
+
+def versions(extra: tuple[str, ...] = ()) -> dict:
+    out = {}
+    for name in (*PACKAGES, *extra):
+        try:
+            out[name] = md.version(name)
+        except md.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def write(path: str | Path, record: dict, extra_packages: tuple[str, ...] = ()) -> Path:
+    """Writes `record` with the command, machine, versions and date in front of it."""
+    full = {"command": command(), "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "machine": machine(), "versions": versions(extra_packages), **record}
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(full, indent=2) + "\n")
+    tmp.replace(path)
+    return path
