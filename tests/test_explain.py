@@ -289,13 +289,9 @@ def test_memory_does_not_grow_as_layers_times_tokens_squared():
     assert naive > 4 * per_layer
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "known bug: at batch 4 and 1,025 tokens XLA's CPU compiler keeps every layer's attention in "
-    "the forward-only rollout loop (ViT-L/14 at 518 px: 0.40 GB at batch 1, 12.3 GB at batch 4; "
-    "benchmarks/explain_memory.json). Running it through _encode's rematerialised scan "
-    "(backward=True) measured flat. Remove this marker with the fix."))
 def test_forward_rollout_memory_stays_flat_at_larger_batches_and_token_counts():
-    # The shape where it shows: 1,025 tokens (the test above has 65, where it does not).
+    # Unrolled, XLA kept every layer's attention here (batch 4, 1,025 tokens), not at the
+    # 65 tokens of the test above: ViT-L/14 at 518 px took 12.3 GB at batch 4, 0.40 at batch 1.
     shape = dict(width=16, mlp_dim=32, num_heads=4, image_size=128)
     x = images(4, size=128)
     per_layer = 4 * 4 * 1025 * 1025 * 4
