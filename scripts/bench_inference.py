@@ -1,9 +1,11 @@
 """Inference speed: our ViT (float32 and bfloat16) against Hugging Face transformers' PyTorch
 ViT in float32, with the same weights.
 
-One checkpoint is made first: a transformers ViTForImageClassification with the parity
-fixture's random weights (every tensor N(0, 0.3^2), LayerNorm scales around 1), saved with
-`save_pretrained`; both sides load that folder. Each measurement runs in its own
+One checkpoint is made first: a transformers ViTForImageClassification with random
+variance-preserving weights (every matrix N(0, 1/fan_in), biases and LayerNorm perturbed by
+N(0, 0.3^2)), saved with `save_pretrained`; both sides load that folder. `--checkpoint DIR`
+uses a Hugging Face ViT folder you have instead (trained weights give the meaningful bfloat16
+agreement: random deep transformers give near-ties). Each measurement runs in its own
 process (contestants alternate round by round, so drifts in machine load hit all of them), and
 each claim is the median of the per-round ratios. The first round also classifies
 `--agree-images` images on every side and reports the top-1 agreement and the largest
@@ -98,10 +100,15 @@ def make_checkpoint(folder: str, args) -> None:
         hidden_size=cfg.width, num_hidden_layers=cfg.depth, num_attention_heads=cfg.num_heads,
         intermediate_size=cfg.mlp_dim, image_size=args.image_size, patch_size=cfg.patch_size[0],
         num_labels=cfg.num_classes)).eval()
-    with torch.no_grad():  # the parity fixture's recipe (tests/test_checkpoints.py)
+    # Variance-preserving random weights. (The parity fixture's recipe, every tensor N(0, 0.3^2),
+    # is chaotic at depth 12: one-hot attention that a bfloat16 rounding flips.)
+    with torch.no_grad():
         for name, p in model.named_parameters():
-            base = 1.0 if ("layernorm" in name and name.endswith("weight")) else 0.0
-            p.copy_(base + 0.3 * torch.randn_like(p))
+            if p.ndim >= 2:
+                p.copy_(torch.randn_like(p) / p[0].numel() ** 0.5)
+            else:
+                base = 1.0 if ("layernorm" in name and name.endswith("weight")) else 0.0
+                p.copy_(base + 0.3 * torch.randn_like(p))
     model.save_pretrained(folder)
 
 
@@ -165,7 +172,9 @@ def main() -> None:
     parser.add_argument("--baseline", default=None, metavar="DIR",
                         help="also time our float32 model from this copy (an earlier commit)")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
-    parser.add_argument("--checkpoint", help=argparse.SUPPRESS)
+    parser.add_argument("--checkpoint", default=None, metavar="DIR",
+                        help="a Hugging Face ViT folder both sides load (default: random "
+                             "weights made here; --model and --image-size must match it)")
     parser.add_argument("--probs-out", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -184,7 +193,10 @@ def main() -> None:
     kinds = ours + (["baseline"] if args.baseline else []) + ["hf"]
     rounds = []
     with tempfile.TemporaryDirectory() as folder:
-        make_checkpoint(os.path.join(folder, "model"), args)
+        if args.checkpoint:
+            os.symlink(os.path.abspath(args.checkpoint), os.path.join(folder, "model"))
+        else:
+            make_checkpoint(os.path.join(folder, "model"), args)
         agree = None
         for i in range(args.rounds):
             # Rotate the order, so no contestant always meets a warmer or cooler machine.
@@ -210,8 +222,9 @@ def main() -> None:
         "versions": versions(),
         "setup": {"model": args.model, "batch": args.batch, "image_size": args.image_size,
                   "iters": args.iters, "rounds": args.rounds,
-                  "weights": "one transformers ViTForImageClassification with the parity "
-                             "fixture's random weights, save_pretrained; both sides load it",
+                  "weights": args.checkpoint or "one transformers ViTForImageClassification "
+                             "with random variance-preserving weights, save_pretrained; both "
+                             "sides load it",
                   "ours": "vit.checkpoints.load_checkpoint(dtype=...) + jax.jit forward + "
                           "softmax",
                   "peer": "transformers ViTForImageClassification float32, "

@@ -2,7 +2,8 @@
 
 Parameter layout follows timm (fused `qkv`, `proj`, `fc1`/`fc2`, `norm1`/`norm2`), which maps
 one-to-one onto every checkpoint format we read. Parameters are float32; matmuls run in
-`config.dtype`; LayerNorm and softmax run in float32.
+`config.dtype`; LayerNorm, softmax and the residual stream (tokens between blocks) run in
+float32.
 
 Calling convention: `model(images)` is inference; `model(images, train=True, rng=key)` enables
 dropout and stochastic depth, with all randomness from the explicit key.

@@ -1,0 +1,47 @@
+"""`--dtype` and `--no-cache`, shared by the commands that run a pretrained model (predict,
+eval, rollout)."""
+
+from __future__ import annotations
+
+COMPUTE_DTYPES = ("float32", "bfloat16")
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--dtype", choices=COMPUTE_DTYPES, default=None,
+                        help="compute dtype (default: the checkpoint's, normally float32). "
+                             "bfloat16 runs the matmuls in bfloat16, with LayerNorm, softmax "
+                             "and the residual stream in float32; it is the fast choice on GPUs "
+                             "and TPUs, while on CPUs float32 is as fast or faster")
+    parser.add_argument("--no-cache", action="store_true",
+                        help="do not read or write the persistent compilation cache "
+                             "($VIT_CACHE_DIR, default ~/.cache/vit/jax)")
+
+
+def start(args):
+    """Call first in `run`, before anything compiles: the compilation cache on (its folder) or
+    off (None)."""
+    import sys
+
+    from vit.compile_cache import configure
+
+    folder = configure(args.no_cache)
+    if args.dtype == "bfloat16":
+        import jax
+
+        if jax.default_backend() == "cpu":  # XLA widens bfloat16 matmuls to float32 on CPUs
+            print(f"vit {getattr(args, 'command', '')}: note: bfloat16 is no faster than float32 "
+                  "on a CPU (XLA computes its matmuls in float32); it is meant for GPUs and TPUs",
+                  file=sys.stderr)
+    return folder
+
+
+def with_dtype(args, overrides: dict) -> dict:
+    """Model overrides plus `--dtype`; `--set dtype=...` and a different `--dtype` conflict."""
+    from vit.errors import ConfigError
+
+    if args.dtype is None:
+        return overrides
+    if overrides.get("dtype", args.dtype) != args.dtype:
+        raise ConfigError(f"--dtype {args.dtype} and --set dtype={overrides['dtype']} disagree; "
+                          "give one of them")
+    return {**overrides, "dtype": args.dtype}
