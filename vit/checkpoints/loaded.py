@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import jax
@@ -47,10 +48,10 @@ class LoadedCheckpoint:
             return model
         self.adapt_text()
         check_fits(self.params, self.config, self.source)
-        abstract = nnx.eval_shape(lambda: VisionTransformer(self.config, rngs=nnx.Rngs(0)))
-        graphdef, params, rest = nnx.split(abstract, nnx.Param, ...)
+        graphdef, shapes, rest = _abstract_model(self.config)
         if jax.tree.leaves(rest):  # non-parameter state would need a real init
             return self.build_model(nnx.Rngs(0))
+        params = jax.tree.map(lambda leaf: leaf, shapes)  # a copy: the cached one stays abstract
         nnx.replace_by_pure_dict(params, as_jax(self.params))
         return nnx.merge(graphdef, params, rest)
 
@@ -69,10 +70,18 @@ class LoadedCheckpoint:
         return cls(model.config, params, pre, labels, source)
 
 
+@functools.lru_cache(maxsize=8)
+def _abstract_model(config: ViTConfig):
+    """(graphdef, parameter shapes, other state) of a model of `config`, traced once per config:
+    an abstract trace of ViT-B takes seconds (flax's variable checks are slow under a trace),
+    and loading a checkpoint needs it three times (fit check, build, text fit)."""
+    abstract = nnx.eval_shape(lambda: VisionTransformer(config, rngs=nnx.Rngs(0)))
+    return nnx.split(abstract, nnx.Param, ...)
+
+
 def expected_shapes(config: ViTConfig) -> dict[tuple, tuple[int, ...]]:
     """The parameter paths and shapes a model of this config has (no weights are made)."""
-    abstract = nnx.eval_shape(lambda: VisionTransformer(config, rngs=nnx.Rngs(0)))
-    pure = nnx.to_pure_dict(nnx.state(abstract, nnx.Param))
+    pure = nnx.to_pure_dict(_abstract_model(config)[1])
     return {path: tuple(leaf.shape) for path, leaf in flatten(pure).items()}
 
 
