@@ -24,6 +24,8 @@ import sys
 import time
 from pathlib import Path
 
+import records  # scripts/records.py: the versions every record carries
+
 MESHES = {"data": lambda n: (n, 1), "fsdp": lambda n: (1, n)}
 
 
@@ -65,16 +67,6 @@ def worker(mesh_kind: str, image_size: int, batch: int, steps: int, warmup: int)
     return {"devices": n, "mesh": dict(zip(parallel.AXES, mesh.devices.shape, strict=True)),
             "steps_per_s": steps / seconds, "images_per_s": steps * batch / seconds,
             "param_bytes_per_device": per_device, "loss": float(m["loss"])}
-
-
-def versions() -> dict:
-    out = {"python": platform.python_version()}
-    for name in ("jax", "jaxlib", "flax", "optax"):
-        try:
-            out[name] = __import__(name).__version__
-        except ImportError:
-            out[name] = None
-    return out
 
 
 def main() -> None:
@@ -127,7 +119,7 @@ def main() -> None:
         "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count(),
                     "processor": platform.processor(), "load_before": load_before,
                     "load_after": os.getloadavg(), "devices": args.platform},
-        "versions": versions(),
+        "versions": {"python": platform.python_version(), **records.versions()},
         "timed_steps_per_run": args.steps,
         "runs": runs,
         "note": args.note or ("forced host devices share one CPU: this is the overhead of "
