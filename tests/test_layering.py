@@ -23,13 +23,14 @@ pytestmark = pytest.mark.timeout(300)
 ROOT = Path(__file__).resolve().parents[1]
 VIT = ROOT / "vit"
 
-_BASE = {"errors"}
+_BASE = {"errors", "paths"}
 _MODEL = _BASE | {"ops", "models"}
 _CHECKPOINTS = _MODEL | {"preprocess", "checkpoints"}
 _APPS = _CHECKPOINTS | {"data"}  # what explain and predict stand on
 # The part of vit (`vit.<unit>...`) each part may import: itself and the layers below it.
 ALLOWED = {
     "errors": {"errors"},
+    "paths": {"paths"},
     "ops": _BASE | {"ops"},
     "models": _MODEL,
     "preprocess": _BASE | {"preprocess"},

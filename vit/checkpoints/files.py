@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from vit.errors import CheckpointError
+from vit.paths import unwritable_reason
 
 
 def read_json(path: Path) -> Any:
@@ -47,14 +48,9 @@ def check_destination(dst) -> Path:
         kind = "folder" if dst.is_dir() else "file"
         raise CheckpointError(f"{dst}: already exists (a {kind}); choose a new destination, or "
                               "remove it first")
-    parent = dst.absolute().parent
-    while not parent.exists():  # the folders we would create
-        parent = parent.parent
-    if not parent.is_dir():
-        raise CheckpointError(f"{dst}: cannot create it: {parent} is a file, not a folder")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise CheckpointError(f"{dst}: cannot write in {parent} (permission denied); choose "
-                              "another destination")
+    reason = unwritable_reason(dst.parent)
+    if reason:
+        raise CheckpointError(f"{dst}: cannot create it: {reason}; choose another destination")
     return dst
 
 

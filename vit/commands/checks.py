@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 from vit.errors import ConfigError
+from vit.paths import unwritable_reason
 
 
 def require_positive(args, *names: str) -> None:
@@ -28,17 +29,10 @@ def check_output_dir(path, flag: str) -> Path:
     if path.exists() and not path.is_dir():
         raise ConfigError(f"{flag} {path}: is an existing file, not a folder; give a new or "
                           "existing folder")
-    parent = path
-    while not parent.exists():  # the nearest existing ancestor is where mkdir will write
-        if parent.parent == parent:
-            break
-        parent = parent.parent
-    if parent.exists() and not parent.is_dir():
-        raise ConfigError(f"{flag} {path}: cannot be created, {parent} is a file; give a "
+    reason = unwritable_reason(path)
+    if reason:
+        raise ConfigError(f"{flag} {path}: cannot be created or written: {reason}; give a "
                           "folder elsewhere")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise ConfigError(f"{flag} {path}: {parent} is not writable; give a folder you can "
-                          "write to")
     return path
 
 

@@ -1,0 +1,23 @@
+"""Where a command or a checkpoint writer will create files: one check, made before any work,
+that the place can be created and written. Standard library only."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def unwritable_reason(path) -> str | None:
+    """Why files cannot be made at `path` (a folder that exists or would be created), or None.
+
+    The nearest existing folder on the way up (`path` itself when it exists) is where `mkdir`
+    and the writes happen: it must be a folder, and writable.
+    """
+    base = Path(path).absolute()
+    while not base.exists() and base.parent != base:
+        base = base.parent
+    if not base.is_dir():
+        return f"{base} is a file, not a folder"
+    if not os.access(base, os.W_OK | os.X_OK):
+        return f"{base} is not writable (permission denied)"
+    return None
