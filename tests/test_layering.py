@@ -41,9 +41,10 @@ ALLOWED = {
     "overrides": _BASE | {"overrides"},
     "config": _BASE | {"overrides", "config"},
     "compile_cache": {"compile_cache"},  # standard library + jax only
+    "predict_cache": {"predict_cache"},  # standard library, numpy + jax only
     "train": _APPS | {"explain", "predict", "overrides", "config", "train"},
     "commands": _APPS | {"explain", "predict", "overrides", "config", "train", "commands",
-                         "compile_cache"},
+                         "compile_cache", "predict_cache"},
     "cli": _APPS | {"explain", "predict", "overrides", "config", "train", "commands", "cli"},
     # vit/__init__.py names its lazy attributes by string; it imports nothing of its own.
     "vit": _APPS | {"explain", "predict", "overrides", "config", "train"},

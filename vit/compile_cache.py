@@ -1,7 +1,9 @@
 """JAX's persistent compilation cache for the `vit` commands: a second run with the same model
 and batch shape loads the compiled forward from disk instead of compiling it again.
 
-The folder is `$VIT_CACHE_DIR` when set, else `$XDG_CACHE_HOME/vit/jax` (`~/.cache/vit/jax`).
+The cache root is `$VIT_CACHE_DIR` when set, else `$XDG_CACHE_HOME/vit` (`~/.cache/vit`); JAX's
+compiles go in its `jax/` folder and `vit predict`'s prepared classifiers (`vit.predict_cache`)
+in `prepared/`.
 JAX keys each entry on the program, the devices and the jax/XLA versions, so a stale entry is
 never used; deleting the folder is always safe. Standard library and jax only.
 """
@@ -17,11 +19,16 @@ ENV_VAR = "VIT_CACHE_DIR"
 MIN_COMPILE_SECONDS = 0.0
 
 
-def default_dir() -> Path:
+def root() -> Path:
     if os.environ.get(ENV_VAR):
         return Path(os.environ[ENV_VAR]).expanduser()
     base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "vit" / "jax"
+    return Path(base) / "vit"
+
+
+def default_dir() -> Path:
+    """JAX's compilation cache folder."""
+    return root() / "jax"
 
 
 def enable(path: str | os.PathLike | None = None, *,
@@ -49,8 +56,9 @@ def disable() -> None:
 
 
 def configure(no_cache: bool) -> Path | None:
-    """What the commands call first: the cache on (returns its folder), or off for `--no-cache`."""
+    """What the commands call first: the cache on (returns the cache root), or off for
+    `--no-cache` (None)."""
     if no_cache:
         disable()
         return None
-    return enable()
+    return root() if enable() is not None else None

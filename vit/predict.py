@@ -200,6 +200,12 @@ class Predictor:
         self.workers = workers or min(8, os.cpu_count() or 1)
         self.prompts = prompts
         graphdef, state = nnx.split(model)
+        # The forwards take the parameter leaves as a flat list: a plain argument tree that
+        # `jax.export` can serialize (vit.predict_cache), whatever the model's own tree is.
+        state, treedef = jax.tree.flatten(state)
+
+        def merged(leaves):
+            return nnx.merge(graphdef, jax.tree.unflatten(treedef, leaves))
 
         if prompts is not None:
             require_text(cfg, "prompts")
@@ -208,7 +214,7 @@ class Predictor:
             @jax.jit
             def forward(state, images, text, mask):
                 b = images.shape[0]
-                logits = nnx.merge(graphdef, state)(
+                logits = merged(state)(
                     images, text=jnp.broadcast_to(text, (b, *text.shape)),
                     text_mask=jnp.broadcast_to(mask, (b, *mask.shape)))
                 return (jax.nn.sigmoid(logits.reshape(b, -1)),)  # [b] when there is one prompt
@@ -220,12 +226,12 @@ class Predictor:
             self.mode, self.labels = "zero_shot", zero_shot.labels
             self.top_k = k = min(top_k, len(zero_shot.labels))
             # The names' embeddings do not depend on the image: computed once, here.
-            txt = jax.jit(lambda state, t, m: nnx.merge(graphdef, state).text_embedding(t, m))(
+            txt = jax.jit(lambda state, t, m: merged(state).text_embedding(t, m))(
                 state, zero_shot.text, zero_shot.mask)
 
             @jax.jit
             def forward(state, images, txt):
-                m = nnx.merge(graphdef, state)
+                m = merged(state)
                 logits = m.similarity.logits(m.image_embedding(images), txt)
                 return jax.lax.top_k(jax.nn.sigmoid(logits), k)
 
@@ -243,25 +249,57 @@ class Predictor:
 
             @jax.jit
             def forward(state, images):
-                logits = nnx.merge(graphdef, state)(images)
+                logits = merged(state)(images)
                 return jax.lax.top_k(jax.nn.softmax(logits, axis=-1), k)
 
             extra = ()
         # Every local device: the batch split over them (rounded up to fit), weights copied.
         self.batch_size, forward = _on_local_devices(forward, batch_size, 2 + len(extra))
         self._state, self._forward, self._extra = state, forward, extra
-        self._channels, self._compiled = cfg.in_channels, None
+        self._channels, self._compiled, self.exported = cfg.in_channels, None, None
 
-    def compile(self) -> None:
-        """Compiles the forward for this batch size at the preprocessing's image size, now
-        rather than inside the first batch, so start-up is timed apart from throughput. A
-        persistent compilation cache (`vit.compile_cache`) that holds it makes this a load."""
+    @classmethod
+    def prepared(cls, leaves: list, exported, preprocess: Preprocessing,
+                 labels: list[str] | None = None, *, workers: int | None = None) -> Predictor:
+        """A classifier from `vit.predict_cache`: the parameter leaves and the exported
+        forward (softmax top-k at one batch size), with no model built or traced."""
         import jax
 
-        if self._compiled is None:
-            spec = jax.ShapeDtypeStruct((self.batch_size, *self.preprocess.size, self._channels),
-                                        np.float32)
-            self._compiled = self._forward.lower(self._state, spec, *self._extra).compile()
+        self = cls.__new__(cls)
+        images = exported.in_avals[-1]
+        self.preprocess, self.batch_size = preprocess, images.shape[0]
+        self.workers = workers or min(8, os.cpu_count() or 1)
+        self.prompts, self.mode, self.labels = None, "classes", labels
+        self.top_k = exported.out_avals[0].shape[-1]
+        self._state, self._forward, self._extra = leaves, jax.jit(exported.call), ()
+        self._channels, self._compiled, self.exported = images.shape[-1], None, exported
+        return self
+
+    def compile(self, export: bool = False) -> None:
+        """Compiles the forward for this batch size at the preprocessing's image size, now
+        rather than inside the first batch, so start-up is timed apart from throughput. A
+        persistent compilation cache (`vit.compile_cache`) that holds it makes this a load.
+
+        `export=True` (classifiers) first exports the forward with `jax.export` and compiles
+        that, keeping it as `self.exported` for `vit.predict_cache`: the same program a warm
+        run compiles, so the persistent cache serves it. A forward that cannot be exported
+        (a kernel outside jax's stable custom calls) is compiled as it is."""
+        import jax
+
+        if self._compiled is not None:
+            return
+        spec = jax.ShapeDtypeStruct((self.batch_size, *self.preprocess.size, self._channels),
+                                    np.float32)
+        forward = self._forward
+        if export and self.exported is None and self.mode == "classes":
+            from jax import export as jax_export
+
+            try:
+                self.exported = jax_export.export(forward)(self._state, spec)
+                forward = jax.jit(self.exported.call)
+            except Exception:  # noqa: BLE001 - anything export refuses: run unexported
+                self.exported = None
+        self._compiled = forward.lower(self._state, spec, *self._extra).compile()
 
     def predict_arrays(self, images: np.ndarray):
         """`[n, h, w, c]` preprocessed images -> (probs, indices), each `[n, top_k]`; in prompt

@@ -82,17 +82,48 @@ def _text_inputs(args, config):
     return prompts, zero_shot
 
 
+def _model_overrides(items: list[str]) -> dict:
+    """`--set` parsed against the model's fields (imported only when given: the model package
+    pulls in flax, which a prepared classifier does without)."""
+    if not items:
+        return {}
+    from vit.commands.overrides import parse_model_overrides
+
+    return parse_model_overrides(items)
+
+
+def _labels(args, num_classes: int) -> list[str] | None:
+    """`--labels FILE`'s names, or None."""
+    if not args.labels:
+        return None
+    from vit.checkpoints.labels import read_labels
+
+    return read_labels(args.labels, num_classes)
+
+
+def _check_warnings(warnings_: list[str], checkpoint, text_flags: list[str]) -> None:
+    """Prints the loader's warnings; an all-zero class head is refused (meaningless) unless
+    only text is scored."""
+    from vit.errors import CheckpointError
+
+    for message in warnings_:
+        if "head is all zeros" in message:
+            if text_flags:  # prompts and zero-shot never use the class head
+                continue
+            raise CheckpointError(f"{checkpoint}: {message}")
+        print(f"vit predict: warning: {message}", file=sys.stderr)
+
+
 def run(args) -> int:
     started = time.perf_counter()
-    inference_options.start(args)  # before anything compiles
+    cache_root = inference_options.start(args)  # before anything compiles
     from tqdm import tqdm
 
-    from vit.checkpoints import load_checkpoint
-    from vit.checkpoints.labels import read_labels
+    from vit import predict_cache
     from vit.commands.checks import require_positive
-    from vit.commands.overrides import parse_model_overrides
-    from vit.errors import CheckpointError, DataError
+    from vit.errors import DataError
     from vit.predict import Predictor, collect_images
+    from vit.preprocess import Preprocessing
 
     if args.top_k < 1 or args.batch_size < 1:
         raise DataError("--top-k and --batch-size must be at least 1")
@@ -114,28 +145,40 @@ def run(args) -> int:
     if len(missing) == len(paths):  # a typo, not a few bad files: say so before the model loads
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
         raise DataError(f"{missing[0]}: no such file or folder{more}")
-    loaded = load_checkpoint(args.checkpoint, image_size=args.image_size,
-                             **inference_options.with_dtype(args, parse_model_overrides(args.set)))
-    print(f"vit predict: {loaded.source}", file=sys.stderr)
-    for message in loaded.warnings:
-        if "head is all zeros" in message:
-            if text_flags:  # prompts and zero-shot never use the class head
-                continue
-            raise CheckpointError(f"{args.checkpoint}: {message}")  # meaningless: refuse
-        print(f"vit predict: warning: {message}", file=sys.stderr)
-    prompts, zero_shot = _text_inputs(args, loaded.config)
-    labels = (read_labels(args.labels, loaded.config.num_classes) if args.labels
-              else loaded.labels)
-    # One image is not padded to a batch of 32: the batch is at most the number of images.
-    predictor = Predictor(loaded.build_model(), loaded.preprocessing, labels,
-                          top_k=args.top_k, batch_size=min(args.batch_size, len(paths)),
-                          prompts=prompts, zero_shot=zero_shot)
+    overrides = inference_options.with_dtype(args, _model_overrides(args.set))
+    batch_size = min(args.batch_size, len(paths))
+    # A classifier run with the cache on: a prepared entry skips the checkpoint and the model.
+    cache = None if cache_root is None or text_flags else dict(
+        root=cache_root, checkpoint=args.checkpoint, batch_size=batch_size, top_k=args.top_k,
+        load_options={"image_size": args.image_size, **overrides})
+    warm = predict_cache.load(**cache) if cache else None
+    if warm is not None:
+        meta = warm.meta
+        print(f"vit predict: {meta['source']} (prepared: {warm.folder})", file=sys.stderr)
+        _check_warnings(meta["warnings"], args.checkpoint, text_flags)
+        labels = _labels(args, meta["num_classes"]) or meta["labels"]
+        predictor = Predictor.prepared(warm.leaves, warm.exported,
+                                       Preprocessing.from_dict(meta["preprocessing"]), labels)
+        dtype = meta["dtype"]
+    else:
+        from vit.checkpoints import load_checkpoint
+
+        loaded = load_checkpoint(args.checkpoint, image_size=args.image_size, **overrides)
+        print(f"vit predict: {loaded.source}", file=sys.stderr)
+        _check_warnings(loaded.warnings, args.checkpoint, text_flags)
+        prompts, zero_shot = _text_inputs(args, loaded.config)
+        labels = _labels(args, loaded.config.num_classes) or loaded.labels
+        # One image is not padded to a batch of 32: the batch is at most the number of images.
+        predictor = Predictor(loaded.build_model(), loaded.preprocessing, labels,
+                              top_k=args.top_k, batch_size=batch_size,
+                              prompts=prompts, zero_shot=zero_shot)
+        dtype = loaded.config.dtype
     compiling = time.perf_counter()
-    predictor.compile()
+    predictor.compile(export=cache is not None)
     ready = time.perf_counter()
     print(f"vit predict: ready in {ready - started:.1f} s (compile {ready - compiling:.1f} s, "
-          f"batch {predictor.batch_size}, {loaded.config.dtype})", file=sys.stderr)
-    verb = "scored" if prompts is not None else "classified"
+          f"batch {predictor.batch_size}, {dtype})", file=sys.stderr)
+    verb = "scored" if predictor.mode == "prompts" else "classified"
     start, done, failed = time.perf_counter(), 0, 0
     with tqdm(total=len(paths), unit="img", file=sys.stderr, dynamic_ncols=True) as bar:
         for result in predictor.predict_files(paths, progress=bar):
@@ -145,4 +188,10 @@ def run(args) -> int:
     seconds = time.perf_counter() - start
     print(f"vit predict: {done - failed} images {verb}, {failed} failed, {seconds:.1f} s "
           f"({(done - failed) / seconds:.1f} images/s)", file=sys.stderr)
+    if cache and warm is None and predictor.exported is not None:  # after the answers
+        predict_cache.store(**cache, leaves=predictor._state, exported=predictor.exported,
+                            meta={"source": loaded.source, "warnings": loaded.warnings,
+                                  "labels": loaded.labels, "dtype": dtype,
+                                  "num_classes": loaded.config.num_classes,
+                                  "preprocessing": loaded.preprocessing.to_dict()})
     return 0 if done > failed else 1

@@ -1,0 +1,148 @@
+"""`vit predict`'s prepared classifiers (vit/predict_cache.py): stored by a cold run, used by a
+warm one without reading the checkpoint or building the model, and never stale or fatal.
+
+The reference for every output is `vit predict --no-cache` (the plain jitted model, no export,
+no cache) on the same files. Nothing here is timed: bench_predict.py measures the start-up.
+"""
+
+import json
+import os
+
+import numpy as np
+import pytest
+from PIL import Image
+
+import vit.checkpoints
+from vit import predict_cache
+from vit.checkpoints import LoadedCheckpoint, expected_shapes, nest, save_checkpoint
+from vit.cli import main
+from vit.models.config import get_config
+from vit.predict import Predictor
+from vit.preprocess import INCEPTION
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def tiny_loaded(seed=0, num_classes=6):
+    cfg = get_config("Ti/16", width=32, depth=2, mlp_dim=64, num_heads=4, patch_size=8,
+                     image_size=32, num_classes=num_classes)
+    rng = np.random.RandomState(seed)
+    params = nest({p: rng.randn(*s).astype(np.float32) * 0.5
+                   for p, s in expected_shapes(cfg).items()})
+    return LoadedCheckpoint(cfg, params, INCEPTION.with_size(32),
+                            [f"class {i}" for i in range(num_classes)])
+
+
+@pytest.fixture
+def setup(tmp_path, monkeypatch):
+    monkeypatch.setenv("VIT_CACHE_DIR", str(tmp_path / "cache"))
+    save_checkpoint(tiny_loaded(), tmp_path / "ckpt", "hf")
+    rng = np.random.RandomState(1)
+    for i in range(5):
+        h, w = rng.randint(20, 60, size=2)
+        Image.fromarray(rng.randint(0, 255, (h, w, 3), np.uint8)).save(tmp_path / f"{i}.png")
+    return tmp_path
+
+
+def predict(capsys, folder, *extra):
+    code = main(["predict", *[str(folder / f"{i}.png") for i in range(5)], "--checkpoint",
+                 str(folder / "ckpt"), "--json", "--top-k", "3", *extra])
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    return [json.loads(line) for line in out.out.splitlines()], out.err
+
+
+def entries(folder):
+    prepared = folder / "cache" / "prepared"
+    return sorted(p for p in prepared.iterdir() if not p.name.startswith(".")) \
+        if prepared.exists() else []
+
+
+def same(got, want):
+    for g, w in zip(got, want, strict=True):
+        assert [t["index"] for t in g["top_k"]] == [t["index"] for t in w["top_k"]]
+        assert [t["label"] for t in g["top_k"]] == [t["label"] for t in w["top_k"]]
+        np.testing.assert_allclose([t["prob"] for t in g["top_k"]],
+                                   [t["prob"] for t in w["top_k"]], rtol=1e-5, atol=1e-7)
+
+
+def test_a_warm_run_reads_neither_the_checkpoint_nor_the_model(setup, capsys, monkeypatch):
+    want, _ = predict(capsys, setup, "--no-cache")
+    assert not entries(setup)  # --no-cache writes nothing
+    assert len({r["top_k"][0]["index"] for r in want}) > 1  # not a constant model
+
+    cold, err = predict(capsys, setup)
+    assert "prepared:" not in err
+    [entry] = entries(setup)
+    files = {p.name for p in entry.iterdir()}
+    assert {"meta.json", "weights.bin"} <= files and any(f.endswith(".jaxexport") for f in files)
+    same(cold, want)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the warm run must not need this")
+
+    monkeypatch.setattr(vit.checkpoints, "load_checkpoint", refuse)
+    monkeypatch.setattr(Predictor, "__init__", refuse)
+    warm, err = predict(capsys, setup)
+    assert f"prepared: {entry}" in err
+    same(warm, want)
+
+
+def test_a_changed_checkpoint_or_batch_is_a_miss_and_a_new_batch_reuses_the_weights(
+        setup, capsys):
+    predict(capsys, setup)
+    [entry] = entries(setup)
+    weights = (entry / "weights.bin").stat()
+    # Another batch size: a second forward in the same entry; the weights are not written again.
+    predict(capsys, setup, "--batch-size", "2")
+    assert len(list(entry.glob("forward-*.jaxexport"))) == 2
+    assert (entry / "weights.bin").stat().st_mtime_ns == weights.st_mtime_ns
+    # New weights under the same path: a new entry, and the answers are the new model's.
+    save_checkpoint(tiny_loaded(seed=7), setup / "new", "hf")
+    os.replace(setup / "new" / "model.safetensors", setup / "ckpt" / "model.safetensors")
+    got, err = predict(capsys, setup)
+    assert "prepared:" not in err and len(entries(setup)) == 2
+    want, _ = predict(capsys, setup, "--no-cache")
+    same(got, want)
+    # An override changes the model: its own entry too.
+    _, err = predict(capsys, setup, "--image-size", "48")
+    assert "prepared:" not in err and len(entries(setup)) == 3
+
+
+def test_a_damaged_entry_is_dropped_and_the_run_goes_on(setup, capsys):
+    want, _ = predict(capsys, setup, "--no-cache")
+    predict(capsys, setup)
+    [entry] = entries(setup)
+    with open(entry / "weights.bin", "r+b") as f:
+        f.truncate(100)  # a copy cut short
+    got, err = predict(capsys, setup)
+    assert "prepared:" not in err  # not trusted ...
+    same(got, want)  # ... the checkpoint was read instead
+    [entry] = entries(setup)  # and stored again, whole
+    got, err = predict(capsys, setup)
+    assert "prepared:" in err
+    same(got, want)
+
+
+def test_labels_a_refused_head_and_only_the_newest_entries_stay(setup, capsys, monkeypatch):
+    labels = setup / "labels.txt"
+    labels.write_text("\n".join(f"name {i}" for i in range(6)))
+    predict(capsys, setup)
+    got, err = predict(capsys, setup, "--labels", str(labels))  # --labels applies warm too
+    assert "prepared:" in err and got[0]["top_k"][0]["label"].startswith("name ")
+    # An all-zero head is refused, and so never stored: refused again on the next run.
+    zero = tiny_loaded()
+    zero.params["head"] = {k: np.zeros_like(v) for k, v in zero.params["head"].items()}
+    save_checkpoint(zero, setup / "zero", "hf")
+    for _ in range(2):
+        code = main(["predict", str(setup / "0.png"), "--checkpoint", str(setup / "zero")])
+        err = capsys.readouterr().err
+        assert code == 2 and "head is all zeros" in err.strip().splitlines()[-1]
+    assert len(entries(setup)) == 1
+    # A second checkpoint with KEEP=1: storing it drops the older entry.
+    monkeypatch.setattr(predict_cache, "KEEP", 1)
+    save_checkpoint(tiny_loaded(seed=3), setup / "other", "hf")
+    [old] = entries(setup)
+    assert main(["predict", str(setup / "0.png"), "--checkpoint", str(setup / "other")]) == 0
+    [new] = entries(setup)
+    assert new != old

@@ -1,0 +1,199 @@
+"""Prepared classifiers: what a second `vit predict` of the same checkpoint needs, ready on disk.
+
+A cold `vit predict` reads the checkpoint (transposing torch-layout weights), traces the model
+and compiles its forward. Afterwards it stores, under `<cache root>/prepared/<key>/`:
+
+- `weights.bin`: the parameters in our layout, raw little-endian, one after another, and
+  `meta.json`: their shapes and offsets, plus what the command prints and checks (the source,
+  loader warnings, labels, preprocessing, class count);
+- `forward-<key>.jaxexport`: the forward (softmax top-k) as a serialized `jax.export` module
+  (StableHLO in a flatbuffer; no pickle), for one batch size, top-k and device set.
+
+A warm run maps the weights, deserializes the module and compiles it, which JAX's persistent
+compilation cache turns into a load: no checkpoint parsing, no model trace, no flax import.
+
+Keys: an entry is keyed on the checkpoint's files (path, size, modification time), the load
+options (image size, overrides such as dtype) and the source of the `vit` package itself, so an
+edited checkpoint or edited model code is a miss, never a stale hit. The forward adds the batch
+size, top-k, jax/jaxlib versions and the devices. Anything unreadable is a miss (and removed);
+the cache never fails a run. Only the `KEEP` most recently used entries are kept.
+Standard library, numpy and jax only (it sits beside `compile_cache`, below the commands).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+FORMAT = 1
+KEEP = 3  # prepared checkpoints kept (each holds a copy of the weights), least recent dropped
+_PACKAGE = Path(__file__).resolve().parent
+
+
+@dataclass
+class Prepared:
+    """A warm entry: `meta` (see `store`), the parameter leaves and the forward."""
+
+    folder: Path
+    meta: dict
+    leaves: list
+    exported: object  # jax.export.Exported
+
+
+def _code_hash() -> str:
+    """The `vit` package's own source: a model change must never meet a stale forward."""
+    digest = hashlib.sha256()
+    for path in sorted(_PACKAGE.rglob("*.py")):
+        digest.update(str(path.relative_to(_PACKAGE)).encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def _files_of(checkpoint) -> list | None:
+    """(relative path, size, mtime_ns) of every file of a checkpoint on disk; None for a name
+    that is not a path (a hub id is resolved by the loader: not cached here)."""
+    path = Path(checkpoint).expanduser()
+    try:
+        path = path.resolve(strict=True)
+        if path.is_file():
+            st = path.stat()
+            return [[str(path), st.st_size, st.st_mtime_ns]]
+        files = []
+        for root, dirs, names in os.walk(path):
+            dirs.sort()
+            for name in sorted(names):
+                st = (Path(root) / name).stat()
+                files.append([os.path.relpath(Path(root) / name, path), st.st_size,
+                              st.st_mtime_ns])
+        return [[str(path), 0, 0], *files]
+    except OSError:
+        return None
+
+
+def _hash(value) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:32]
+
+
+def entry_key(checkpoint, load_options: dict) -> str | None:
+    files = _files_of(checkpoint)
+    if files is None:
+        return None
+    return _hash({"format": FORMAT, "files": files, "load": load_options, "code": _code_hash()})
+
+
+def forward_key(batch_size: int, top_k: int) -> str:
+    import jax
+    import jaxlib
+
+    devices = [(d.platform, d.device_kind) for d in jax.local_devices()]
+    return _hash({"batch": batch_size, "top_k": top_k, "jax": jax.__version__,
+                  "jaxlib": jaxlib.__version__, "devices": devices,
+                  "processes": jax.process_count()})
+
+
+def folder(root: Path, key: str) -> Path:
+    return root / "prepared" / key
+
+
+def load(root: Path, checkpoint, load_options: dict, batch_size: int,
+         top_k: int) -> Prepared | None:
+    """The prepared entry for these options, or None (not stored, or unreadable: removed)."""
+    key = entry_key(checkpoint, load_options)
+    if key is None:
+        return None
+    entry = folder(root, key)
+    forward = entry / f"forward-{forward_key(batch_size, top_k)}.jaxexport"
+    if not forward.is_file():
+        return None
+    try:
+        from jax import export
+
+        meta = json.loads((entry / "meta.json").read_text())
+        exported = export.deserialize(bytearray(forward.read_bytes()))
+        leaves = _read_leaves(entry / "weights.bin", meta["leaves"])
+        avals = exported.in_avals[:len(leaves)]
+        if meta.get("format") != FORMAT or len(exported.in_avals) != len(leaves) + 1 or any(
+                tuple(a.shape) != leaf.shape or a.dtype != leaf.dtype
+                for a, leaf in zip(avals, leaves, strict=True)):
+            raise ValueError("the forward and the weights do not match")
+    except Exception:  # a damaged or foreign entry: drop it and run cold  # noqa: BLE001
+        shutil.rmtree(entry, ignore_errors=True)
+        return None
+    os.utime(entry / "meta.json")  # most recently used
+    return Prepared(entry, meta, leaves, exported)
+
+
+def _read_leaves(path: Path, layout: list) -> list:
+    import jax
+
+    data = np.memmap(path, dtype=np.uint8, mode="r")
+    end = max((offset + int(np.prod(shape)) * np.dtype(dtype).itemsize
+               for shape, dtype, offset in layout), default=0)
+    if end != data.size:
+        raise ValueError(f"{path}: {data.size} bytes, the layout needs {end}")
+    leaves = []
+    for shape, dtype, offset in layout:
+        count = int(np.prod(shape))
+        view = np.frombuffer(data, np.dtype(dtype).newbyteorder("<"), count, offset)
+        leaves.append(jax.device_put(view.reshape(shape)))
+    return leaves
+
+
+def store(root: Path, checkpoint, load_options: dict, batch_size: int, top_k: int, *,
+          meta: dict, leaves: list, exported) -> Path | None:
+    """Writes the entry (the weights only when the entry is new) and its forward, each through
+    a temporary name renamed into place, so a crash leaves no half entry. Returns the entry
+    folder, or None when nothing could be written (the run itself is unaffected)."""
+    key = entry_key(checkpoint, load_options)
+    if key is None:
+        return None
+    entry = folder(root, key)
+    try:
+        if not (entry / "meta.json").is_file():
+            entry.parent.mkdir(parents=True, exist_ok=True)
+            staging = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=entry.parent))
+            layout, offset = [], 0
+            with open(staging / "weights.bin", "wb") as f:
+                for leaf in leaves:
+                    array = np.ascontiguousarray(leaf)
+                    dtype = array.dtype.newbyteorder("<")
+                    f.write(array.astype(dtype, copy=False).tobytes())
+                    layout.append([list(array.shape), dtype.str, offset])
+                    offset += array.nbytes
+            (staging / "meta.json").write_text(json.dumps(
+                {**meta, "format": FORMAT, "leaves": layout}))
+            try:
+                os.replace(staging, entry)
+            except OSError:  # another run stored it first
+                shutil.rmtree(staging, ignore_errors=True)
+        forward = entry / f"forward-{forward_key(batch_size, top_k)}.jaxexport"
+        part = forward.with_name(f".{forward.name}.{os.getpid()}")
+        part.write_bytes(exported.serialize())
+        os.replace(part, forward)
+        _prune(entry.parent, keep=entry)
+    except (OSError, ImportError):  # a full disk, or jax.export without its serializer
+        return None
+    return entry
+
+
+def _prune(prepared: Path, keep: Path) -> None:
+    """Drops all but the `KEEP` most recently used entries (and stale staging folders)."""
+    entries = []
+    for child in prepared.iterdir():
+        meta = child / "meta.json"
+        if child.name.startswith("."):
+            if child.stat().st_mtime < time.time() - 3600:  # left by a crashed store
+                shutil.rmtree(child, ignore_errors=True)
+        elif meta.is_file():
+            entries.append((meta.stat().st_mtime, child))
+    for _, child in sorted(entries, reverse=True)[KEEP:]:
+        if child != keep:
+            shutil.rmtree(child, ignore_errors=True)
