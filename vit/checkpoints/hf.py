@@ -20,6 +20,7 @@ from vit.checkpoints.labels import default_labels
 from vit.checkpoints.loaded import LoadedCheckpoint, refuse_text, zero_head_warning
 from vit.checkpoints.safetensors_io import read_safetensors_folder, write_safetensors
 from vit.checkpoints.torch_layout import torch_writers
+from vit.checkpoints.tree import transposed
 from vit.errors import CheckpointError
 from vit.models.config import ViTConfig
 from vit.models.posemb import METHOD_OF_SOURCE
@@ -38,7 +39,7 @@ def is_hf_keys(keys) -> bool:
 
 
 def _linear(w: np.ndarray, b: np.ndarray | None = None) -> dict[str, np.ndarray]:
-    out = {"kernel": np.ascontiguousarray(w.T)}
+    out = {"kernel": transposed(w)}
     if b is not None:
         out["bias"] = b
     return out

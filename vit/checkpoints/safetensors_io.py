@@ -88,7 +88,8 @@ def read_safetensors(path: Path) -> dict[str, np.ndarray]:
         else:
             raise CheckpointError(f"{path}: tensor {name} has unsupported dtype {info['dtype']}")
         value = value.reshape(info["shape"])  # sizes were checked against the header
-        out[name] = value.astype(np.float32) if value.dtype.kind == "f" else value
+        # float32 stays a (read-only) view of the file's bytes: no copy of a whole checkpoint.
+        out[name] = value.astype(np.float32, copy=False) if value.dtype.kind == "f" else value
     return out
 
 

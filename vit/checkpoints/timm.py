@@ -26,6 +26,7 @@ from vit.checkpoints.labels import default_labels
 from vit.checkpoints.loaded import LoadedCheckpoint, refuse_text, zero_head_warning
 from vit.checkpoints.safetensors_io import read_safetensors, write_safetensors
 from vit.checkpoints.torch_layout import torch_writers
+from vit.checkpoints.tree import transposed
 from vit.errors import CheckpointError
 from vit.models.config import WIDTHS, ViTConfig, get_config
 from vit.models.posemb import METHOD_OF_SOURCE
@@ -107,7 +108,7 @@ def read(path: Path) -> LoadedCheckpoint:
         return arrays[key]
 
     def linear(name, bias=True):
-        out = {"kernel": np.ascontiguousarray(get(f"{name}.weight").T)}
+        out = {"kernel": transposed(get(f"{name}.weight"))}
         if bias:
             out["bias"] = get(f"{name}.bias")
         return out
