@@ -7,10 +7,11 @@ run, at the same batch size. Two measurements:
 - steady state: each side gets one untimed warm-up pass (our compile, torch's first-call set-up);
   the timed passes cover decode, preprocessing, forward and top-k. Ours in float32 and in
   bfloat16; the sides alternate pass by pass and the best pass of each counts.
-- start-up: `vit predict` on one image as a fresh process, with an empty compilation cache
-  (cold), then again (warm: the compile is read from the cache), against a fresh process that
-  builds `pipeline("image-classification")` and classifies the same image. Wall time of the
-  whole process, imports included.
+- start-up: `vit predict` on one image as a fresh process: cold (empty cache folder), warm
+  (the prepared classifier and the compile cached by the cold run), and with JAX's compile
+  cache alone; against a fresh process that builds `pipeline("image-classification")` and
+  classifies the same image. Wall time of the whole process, imports included; the median of
+  `--start-up-rounds` rounds, each from an empty cache.
 
 Writes benchmarks/bench_predict.json.
 
@@ -71,8 +72,21 @@ print(time.perf_counter() - start)
 """
 
 
-def start_up(model: Path, image: Path, cache: Path) -> dict:
-    """Seconds from process start to exit for one image: ours cold and warm, and transformers."""
+def start_up(model: Path, image: Path, cache: Path, rounds: int) -> dict:
+    """Seconds from process start to exit for one image, median of `rounds`; each round starts
+    from an empty cache folder:
+
+    - cold: nothing cached (reads the checkpoint, traces, compiles, then stores the prepared
+      classifier and the compile);
+    - compile cache only: the prepared classifier deleted, JAX's compile kept (what the
+      persistent compilation cache alone gives);
+    - warm: both cached (the usual second run);
+    - transformers: a fresh process that builds `pipeline("image-classification")` and
+      classifies the same image.
+    """
+    import shutil
+    import statistics
+
     env = {**os.environ, "VIT_CACHE_DIR": str(cache), "JAX_PLATFORMS": "cpu"}
     env.pop("JAX_ENABLE_COMPILATION_CACHE", None)
     ours = [sys.executable, "-m", "vit.cli", "predict", str(image), "--checkpoint", str(model),
@@ -85,14 +99,30 @@ def start_up(model: Path, image: Path, cache: Path) -> dict:
             sys.exit(f"{' '.join(cmd)} failed:\n{out.stderr[-3000:]}")
         return time.perf_counter() - start, out.stderr
 
-    cold, cold_log = run(ours)
-    warm, warm_log = run(ours)
-    theirs, _ = run([sys.executable, "-c", HF_FIRST_PREDICTION, str(model), str(image)])
+    times = {"vit_cold_s": [], "vit_compile_cache_only_s": [], "vit_warm_s": [],
+             "transformers_s": []}
+    logs = {}
+    for _ in range(rounds):
+        shutil.rmtree(cache, ignore_errors=True)
+        for key, before in (("vit_cold_s", None), ("vit_warm_s", None),
+                            ("vit_compile_cache_only_s", cache / "prepared")):
+            if before is not None:
+                shutil.rmtree(before, ignore_errors=True)
+            seconds, logs[key] = run(ours)
+            times[key].append(seconds)
+        times["transformers_s"].append(
+            run([sys.executable, "-c", HF_FIRST_PREDICTION, str(model), str(image)])[0])
+    median = {k: statistics.median(v) for k, v in times.items()}
     ready = lambda log: next((line for line in log.splitlines() if "ready in" in line), None)  # noqa: E731
-    return {"vit_cold_s": cold, "vit_warm_s": warm, "transformers_s": theirs,
-            "cold_over_warm": cold / warm, "transformers_over_warm": theirs / warm,
-            "vit_cold_ready": ready(cold_log), "vit_warm_ready": ready(warm_log),
-            "cache_files": len(list(cache.iterdir())) if cache.exists() else 0}
+    return {**median, "rounds": times,
+            "cold_over_warm": median["vit_cold_s"] / median["vit_warm_s"],
+            "cold_over_compile_cache_only": (median["vit_cold_s"]
+                                             / median["vit_compile_cache_only_s"]),
+            "transformers_over_warm": median["transformers_s"] / median["vit_warm_s"],
+            "transformers_over_cold": median["transformers_s"] / median["vit_cold_s"],
+            "vit_ready_lines": {k.removesuffix("_s"): ready(v) for k, v in logs.items()},
+            "cache_files": sorted(str(p.relative_to(cache)) for p in cache.rglob("*")
+                                  if p.is_file())}
 
 
 def main() -> None:
@@ -102,6 +132,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--dtypes", default="float32,bfloat16")
     parser.add_argument("--skip-start-up", action="store_true")
+    parser.add_argument("--start-up-rounds", type=int, default=3)
     parser.add_argument("--out", default="benchmarks/bench_predict.json")
     args = parser.parse_args()
 
@@ -148,7 +179,7 @@ def main() -> None:
                                    for o, r in zip(rows[k], ref, strict=True)]))
                  for k in rows if k != "transformers"}
         startup = None if args.skip_start_up else start_up(tmp / "model", files[0],
-                                                           tmp / "cache")
+                                                           tmp / "cache", args.start_up_rounds)
 
     n = len(files)
     result = {

@@ -13,8 +13,9 @@ def add_arguments(parser) -> None:
                              "and the residual stream in float32; it is the fast choice on GPUs "
                              "and TPUs, while on CPUs float32 is as fast or faster")
     parser.add_argument("--no-cache", action="store_true",
-                        help="do not read or write the persistent compilation cache "
-                             "($VIT_CACHE_DIR, default ~/.cache/vit/jax)")
+                        help="do not read or write the caches in $VIT_CACHE_DIR (default "
+                             "~/.cache/vit): JAX's compiles and vit predict's prepared "
+                             "classifiers")
 
 
 def start(args):
