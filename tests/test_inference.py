@@ -84,7 +84,8 @@ def test_compile_cache_is_written_on_the_first_compile_and_read_on_the_second(ca
 
 def test_cache_folder_and_no_cache(monkeypatch, tmp_path):
     monkeypatch.setenv("VIT_CACHE_DIR", str(tmp_path / "here"))
-    assert compile_cache.default_dir() == tmp_path / "here"
+    assert compile_cache.root() == tmp_path / "here"
+    assert compile_cache.default_dir() == tmp_path / "here" / "jax"
     monkeypatch.delenv("VIT_CACHE_DIR")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     assert compile_cache.default_dir() == tmp_path / "xdg" / "vit" / "jax"
@@ -141,42 +142,76 @@ def test_bfloat16_gelu_is_the_exact_gelu_to_bfloat16_precision():
     assert np.abs(exact).max() > 5  # the range is covered, not just zeros
 
 
-def test_bfloat16_top1_agrees_with_float32_and_transformers(tmp_path):
-    """The parity fixture's layout (a perturbed transformers ViT saved with save_pretrained)."""
+@pytest.fixture(scope="module")
+def trained_digits(tmp_path_factory):
+    """The parity fixture: a small ViT in a Hugging Face layout (class token, token pooling)
+    trained on the digits' train split, saved as a Hugging Face folder. A trained model has
+    decided margins, as a real checkpoint does; random weights are full of float32 near-ties.
+    -> (folder, test images normalised as its preprocessing says, test labels)."""
+    import optax
+    from flax import nnx
+
+    from vit.data import open_source
+    from vit.models.vit import VisionTransformer
+    from vit.preprocess import normalize
+
+    def split(name):
+        src = open_source("digits", name)
+        return normalize(src.images, pre.mean, pre.std), np.asarray(src.labels)
+
+    pre = INCEPTION.with_size(8)
+    (x, y), (x_test, y_test) = split("train"), split("test")
+    cfg = get_config("Ti/16", width=32, depth=3, mlp_dim=64, num_heads=2, patch_size=2,
+                     image_size=8, num_classes=10)
+    graphdef, params = nnx.split(VisionTransformer(cfg, rngs=nnx.Rngs(0)))
+    steps = 400
+    tx = optax.adamw(optax.warmup_cosine_decay_schedule(0.0, 3e-3, steps // 10, steps))
+
+    @jax.jit
+    def step(params, opt_state, x, y):
+        def loss(p):
+            logits = nnx.merge(graphdef, p)(x)
+            return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+
+        grads = jax.grad(loss)(params)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state
+
+    opt_state, rng = tx.init(params), np.random.RandomState(0)
+    for _ in range(steps):
+        batch = rng.choice(len(y), 64, replace=False)
+        params, opt_state = step(params, opt_state, x[batch], y[batch])
+    loaded = LoadedCheckpoint.from_model(nnx.merge(graphdef, params), pre,
+                                         [str(d) for d in range(10)])
+    folder = tmp_path_factory.mktemp("digits_vit") / "hf"
+    save_checkpoint(loaded, folder, "hf")
+    return folder, x_test, y_test
+
+
+def test_bfloat16_top1_agrees_with_float32_and_transformers(trained_digits):
+    """Issue 16's target on the trained parity fixture: bfloat16 top-1 equals float32's on at
+    least 99% of the 360 test digits; float32 is transformers' to 1e-4."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     from flax import nnx
 
     from vit.checkpoints import load_checkpoint
 
-    torch.manual_seed(0)
-    cfg = transformers.ViTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                                 intermediate_size=64, image_size=32, patch_size=8, num_labels=5)
-    ref = transformers.ViTForImageClassification(cfg).eval()
-    with torch.no_grad():
-        for name, p in ref.named_parameters():
-            base = 1.0 if ("layernorm" in name and name.endswith("weight")) else 0.0
-            p.copy_(base + 0.3 * torch.randn_like(p))
-    ref.save_pretrained(tmp_path / "hf")
-    x = np.random.RandomState(0).randn(64, 32, 32, 3).astype(np.float32)
+    folder, x, y = trained_digits
+    ref = transformers.ViTForImageClassification.from_pretrained(folder).eval()
     with torch.no_grad():
         theirs = torch.softmax(ref(torch.from_numpy(x.transpose(0, 3, 1, 2))).logits, -1).numpy()
 
     def probs(dtype):
-        model = load_checkpoint(tmp_path / "hf", dtype=dtype).build_model()
+        model = load_checkpoint(folder, dtype=dtype).build_model()
         graphdef, state = nnx.split(model)
         return np.asarray(jax.jit(lambda s, x: jax.nn.softmax(nnx.merge(graphdef, s)(x)))(
             state, x))
 
     f32, bf16 = probs("float32"), probs("bfloat16")
+    assert np.mean(theirs.argmax(1) == y) > 0.85  # it learned (0.914 measured; chance 0.1)
     np.testing.assert_allclose(f32, theirs, atol=1e-4)  # the float32 path is the reference's
-    assert len(set(theirs.argmax(1))) > 1  # the fixture's predictions are not constant
     error = np.abs(bf16 - f32).max()
-    assert 0 < error < 0.03  # really computed in bfloat16, and close
-    # Top-1 may differ only where float32's own top two are within bfloat16's error (this
-    # fixture has two such near-ties in 64, margins 0.003 and 0.006): everywhere else it agrees.
-    top2 = np.sort(theirs, axis=1)[:, -2:]
-    decided = top2[:, 1] - top2[:, 0] > 2 * error
-    assert decided.sum() >= 48
-    np.testing.assert_array_equal(bf16.argmax(1)[decided], theirs.argmax(1)[decided])
-    assert np.mean(bf16.argmax(1) == theirs.argmax(1)) >= 0.95
+    assert 0 < error < 0.05  # really computed in bfloat16, and close (0.024 measured)
+    # 360 of 360 measured: float32's smallest top-2 margin (0.038) is above bfloat16's error.
+    assert np.mean(bf16.argmax(1) == f32.argmax(1)) >= 0.99

@@ -263,7 +263,6 @@ class Predictor:
                  labels: list[str] | None = None, *, workers: int | None = None) -> Predictor:
         """A classifier from `vit.predict_cache`: the parameter leaves and the exported
         forward (softmax top-k at one batch size), with no model built or traced."""
-        import jax
 
         self = cls.__new__(cls)
         images = exported.in_avals[-1]
@@ -271,7 +270,9 @@ class Predictor:
         self.workers = workers or min(8, os.cpu_count() or 1)
         self.prompts, self.mode, self.labels = None, "classes", labels
         self.top_k = exported.out_avals[0].shape[-1]
-        self._state, self._forward, self._extra = leaves, jax.jit(exported.call), ()
+        # Split over the local devices as it was exported (jax refuses any other device count).
+        self._state, self._extra = leaves, ()
+        self._forward = _on_local_devices(exported.call, self.batch_size, 2)[1]
         self._channels, self._compiled, self.exported = images.shape[-1], None, exported
         return self
 
@@ -296,7 +297,7 @@ class Predictor:
 
             try:
                 self.exported = jax_export.export(forward)(self._state, spec)
-                forward = jax.jit(self.exported.call)
+                forward = _on_local_devices(self.exported.call, self.batch_size, 2)[1]
             except Exception:  # noqa: BLE001 - anything export refuses: run unexported
                 self.exported = None
         self._compiled = forward.lower(self._state, spec, *self._extra).compile()
