@@ -146,3 +146,31 @@ def test_labels_a_refused_head_and_only_the_newest_entries_stay(setup, capsys, m
     assert main(["predict", str(setup / "0.png"), "--checkpoint", str(setup / "other")]) == 0
     [new] = entries(setup)
     assert new != old
+
+
+def test_a_prepared_forward_runs_split_over_several_devices(setup):
+    """Two forced host devices in fresh processes: the exported forward keeps its split over
+    them (jax refuses to call it on another device count), cold and warm answer as --no-cache."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2",
+           "JAX_PLATFORMS": "cpu", "VIT_CACHE_DIR": str(setup / "cache")}
+    env.pop("JAX_ENABLE_COMPILATION_CACHE", None)
+
+    def run(*extra):
+        out = subprocess.run(
+            [sys.executable, "-m", "vit.cli", "predict", *[str(setup / f"{i}.png") for i in
+                                                           range(5)],
+             "--checkpoint", str(setup / "ckpt"), "--json", "--batch-size", "3", *extra],
+            capture_output=True, text=True, env=env, timeout=240)
+        assert out.returncode == 0, out.stderr[-2000:]
+        return [json.loads(line) for line in out.stdout.splitlines()], out.stderr
+
+    want, _ = run("--no-cache")
+    cold, err = run()
+    assert "batch 4" in err  # rounded up to the two devices
+    warm, err = run()
+    assert "prepared:" in err
+    same(cold, want)
+    same(warm, want)
