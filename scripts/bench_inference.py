@@ -116,6 +116,8 @@ def run_worker(kind: str, args, folder: str, agree: bool):
     env = dict(os.environ)
     if kind == "baseline":  # our float32 worker, with `vit` imported from the baseline copy
         env["PYTHONPATH"] = args.baseline
+    if kind == "ours_float32_ynn":  # jax's default XLA:CPU dots (YNNPACK fusions): vit/xla_cpu.py
+        env["VIT_XLA_DOTS"] = "0"
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", kind, "--model", args.model,
            "--batch", str(args.batch), "--image-size", str(args.image_size),
            "--iters", str(args.iters), "--checkpoint", os.path.join(folder, "model"),
@@ -171,6 +173,10 @@ def main() -> None:
     parser.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "bench_inference.json"))
     parser.add_argument("--baseline", default=None, metavar="DIR",
                         help="also time our float32 model from this copy (an earlier commit)")
+    parser.add_argument("--ynn", action="store_true",
+                        help="also time our float32 model with jax's default XLA:CPU dots "
+                             "(YNNPACK fusions; VIT_XLA_DOTS=0, see vit/xla_cpu.py), in the "
+                             "same rounds")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--checkpoint", default=None, metavar="DIR",
                         help="a Hugging Face ViT folder both sides load (default: random "
@@ -183,13 +189,16 @@ def main() -> None:
         if args.worker == "hf":
             times, probs = worker_hf(args)
         else:
-            dtype = "float32" if args.worker == "baseline" else args.worker.split("_", 1)[1]
+            dtype = ("float32" if args.worker in ("baseline", "ours_float32_ynn")
+                     else args.worker.split("_", 1)[1])
             times, probs = worker_ours(args, dtype)
         if probs is not None:
             np.save(args.probs_out, np.asarray(probs, np.float32), allow_pickle=False)
         print(json.dumps(times))
         return
     ours = [f"ours_{d}" for d in args.dtypes.split(",") if d]
+    if args.ynn:
+        ours.append("ours_float32_ynn")
     kinds = ours + (["baseline"] if args.baseline else []) + ["hf"]
     rounds = []
     with tempfile.TemporaryDirectory() as folder:
