@@ -117,7 +117,9 @@ def run_worker(kind: str, args, folder: str, agree: bool):
     if kind == "baseline":  # our float32 worker, with `vit` imported from the baseline copy
         env["PYTHONPATH"] = args.baseline
     if kind == "ours_float32_ynn":  # jax's default XLA:CPU dots (YNNPACK fusions): vit/xla_cpu.py
-        env["VIT_XLA_DOTS"] = "0"
+        env["VIT_XLA_DOTS"] = "0"  # and without the flag this process got from `import vit`
+        env["XLA_FLAGS"] = env.get("XLA_FLAGS", "").replace(
+            "--xla_cpu_experimental_ynn_fusion_type=", "").strip()
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", kind, "--model", args.model,
            "--batch", str(args.batch), "--image-size", str(args.image_size),
            "--iters", str(args.iters), "--checkpoint", os.path.join(folder, "model"),
