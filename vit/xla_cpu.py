@@ -2,8 +2,8 @@
 
 jax 0.10's CPU backend hands matmuls to YNNPACK fusions by default. On ViT's dense layers XLA's
 own dot emitter is faster: 1.14x over qkv, proj, fc1 and fc2 at ViT-B/16's batch-8 shapes
-(`scripts/bench_gemm.py` -> benchmarks/bench_gemm.json), and 1.11x on the whole float32 forward
-(`scripts/bench_inference.py --ynn`). So `import vit` adds
+(`scripts/bench_gemm.py` -> benchmarks/bench_gemm.json), and 1.16x on the whole float32 forward
+(median of 4 rounds, `scripts/bench_inference.py --ynn`). So `import vit` adds
 `--xla_cpu_experimental_ynn_fusion_type=` (no YNNPACK fusions) to `XLA_FLAGS`, only:
 
 - on the jaxlib versions it was measured on (XLA stops the process on a flag it does not know,
