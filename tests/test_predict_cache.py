@@ -174,3 +174,39 @@ def test_a_prepared_forward_runs_split_over_several_devices(setup):
     assert "prepared:" in err
     same(cold, want)
     same(warm, want)
+
+
+def test_a_hub_id_is_prepared_by_its_snapshot_and_a_new_revision_is_a_miss(setup, capsys,
+                                                                            monkeypatch):
+    """A hub id in a local Hugging Face cache (made here; nothing downloads): the warm run
+    finds the snapshot it resolved to; a new revision under refs/main is read cold."""
+    hub = setup / "hub"
+    repo = hub / "models--someorg--tiny-vit"
+    monkeypatch.setenv("HF_HUB_CACHE", str(hub))
+    save_checkpoint(tiny_loaded(), repo / "snapshots" / "rev1", "hf")
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("rev1")
+
+    def run(*extra):
+        code = main(["predict", *[str(setup / f"{i}.png") for i in range(5)], "--checkpoint",
+                     "someorg/tiny-vit", "--json", "--top-k", "3", *extra])
+        out = capsys.readouterr()
+        assert code == 0, out.err
+        return [json.loads(line) for line in out.out.splitlines()], out.err
+
+    want, _ = run("--no-cache")
+    run()
+    got, err = run()
+    assert f"prepared: {entries(setup)[0]}" in err
+    same(got, want)
+    # A new revision becomes main: the old snapshot must not answer for the name any more.
+    save_checkpoint(tiny_loaded(seed=5), repo / "snapshots" / "rev2", "hf")
+    (repo / "refs" / "main").write_text("rev2")
+    new_want, _ = run("--no-cache")
+    assert [r["top_k"][0]["prob"] for r in new_want] != [r["top_k"][0]["prob"] for r in want]
+    got, err = run()
+    assert "prepared:" not in err
+    same(got, new_want)
+    got, err = run()
+    assert "prepared:" in err
+    same(got, new_want)

@@ -7,7 +7,9 @@ and compiles its forward. Afterwards it stores, under `<cache root>/prepared/<ke
   `meta.json`: their shapes and offsets, plus what the command prints and checks (the source,
   loader warnings, labels, preprocessing, class count);
 - `forward-<key>.jaxexport`: the forward (softmax top-k) as a serialized `jax.export` module
-  (StableHLO in a flatbuffer; no pickle), for one batch size, top-k and device set.
+  (StableHLO in a flatbuffer; no pickle), for one batch size, top-k and device set;
+- for a hub id or timm name, `names/<hash>.json`: the snapshot folder it resolved to and the
+  state of the hub cache that decided it (any change there is a miss).
 
 A warm run maps the weights, deserializes the module and compiles it, which JAX's persistent
 compilation cache turns into a load: no checkpoint parsing, no model trace, no flax import.
@@ -82,6 +84,42 @@ def _hash(value) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
 
+def _hub_state(snapshot: Path) -> list | None:
+    """What decides which snapshot a cached hub id or timm name resolves to: the listings of
+    the hub cache, the repo's `refs/` and `snapshots/` (their modification times), and each
+    ref's contents. None for a folder outside a hub cache's `models--*/snapshots/` layout."""
+    snapshots = snapshot.parent
+    repo = snapshots.parent
+    if snapshots.name != "snapshots" or not repo.name.startswith("models--"):
+        return None
+    try:
+        state = [[str(d), d.stat().st_mtime_ns] for d in (repo.parent, repo, snapshots)]
+        refs = repo / "refs"
+        if refs.is_dir():
+            state += [[str(ref), ref.read_text()] for ref in sorted(refs.rglob("*"))
+                      if ref.is_file()]
+        return state
+    except OSError:
+        return None
+
+
+def _alias(root: Path, name: str) -> Path:
+    """Where a name (hub id, timm name) records the snapshot folder it resolved to."""
+    where = [name, os.environ.get("HF_HUB_CACHE"), os.environ.get("HF_HOME")]
+    return root / "prepared" / "names" / f"{_hash(where)}.json"
+
+
+def _resolve_alias(root: Path, name: str) -> str | None:
+    """The folder a name resolved to when it was stored, if nothing that decides the
+    resolution has changed since; else None (a cold run resolves it again)."""
+    try:
+        alias = json.loads(_alias(root, name).read_text())
+        folder = Path(alias["folder"])
+        return str(folder) if alias["state"] == _hub_state(folder) is not None else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def entry_key(checkpoint, load_options: dict) -> str | None:
     files = _files_of(checkpoint)
     if files is None:
@@ -105,7 +143,13 @@ def folder(root: Path, key: str) -> Path:
 
 def load(root: Path, checkpoint, load_options: dict, batch_size: int,
          top_k: int) -> Prepared | None:
-    """The prepared entry for these options, or None (not stored, or unreadable: removed)."""
+    """The prepared entry for these options, or None (not stored, or unreadable: removed).
+    A `checkpoint` that is not a path (a hub id, a timm name) is looked up by the snapshot
+    folder it resolved to when stored."""
+    if _files_of(checkpoint) is None:
+        checkpoint = _resolve_alias(root, str(checkpoint))
+        if checkpoint is None:
+            return None
     key = entry_key(checkpoint, load_options)
     if key is None:
         return None
@@ -148,10 +192,16 @@ def _read_leaves(path: Path, layout: list) -> list:
 
 
 def store(root: Path, checkpoint, load_options: dict, batch_size: int, top_k: int, *,
-          meta: dict, leaves: list, exported) -> Path | None:
+          meta: dict, leaves: list, exported, resolved=None) -> Path | None:
     """Writes the entry (the weights only when the entry is new) and its forward, each through
     a temporary name renamed into place, so a crash leaves no half entry. Returns the entry
-    folder, or None when nothing could be written (the run itself is unaffected)."""
+    folder, or None when nothing could be written (the run itself is unaffected).
+
+    `resolved`: the folder a `checkpoint` that is not a path (a hub id, a timm name) was read
+    from; the entry is keyed on that folder and the name recorded as pointing to it."""
+    name = None
+    if _files_of(checkpoint) is None and resolved is not None:
+        name, checkpoint = str(checkpoint), resolved
     key = entry_key(checkpoint, load_options)
     if key is None:
         return None
@@ -178,6 +228,14 @@ def store(root: Path, checkpoint, load_options: dict, batch_size: int, top_k: in
         part = forward.with_name(f".{forward.name}.{os.getpid()}")
         part.write_bytes(exported.serialize())
         os.replace(part, forward)
+        state = _hub_state(Path(checkpoint)) if name is not None else None
+        if state is not None:
+            alias = _alias(root, name)
+            alias.parent.mkdir(exist_ok=True)
+            part = alias.with_name(f".{alias.name}.{os.getpid()}")
+            part.write_text(json.dumps({"name": name, "folder": str(checkpoint),
+                                        "state": state}))
+            os.replace(part, alias)
         _prune(entry.parent, keep=entry)
     except (OSError, ImportError):  # a full disk, or jax.export without its serializer
         return None
@@ -189,6 +247,8 @@ def _prune(prepared: Path, keep: Path) -> None:
     entries = []
     for child in prepared.iterdir():
         meta = child / "meta.json"
+        if child.name == "names":  # aliases: a stale one only ever misses
+            continue
         if child.name.startswith("."):
             if child.stat().st_mtime < time.time() - 3600:  # left by a crashed store
                 shutil.rmtree(child, ignore_errors=True)

@@ -189,7 +189,10 @@ def run(args) -> int:
     print(f"vit predict: {done - failed} images {verb}, {failed} failed, {seconds:.1f} s "
           f"({(done - failed) / seconds:.1f} images/s)", file=sys.stderr)
     if cache and warm is None and predictor.exported is not None:  # after the answers
+        from vit.checkpoints.resolve import detect
+
         predict_cache.store(**cache, leaves=predictor._state, exported=predictor.exported,
+                            resolved=detect(args.checkpoint)[1],
                             meta={"source": loaded.source, "warnings": loaded.warnings,
                                   "labels": loaded.labels, "dtype": dtype,
                                   "num_classes": loaded.config.num_classes,

@@ -110,11 +110,11 @@ def reference_attention(q, k, v, *, mask=None, kv_len=None, scale=None, dropout_
     # Heads before sequence: XLA's CPU dots are several times faster with the batch dimensions
     # leading than with einsum's "bqhd" layout (133 ms -> 28 ms per ViT-B/16 layer, batch 8).
     q, k, v = (rearrange(x, "b s h d -> b h s d") for x in (q, k, v))
-    # XLA CPU runs this whole core (both dots and the softmax) as one fused YNNPACK graph. The
-    # scale goes on q (n*d values, folded into its transpose copy) rather than on the n*n
-    # logits: 5-8% faster ViT-B/16 forward on CPU. Measured and not faster in the model:
-    # normalising after the value product, a ones column on v for the row sums, query/head
-    # chunks under lax.map, and splitting the dots out (xla_cpu_experimental_ynn_fusion_type).
+    # The scale goes on q (n*d values, folded into its transpose copy) rather than on the n*n
+    # logits: 5-8% faster ViT-B/16 forward on CPU. Measured and not faster, with jax's default
+    # YNNPACK fusions and with XLA's own dots (vit/xla_cpu.py): normalising after the value
+    # product, a ones column on v for the row sums, query/head chunks under lax.map, k
+    # pre-transposed for a plain matmul.
     logits = jnp.einsum("bhqd,bhkd->bhqk", q * jnp.asarray(scale, q.dtype), k,
                         preferred_element_type=jnp.float32)
     if mask is not None:
