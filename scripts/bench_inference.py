@@ -52,7 +52,12 @@ def worker_ours(args, dtype: str):
     graphdef, state = nnx.split(model)
     forward = jax.jit(lambda s, x: jax.nn.softmax(nnx.merge(graphdef, s)(x), -1))
     x = inputs(args.batch, args.image_size, 0)
-    forward(state, x).block_until_ready()  # compile
+    try:  # compiled as `vit predict` compiles it (XLA:CPU options: vit/xla_cpu.py)
+        from vit.xla_cpu import compile_for_inference
+    except ImportError:  # a --baseline copy from before vit/xla_cpu.py
+        compile_for_inference = lambda lowered: lowered.compile()  # noqa: E731
+    forward = compile_for_inference(forward.lower(state, x))
+    forward(state, x).block_until_ready()
     times = []
     for _ in range(args.iters):
         t = time.perf_counter()
@@ -117,9 +122,7 @@ def run_worker(kind: str, args, folder: str, agree: bool):
     if kind == "baseline":  # our float32 worker, with `vit` imported from the baseline copy
         env["PYTHONPATH"] = args.baseline
     if kind == "ours_float32_ynn":  # jax's default XLA:CPU dots (YNNPACK fusions): vit/xla_cpu.py
-        env["VIT_XLA_DOTS"] = "0"  # and without the flag this process got from `import vit`
-        env["XLA_FLAGS"] = env.get("XLA_FLAGS", "").replace(
-            "--xla_cpu_experimental_ynn_fusion_type=", "").strip()
+        env["VIT_XLA_DOTS"] = "0"
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", kind, "--model", args.model,
            "--batch", str(args.batch), "--image-size", str(args.image_size),
            "--iters", str(args.iters), "--checkpoint", os.path.join(folder, "model"),

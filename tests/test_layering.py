@@ -37,18 +37,18 @@ ALLOWED = {
     "data": _BASE | {"preprocess", "data"},
     "checkpoints": _CHECKPOINTS,
     "explain": _APPS | {"explain"},
-    "predict": _APPS | {"predict"},
+    "predict": _APPS | {"predict", "xla_cpu"},
     "overrides": _BASE | {"overrides"},
     "config": _BASE | {"overrides", "config"},
     "compile_cache": {"compile_cache"},  # standard library + jax only
     "predict_cache": {"predict_cache"},  # standard library, numpy + jax only
-    "xla_cpu": {"xla_cpu"},  # standard library only, run by `import vit`
+    "xla_cpu": {"xla_cpu"},  # standard library (and jax when called)
     "train": _APPS | {"explain", "predict", "overrides", "config", "train"},
     "commands": _APPS | {"explain", "predict", "overrides", "config", "train", "commands",
                          "compile_cache", "predict_cache"},
     "cli": _APPS | {"explain", "predict", "overrides", "config", "train", "commands", "cli"},
     # vit/__init__.py names its lazy attributes by string; it imports nothing of its own.
-    "vit": _APPS | {"explain", "predict", "overrides", "config", "train", "xla_cpu"},
+    "vit": _APPS | {"explain", "predict", "overrides", "config", "train"},
 }
 
 

@@ -1,58 +1,69 @@
-"""`import vit` switches XLA:CPU to its own dot emitter (vit/xla_cpu.py): where, and only where,
-it was measured, never over a user's flag, and really in the compiled program."""
+"""The inference compile options (vit/xla_cpu.py): XLA's own dots in the compiled forward of a
+Predictor on CPU, jax's defaults when opted out, elsewhere, or where an option is unknown."""
 
-import importlib.metadata
-import os
-import subprocess
-import sys
-
+import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from vit import xla_cpu
+from vit.checkpoints import LoadedCheckpoint, expected_shapes, nest
+from vit.models.config import get_config
+from vit.predict import Predictor
+from vit.preprocess import INCEPTION
 
 pytestmark = pytest.mark.timeout(300)
 
 
-@pytest.fixture
-def env(monkeypatch):
-    monkeypatch.delenv("XLA_FLAGS", raising=False)
+def predictor():
+    cfg = get_config("Ti/16", width=32, depth=1, mlp_dim=64, num_heads=4, patch_size=8,
+                     image_size=32, num_classes=5)
+    rng = np.random.RandomState(0)
+    params = nest({p: rng.randn(*s).astype(np.float32) * 0.5
+                   for p, s in expected_shapes(cfg).items()})
+    loaded = LoadedCheckpoint(cfg, params, INCEPTION.with_size(32))
+    return Predictor(loaded.build_model(), loaded.preprocessing, batch_size=2)
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="the options are XLA:CPU's")
+def test_the_predictor_compiles_with_xla_dots_unless_opted_out(monkeypatch):
     monkeypatch.delenv(xla_cpu.OPT_OUT, raising=False)
-    return monkeypatch
+    fast = predictor()
+    fast.compile()
+    assert "__ynn_fusion" not in fast._compiled.as_text()  # XLA's own dots
+    monkeypatch.setenv(xla_cpu.OPT_OUT, "0")
+    default = predictor()
+    default.compile()
+    assert "__ynn_fusion" in default._compiled.as_text()  # jax's default, as promised
+    x = np.random.RandomState(1).randn(2, 32, 32, 3).astype(np.float32)
+    for got, want in zip(fast.predict_arrays(x), default.predict_arrays(x), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
-def test_the_flag_is_added_only_where_it_was_measured_and_never_over_yours(env):
-    measured = importlib.metadata.version("jaxlib").startswith(xla_cpu.MEASURED_JAXLIB)
-    assert xla_cpu.use_xla_dots() is measured
-    assert (os.environ.get("XLA_FLAGS") == xla_cpu.FLAG) is measured
-    assert xla_cpu.use_xla_dots() is False  # already there: not added twice
-    env.setenv("XLA_FLAGS", "--xla_cpu_experimental_ynn_fusion_type=LIBRARY_FUSION_TYPE_DOT")
-    assert xla_cpu.use_xla_dots() is False  # the user's own setting stands
-    env.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=2")
-    env.setenv(xla_cpu.OPT_OUT, "0")
-    assert xla_cpu.use_xla_dots() is False
-    assert os.environ["XLA_FLAGS"] == "--xla_force_host_platform_device_count=2"
-    env.delenv(xla_cpu.OPT_OUT)
-    env.setattr(importlib.metadata, "version", lambda name: "0.99.0")  # an unmeasured jaxlib
-    assert xla_cpu.use_xla_dots() is False
+class Lowered:
+    """Records the options each compile was asked for; refuses the ones in `refuse`."""
+
+    def __init__(self, refuse=()):
+        self.calls, self.refuse = [], refuse
+
+    def compile(self, options=None):
+        self.calls.append(options)
+        if options and set(options) & set(self.refuse):
+            raise ValueError("INVALID_ARGUMENT: no such option")
+        return "compiled"
 
 
-PROGRAM = """
-import vit, jax, jax.numpy as jnp
-x = jnp.ones((64, 64))
-text = jax.jit(lambda a: jnp.tanh(a @ a)).lower(x).compile().as_text()
-print("__ynn_fusion" in text)
-"""
-
-
-@pytest.mark.skipif(not importlib.metadata.version("jaxlib").startswith(
-    xla_cpu.MEASURED_JAXLIB), reason="the flag is only set on the jaxlib it was measured on")
-def test_a_fresh_process_compiles_without_ynnpack_fusions_unless_told_otherwise():
-    def ynn_in_program(**extra):
-        env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", xla_cpu.OPT_OUT)}
-        out = subprocess.run([sys.executable, "-c", PROGRAM], capture_output=True, text=True,
-                             env={**env, "JAX_PLATFORMS": "cpu", **extra}, timeout=120)
-        assert out.returncode == 0, out.stderr[-2000:]
-        return out.stdout.strip().splitlines()[-1] == "True"
-
-    assert not ynn_in_program()  # vit's default: XLA's own dots
-    assert ynn_in_program(**{xla_cpu.OPT_OUT: "0"})  # jax's default, as the opt-out promises
+def test_no_options_on_other_backends_and_defaults_where_an_option_is_unknown(monkeypatch):
+    monkeypatch.delenv(xla_cpu.OPT_OUT, raising=False)
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    lowered = Lowered()
+    assert xla_cpu.compile_for_inference(lowered) == "compiled" and lowered.calls == [None]
+    monkeypatch.setattr(jax, "default_backend", lambda: "cpu")
+    lowered = Lowered(refuse=xla_cpu.OPTIONS)  # a jaxlib without the option
+    assert xla_cpu.compile_for_inference(lowered) == "compiled"
+    assert lowered.calls == [xla_cpu.OPTIONS, None]
+    # And a real compile with an option XLA does not know still runs, on its defaults.
+    monkeypatch.setattr(xla_cpu, "OPTIONS", {"xla_cpu_no_such_option": True})
+    f = jax.jit(lambda a: jnp.tanh(a @ a))
+    a = jnp.ones((8, 8))
+    np.testing.assert_allclose(xla_cpu.compile_for_inference(f.lower(a))(a), f(a))

@@ -6,11 +6,7 @@ installed, and nothing from the data, training or CLI stacks is imported until a
 
 import importlib
 
-from vit.xla_cpu import use_xla_dots
-
 __version__ = "0.1.0"
-
-use_xla_dots()  # XLA:CPU's faster dots for our matmuls, if jax has not started yet (vit/xla_cpu.py)
 
 # public name -> module that defines it
 _LAZY = {

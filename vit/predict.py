@@ -25,6 +25,7 @@ import numpy as np
 
 from vit.errors import CheckpointError, DataError
 from vit.preprocess import IMAGE_SUFFIXES, Preprocessing, open_image
+from vit.xla_cpu import compile_for_inference
 
 
 def load_pretrained(path, *, image_size: int | None = None, labels=None, **overrides):
@@ -300,7 +301,7 @@ class Predictor:
                 forward = _on_local_devices(self.exported.call, self.batch_size, 2)[1]
             except Exception:  # noqa: BLE001 - anything export refuses: run unexported
                 self.exported = None
-        self._compiled = forward.lower(self._state, spec, *self._extra).compile()
+        self._compiled = compile_for_inference(forward.lower(self._state, spec, *self._extra))
 
     def predict_arrays(self, images: np.ndarray):
         """`[n, h, w, c]` preprocessed images -> (probs, indices), each `[n, top_k]`; in prompt

@@ -1,41 +1,33 @@
-"""XLA:CPU's dot emitter for our matmuls, set when `vit` is imported (before jax starts).
+"""XLA:CPU compile options for inference: XLA's own dot emitter instead of YNNPACK fusions.
 
-jax 0.10's CPU backend hands matmuls to YNNPACK fusions by default. On ViT's dense layers XLA's
-own dot emitter is faster: 1.14x over qkv, proj, fc1 and fc2 at ViT-B/16's batch-8 shapes
-(`scripts/bench_gemm.py` -> benchmarks/bench_gemm.json), and 1.16x on the whole float32 forward
-(median of 4 rounds, `scripts/bench_inference.py --ynn`). So `import vit` adds
-`--xla_cpu_experimental_ynn_fusion_type=` (no YNNPACK fusions) to `XLA_FLAGS`, only:
+jax 0.10's CPU backend hands matmuls to YNNPACK fusions by default. For ViT inference XLA's own
+dot emitter is faster: 1.14x over qkv, proj, fc1 and fc2 at ViT-B/16's batch-8 shapes
+(`scripts/bench_gemm.py` -> benchmarks/bench_gemm.json) and 1.16x on the whole float32 forward
+(median of 4 rounds, `scripts/bench_inference.py --ynn`). It is not a win for training: a
+ViT-B/16 AdamW step was no faster, and the digits demo (a tiny model, 16 tokens) trained in
+130 s against 106 s with jax's default. So the options are given per compile, to the inference
+forwards only (`Predictor.compile`), never process-wide through `XLA_FLAGS`.
 
-- on the jaxlib versions it was measured on (XLA stops the process on a flag it does not know,
-  so a new jaxlib goes without until it is measured again);
-- when `XLA_FLAGS` does not already set that flag (yours wins), and `VIT_XLA_DOTS` is not `0`
-  (`VIT_XLA_DOTS=0` keeps jax's own default);
-- before jax creates its CPU backend: XLA reads `XLA_FLAGS` once, so importing `vit` after a
-  first jax computation leaves the backend as it is.
-
-It only concerns the CPU backend; GPU and TPU compiles never read it. Standard library only.
+`VIT_XLA_DOTS=0` keeps jax's defaults. A jaxlib that does not know an option compiles with its
+defaults too. GPU and TPU compiles get no options. Standard library only until called.
 """
 
 from __future__ import annotations
 
-import importlib.metadata
 import os
 
-FLAG = "--xla_cpu_experimental_ynn_fusion_type="
-MEASURED_JAXLIB = ("0.10.",)
+OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": ""}  # "": no YNNPACK fusions
 OPT_OUT = "VIT_XLA_DOTS"
 
 
-def use_xla_dots() -> bool:
-    """Adds `FLAG` to `XLA_FLAGS` where it applies (see the module docstring); True if added."""
-    flags = os.environ.get("XLA_FLAGS", "")
-    if "xla_cpu_experimental_ynn_fusion_type" in flags or os.environ.get(OPT_OUT) == "0":
-        return False
+def compile_for_inference(lowered):
+    """`lowered.compile()`, with `OPTIONS` when the default backend is the CPU (and not opted
+    out); if this jaxlib refuses them, with its defaults."""
+    import jax
+
+    if os.environ.get(OPT_OUT) == "0" or jax.default_backend() != "cpu":
+        return lowered.compile()
     try:
-        jaxlib = importlib.metadata.version("jaxlib")
-    except importlib.metadata.PackageNotFoundError:
-        return False
-    if not jaxlib.startswith(MEASURED_JAXLIB):
-        return False
-    os.environ["XLA_FLAGS"] = f"{flags} {FLAG}".strip()
-    return True
+        return lowered.compile(OPTIONS)
+    except Exception:  # noqa: BLE001 - an option this jaxlib does not know: its defaults
+        return lowered.compile()
