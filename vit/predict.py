@@ -264,7 +264,6 @@ class Predictor:
                  labels: list[str] | None = None, *, workers: int | None = None) -> Predictor:
         """A classifier from `vit.predict_cache`: the parameter leaves and the exported
         forward (softmax top-k at one batch size), with no model built or traced."""
-
         self = cls.__new__(cls)
         images = exported.in_avals[-1]
         self.preprocess, self.batch_size = preprocess, images.shape[0]
@@ -276,6 +275,11 @@ class Predictor:
         self._forward = _on_local_devices(exported.call, self.batch_size, 2)[1]
         self._channels, self._compiled, self.exported = images.shape[-1], None, exported
         return self
+
+    @property
+    def leaves(self) -> list:
+        """The parameter leaves the forward takes (what `vit.predict_cache` stores)."""
+        return self._state
 
     def compile(self, export: bool = False) -> None:
         """Compiles the forward for this batch size at the preprocessing's image size, now

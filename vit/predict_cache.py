@@ -24,6 +24,7 @@ Standard library, numpy and jax only (it sits beside `compile_cache`, below the 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -50,6 +51,7 @@ class Prepared:
     exported: object  # jax.export.Exported
 
 
+@functools.cache
 def _code_hash() -> str:
     """The `vit` package's own source: a model change must never meet a stale forward."""
     digest = hashlib.sha256()

@@ -189,10 +189,14 @@ def run(args) -> int:
     print(f"vit predict: {done - failed} images {verb}, {failed} failed, {seconds:.1f} s "
           f"({(done - failed) / seconds:.1f} images/s)", file=sys.stderr)
     if cache and warm is None and predictor.exported is not None:  # after the answers
+        from pathlib import Path
+
         from vit.checkpoints.resolve import detect
 
-        predict_cache.store(**cache, leaves=predictor._state, exported=predictor.exported,
-                            resolved=detect(args.checkpoint)[1],
+        # A hub id or timm name is stored under the snapshot folder it resolved to.
+        resolved = None if Path(args.checkpoint).exists() else detect(args.checkpoint)[1]
+        predict_cache.store(**cache, leaves=predictor.leaves, exported=predictor.exported,
+                            resolved=resolved,
                             meta={"source": loaded.source, "warnings": loaded.warnings,
                                   "labels": loaded.labels, "dtype": dtype,
                                   "num_classes": loaded.config.num_classes,
