@@ -170,6 +170,41 @@ def test_remat_gives_same_gradients():
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
 
 
+def test_class_token_head_computes_the_last_block_for_the_class_token_only():
+    """`model(x)` skips the last block's work on tokens a class-token head never reads; the
+    logits and gradients equal those of the all-token path, and the work really is smaller."""
+    model = tiny(drop_path=0.3, num_registers=1)
+    randomise_head(model)
+    x = jax.random.normal(jax.random.key(4), (3, 16, 16, 3))
+    key = jax.random.key(7)  # drop_path masks are per example, so both paths draw the same
+
+    def full(m, x):
+        return m.head_logits(m.pool(m.features(x, train=True, rng=key)))
+
+    def short(m, x):
+        return m(x, train=True, rng=key)
+
+    assert float(jnp.abs(full(model, x)).max()) > 0.1
+    np.testing.assert_allclose(short(model, x), full(model, x), rtol=1e-5, atol=1e-5)
+    g_full = nnx.grad(lambda m: full(m, x).sum())(model)
+    g_short = nnx.grad(lambda m: short(m, x).sum())(model)
+    for a, b in zip(jax.tree.leaves(nnx.state(g_full, nnx.Param)),
+                    jax.tree.leaves(nnx.state(g_short, nnx.Param)), strict=True):
+        np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-6)
+    tokens = model.features(x, head_tokens=1)
+    assert tokens.shape == (3, 1, 32)
+    np.testing.assert_allclose(tokens, model.features(x)[:, :1], rtol=1e-5, atol=1e-5)
+
+    def flops(fn):
+        graphdef, state = nnx.split(model)
+        lowered = jax.jit(lambda s: fn(nnx.merge(graphdef, s), x)).lower(state)
+        return lowered.compile().cost_analysis()["flops"]
+
+    assert flops(short) < 0.8 * flops(full)  # 2 blocks: the last one nearly all skipped
+    gap = tiny(classifier="gap", class_token=False)
+    assert gap.features(x).shape == (3, 16, 32)  # GAP reads every token: nothing skipped
+
+
 def test_matches_independent_plain_jnp_forward():
     """The whole forward pass against a from-scratch jnp implementation on the same weights."""
     model = tiny(num_registers=1)

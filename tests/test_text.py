@@ -82,7 +82,11 @@ def test_text_model_equals_the_plain_vit_at_initialisation():
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))  # exact without jit
     logits = text.head_logits(text.pool(got))
     assert float(jnp.abs(logits).max()) > 0.1  # the comparison compares something
-    np.testing.assert_array_equal(np.asarray(logits), np.asarray(plain(x)))
+    np.testing.assert_array_equal(np.asarray(logits),
+                                  np.asarray(plain.head_logits(plain.pool(want))))
+    # plain(x) computes the last block for the class token alone: other matmul shapes, so
+    # equal up to float rounding.
+    np.testing.assert_allclose(np.asarray(logits), np.asarray(plain(x)), atol=1e-5, rtol=0)
 
     @nnx.jit
     def jitted(m, x, t, k):

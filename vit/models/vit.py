@@ -161,7 +161,7 @@ class VisionTransformer(nnx.Module):
                  text_mask: jax.Array | None = None, train: bool = False,
                  rng: jax.Array | None = None, return_intermediates: bool = False,
                  probs_hook: ProbsHook | None = None, xattn_hook: ProbsHook | None = None,
-                 encoded_text: tuple | None = None):
+                 encoded_text: tuple | None = None, head_tokens: int | None = None):
         """Final normalised tokens `[batch, tokens, width]`, as timm's `forward_features`.
 
         With `text` (a text model only), cross-attention blocks condition the image tokens on
@@ -172,6 +172,8 @@ class VisionTransformer(nnx.Module):
         With `return_intermediates`, also the list of every block's (un-normalised) output,
         as timm's `forward_intermediates`. `xattn_hook(j, probs)` sees cross-attention block
         j's image-to-text probabilities (explain mode).
+        `head_tokens=n` returns only the first n tokens, computing the last self-attention block
+        (and any block after it, all per-token) for those alone: what a class-token head needs.
         """
         keys = _keys_for(train, rng, self.config)
         x = self.embed(images, Keys(keys(0)))
@@ -180,12 +182,14 @@ class VisionTransformer(nnx.Module):
             txt, kv_len, prompts = encoded_text or self.encode_text(text, text_mask, keys)
             after = {i: j for j, i in enumerate(self.config.text.xattn_layers(len(self.blocks)))}
         intermediates = []
+        last = len(self.blocks) - 1
         for i, block in enumerate(self.blocks):
             hook = (lambda p, i=i: probs_hook(i, p)) if probs_hook is not None else None
+            queries = head_tokens if i == last else None
             if self.config.remat and hook is None:
-                x = nnx.remat(lambda blk, x, k: blk(x, Keys(k)))(block, x, keys(1, i))
+                x = nnx.remat(_block_call(queries))(block, x, keys(1, i))
             else:
-                x = block(x, Keys(keys(1, i)), hook)
+                x = block(x, Keys(keys(1, i)), hook, queries=queries)
             if i in after:
                 if x.shape[0] != txt.shape[0]:  # the image prefix, computed once per prompt
                     x = jnp.repeat(x, prompts, axis=0)
@@ -196,6 +200,12 @@ class VisionTransformer(nnx.Module):
                 intermediates.append(x)
         x = self.norm(x).astype(self.dtype)
         return (x, intermediates) if return_intermediates else x
+
+    @property
+    def _head_tokens(self) -> int | None:
+        """How many leading tokens the pooling reads: 1 (the class token) for a token head;
+        None (all) for GAP and MAP, which read every token."""
+        return 1 if self.config.classifier == "token" else None
 
     def pool(self, tokens: jax.Array, *, train: bool = False,
              rng: jax.Array | None = None) -> jax.Array:
@@ -224,7 +234,7 @@ class VisionTransformer(nnx.Module):
         """
         if text is not None:
             return self.prompt_logits(images, text, text_mask, train=train, rng=rng)
-        tokens = self.features(images, train=train, rng=rng)
+        tokens = self.features(images, train=train, rng=rng, head_tokens=self._head_tokens)
         return self.head_logits(self.pool(tokens, train=train, rng=rng))
 
     # -- text conditioning -----------------------------------------------------------------
@@ -270,7 +280,8 @@ class VisionTransformer(nnx.Module):
         """Unit image embeddings `[batch, dim]` of the similarity head (no text involved)."""
         if self.similarity is None:
             raise ValueError("this model has no similarity head (text.similarity_dim is 0)")
-        return self.similarity.embed_image(self.pool(self.features(images)))
+        tokens = self.features(images, head_tokens=self._head_tokens)
+        return self.similarity.embed_image(self.pool(tokens))
 
     def text_embedding(self, text: jax.Array, text_mask: jax.Array | None = None) -> jax.Array:
         """Unit text embeddings `[texts, dim]` of the similarity head."""
@@ -278,6 +289,12 @@ class VisionTransformer(nnx.Module):
             raise ValueError("this model has no similarity head (text.similarity_dim is 0)")
         tokens, kv_len, _ = self.encode_text(text, text_mask)
         return self.similarity.embed_text(self.text_path.pooled(tokens, kv_len))
+
+
+def _block_call(queries: int | None):
+    """`(block, x, key) -> x` for nnx.remat, with `queries` closed over (remat would trace an
+    argument, and the number of queries must stay a Python int)."""
+    return lambda block, x, key: block(x, Keys(key), queries=queries)
 
 
 def _keys_for(train: bool, rng: jax.Array | None, cfg: ViTConfig) -> Keys:
