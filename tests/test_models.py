@@ -205,6 +205,23 @@ def test_class_token_head_computes_the_last_block_for_the_class_token_only():
     assert gap.features(x).shape == (3, 16, 32)  # GAP reads every token: nothing skipped
 
 
+def test_exact_gelu_matches_the_erf_formula_in_float64():
+    from scipy.special import erf
+
+    from vit.models.blocks import gelu
+
+    x = np.concatenate([np.linspace(-12, 12, 20001), [-80.0, -6.5, 0.0, 1e-8, 6.5, 80.0]])
+    want = 0.5 * x * (1 + erf(x / np.sqrt(2)))
+    got = np.asarray(gelu("exact")(jnp.asarray(x, jnp.float32)), np.float64)
+    assert np.all(np.isfinite(got))
+    # float32 rounding of values up to 80 in size, and no more
+    np.testing.assert_allclose(got, want, rtol=2e-7, atol=2e-6)
+    assert np.abs(got - want)[np.abs(x) < 3].max() < 5e-7
+    half = gelu("exact")(jnp.asarray(x, jnp.bfloat16))
+    assert half.dtype == jnp.bfloat16
+    np.testing.assert_allclose(np.asarray(half, np.float64), want, rtol=1e-2, atol=1e-1)
+
+
 def test_matches_independent_plain_jnp_forward():
     """The whole forward pass against a from-scratch jnp implementation on the same weights."""
     model = tiny(num_registers=1)
