@@ -6,7 +6,9 @@ run, at the same batch size. Two measurements:
 
 - steady state: each side gets one untimed warm-up pass (our compile, torch's first-call set-up);
   the timed passes cover decode, preprocessing, forward and top-k. Ours in float32 and in
-  bfloat16; the sides alternate pass by pass and the best pass of each counts.
+  bfloat16; the sides alternate pass by pass. Reported: the best pass of each
+  (`images_per_s`, `ratio_vit_over_transformers`) and, steadier on a machine whose speed
+  wanders, the median over rounds of each round's ratio (`ratio_median_of_rounds`).
 - start-up: `vit predict` on one image as a fresh process: cold (empty cache folder), warm
   (the prepared classifier and the compile cached by the cold run), and with JAX's compile
   cache alone; against a fresh process that builds `pipeline("image-classification")` and
@@ -50,16 +52,17 @@ def make_images(folder: Path, n: int) -> list[Path]:
 
 
 def time_interleaved(fns: dict, repeats: int) -> dict:
-    """Best wall time of each function, one warm-up call each, then `repeats` alternating calls."""
+    """Wall time of every pass of each function: one warm-up call each, then `repeats` rounds
+    in which each function runs once, in turn."""
     for fn in fns.values():
         fn()
-    best = {k: float("inf") for k in fns}
+    times = {k: [] for k in fns}
     for _ in range(repeats):
         for k, fn in fns.items():
             start = time.perf_counter()
             fn()
-            best[k] = min(best[k], time.perf_counter() - start)
-    return best
+            times[k].append(time.perf_counter() - start)
+    return times
 
 
 HF_FIRST_PREDICTION = """
@@ -172,7 +175,8 @@ def main() -> None:
                                         batch_size=args.batch_size)
 
         fns["transformers"] = theirs
-        best = time_interleaved(fns, args.repeats)
+        times = time_interleaved(fns, args.repeats)
+        best = {k: min(v) for k, v in times.items()}
         label2id = hf_model.config.label2id
         ref = [label2id[t[0]["label"]] for t in rows["transformers"]]
         agree = {k: float(np.mean([o["top_k"][0]["index"] == r
@@ -190,11 +194,16 @@ def main() -> None:
         "versions": {"jax": jax.__version__, "torch": torch.__version__,
                      "transformers": transformers.__version__, "python": platform.python_version()},
         "task": f"top-5 classification of {n} JPEGs (180-480 px) with random-weight ViT-B/16 "
-                f"at 224 px, batch {args.batch_size}, after one warm-up pass, best of "
-                f"{args.repeats} interleaved passes",
+                f"at 224 px, batch {args.batch_size}, after one warm-up pass, "
+                f"{args.repeats} interleaved rounds of one pass each",
         "images_per_s": {k: n / s for k, s in best.items()},
         "ratio_vit_over_transformers": {k: best["transformers"] / s for k, s in best.items()
                                         if k != "transformers"},
+        # Each round's pair (same minutes of machine speed), then the median over rounds.
+        "ratio_median_of_rounds": {
+            k: float(np.median([t / o for t, o in zip(times["transformers"], v, strict=True)]))
+            for k, v in times.items() if k != "transformers"},
+        "pass_seconds": times,
         "top1_agreement_with_transformers": agree,
         "start_up_one_image": startup,
     }
