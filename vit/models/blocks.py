@@ -177,10 +177,10 @@ class Block(nnx.Module):
                  kv_len: jax.Array | None = None, queries: int | None = None) -> jax.Array:
         """`kv_len` (`[batch]`) masks padded tokens as keys (the text encoder's padding).
 
-        `queries` computes the outputs of the first `queries` tokens only, attending to all of
-        them: all a class-token head reads of the last block. For ViT-B/16 that skips 10/12 of
-        the block's matmul work, 7% of the forward; every other token's output would be thrown
-        away. The values are the same up to float rounding (the matmuls have other shapes).
+        `queries` computes the outputs of the first `queries` tokens only, each attending to
+        every token: all a class-token head reads of the last block. For ViT-B/16 that skips
+        10/12 of the block's matmul work, 7% of the forward; every other token's output would
+        be thrown away. The values are the same up to float rounding (other matmul shapes).
         """
         y = self.attn(self.norm1(x).astype(self.dtype), Keys(keys(0)), probs_hook, kv_len,
                       queries)
