@@ -117,7 +117,8 @@ def _resolve_alias(root: Path, name: str) -> str | None:
     try:
         alias = json.loads(_alias(root, name).read_text())
         folder = Path(alias["folder"])
-        return str(folder) if alias["state"] == _hub_state(folder) is not None else None
+        state = _hub_state(folder)
+        return str(folder) if state is not None and alias["state"] == state else None
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
