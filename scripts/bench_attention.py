@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Attention kernels and a ViT-B/16 training step, timed; results as JSON.
+"""Attention kernels, ViT-B/16 inference in float32 and bfloat16, and a training step, timed.
 
     PYTHONPATH=$PWD python3 scripts/bench_attention.py [--out DIR] [--budget-s S] [--quick]
         [--dry-run]
@@ -12,6 +12,9 @@ Sections, in this order, each written to DIR/bench_attention.json as soon as it 
                jax.nn.dot_product_attention (cudnn, xla) and jax's Pallas GPU `mha`.
   block_sweep  each of our kernels (forward, dK/dV, dQ) over tiles and warps, per head_dim (64,
                128) and sequence (197, 577), the default (fitted) tiles first: data for tuning.
+  inference    ViT-B/16 forward (eval mode, the attention path the dispatcher picks) in float32
+               and bfloat16 at batch 8 (issue 16's shape) and 256: images/s, and bfloat16's
+               speed-up over float32 with the share of top-1 labels the two agree on.
   train_step   ViT-B/16 training step (bfloat16) in images/s and MFU with each attention path.
 Each timed section has its own share of --budget-s. Every row has a status: "ok", "failed" (it
 raised, or a correctness check missed) or "skipped" (the time budget ran out before it started).
@@ -387,13 +390,64 @@ def train_bench(dry_run: bool, iters: int, deadline: Deadline, min_left_s: float
     return dict(model="vit_b16", dtype="bfloat16", dry_run_overrides=overrides, runs=runs)
 
 
-def _dispatch(impl: str, batch: int, config) -> str:
+def _forward_time(dtype: str, batch: int, image_size: int, overrides: dict, iters: int):
+    """Seconds per eval-mode ViT-B/16 forward, the first call's compile+run seconds, the logits
+    and the config. Both dtypes start from the same float32 weights (seed 0)."""
+    from flax import nnx
+
+    import vit
+
+    model = vit.create_model("vit_b16", dtype=dtype, image_size=image_size, **overrides)
+    graphdef, state = nnx.split(model)
+    forward = jax.jit(lambda state, images: nnx.merge(graphdef, state)(images))
+    images = jax.random.normal(jax.random.PRNGKey(1), (batch, image_size, image_size, 3))
+    start = time.perf_counter()
+    logits = jax.block_until_ready(forward(state, images))
+    first_call_s = time.perf_counter() - start
+    return _time(forward, state, images, iters=iters), first_call_s, logits, model.config
+
+
+def inference_bench(dry_run: bool, iters: int, deadline: Deadline, min_left_s: float) -> list:
+    """One row per (batch, dtype), float32 first; a bfloat16 row also gives its speed-up over
+    the float32 row and their top-1 agreement. Random weights: the agreement shows the bfloat16
+    path runs and is close, not what a trained checkpoint gives (bench_bfloat16_agreement.py)."""
+    image_size = 32 if dry_run else 224
+    overrides = dict(width=64, depth=1, mlp_dim=128, num_heads=2) if dry_run else {}
+    rows = []
+    for batch in (2,) if dry_run else (8, 256):
+        float32 = None
+        for dtype in ("float32", "bfloat16"):
+            row = dict(model="vit_b16", batch=batch, image_size=image_size, dtype=dtype)
+            if deadline.left() < min_left_s:
+                row.update(SKIPPED)
+            else:
+                try:
+                    seconds, first_call_s, logits, config = _forward_time(
+                        dtype, batch, image_size, overrides, iters)
+                    row.update(status="ok", ms=seconds * 1e3, images_per_s=batch / seconds,
+                               first_call_s=first_call_s,
+                               dispatch=_dispatch("auto", batch, config, dtype))
+                    if float32 is not None:
+                        row.update(speedup_over_float32=float32[0] / seconds,
+                                   top1_agreement=float(jnp.mean(
+                                       jnp.argmax(logits, -1) == jnp.argmax(float32[1], -1))))
+                    else:
+                        float32 = (seconds, logits)
+                except Exception as exc:
+                    row.update(status="failed", error=_error(exc))
+                    traceback.print_exc()
+            rows.append(row)
+            print(f"inference {row}", flush=True)
+    return rows
+
+
+def _dispatch(impl: str, batch: int, config, dtype: str = "bfloat16") -> str:
     """Which backend the model's attention dispatcher picks for this request, and why."""
     try:
         from vit.ops.attention import choose_impl
 
         shape = (batch, config.num_tokens, config.num_heads, config.head_dim)
-        return " / ".join(choose_impl(impl, shape, shape, jnp.bfloat16, has_mask=False,
+        return " / ".join(choose_impl(impl, shape, shape, jnp.dtype(dtype), has_mask=False,
                                       dropout=False))
     except Exception as exc:
         return f"unknown ({_error(exc)})"
@@ -424,6 +478,15 @@ def _summary(result: dict) -> None:
         mark = " (default)" if r["default"] else ""
         print(f"{r['kernel']:<7}{r['seq']:>5}{r['head_dim']:>5}  {str(r['tile']):<11}"
               f"{r['num_warps']:>5}{_figure(r)}{mark}")
+    for r in result.get("inference", []):
+        if r.get("status") == "ok":
+            vs = (f"  {r['speedup_over_float32']:.2f}x float32, top-1 agreement "
+                  f"{r['top1_agreement']:.3f}" if "speedup_over_float32" in r else "")
+            print(f"infer B={r['batch']:<4} {r['dtype']:<9}{r['images_per_s']:>9.1f} img/s{vs}"
+                  f"  ({r.get('dispatch', '')})")
+        else:
+            print(f"infer B={r['batch']:<4} {r['dtype']:<9} {r['status'].upper()}: "
+                  f"{r.get('error') or r.get('reason', '')}")
     for r in result.get("train_step", {}).get("runs", []):
         if r.get("status") == "ok":
             print(f"train {r['impl']:<8} {r['images_per_s']:>9.1f} img/s  MFU {r['mfu']:.1%}"
@@ -436,7 +499,8 @@ def _summary(result: dict) -> None:
 
 def _rows(result: dict) -> list[dict]:
     return [*result.get("correctness", []), *result.get("attention", []),
-            *result.get("block_sweep", []), *result.get("train_step", {}).get("runs", [])]
+            *result.get("block_sweep", []), *result.get("inference", []),
+            *result.get("train_step", {}).get("runs", [])]
 
 
 def _status(result: dict) -> dict:
@@ -476,6 +540,7 @@ def main(argv=None) -> int:
                         help="settings per kernel, head_dim and sequence (default 4; dry run 1)")
     parser.add_argument("--skip-train", action="store_true", help="no ViT training step")
     parser.add_argument("--skip-sweep", action="store_true", help="no block-size sweep")
+    parser.add_argument("--skip-inference", action="store_true", help="no ViT-B/16 forward")
     args = parser.parse_args(argv)
     iters = args.iters or (1 if args.dry_run else 10)
     deadline = Deadline(args.budget_s)
@@ -500,19 +565,26 @@ def main(argv=None) -> int:
 
     sweep = not (args.quick or args.skip_sweep)
     train = not (args.quick or args.skip_train)
+    infer = not (args.quick or args.skip_inference)
     if not args.quick:
         result["correctness"] = correctness(args.dry_run)
         save()
     # Each section gets a share of the time left when it starts; what one leaves unused goes
-    # to the next. The sweep runs before the training step so it is not starved.
-    later = sweep + train
+    # to the next. The sweep runs before inference and the training step so it is not starved;
+    # inference takes its share from the training step's.
+    later = sweep + (infer or train)
     result["attention"] = attention_bench(args.dry_run, args.quick, iters,
                                           deadline.share(1.0 / (1 + 0.8 * later)))
     save()
     if sweep:
         per_case = args.sweep_settings or (1 if args.dry_run else 4)
         result["block_sweep"] = block_sweep(args.dry_run, iters, deadline.share(
-            0.5 if train else 1.0), per_case)
+            0.5 if infer or train else 1.0), per_case)
+        save()
+    if infer:
+        # A row starts with 10 s of its share left: a ViT-B/16 forward compiles in seconds.
+        result["inference"] = inference_bench(args.dry_run, iters, deadline.share(
+            0.35 if train else 1.0), min_left_s=0 if args.dry_run else 10)
         save()
     if train:
         try:

@@ -397,8 +397,9 @@ def test_gpu_check_dry_run(tmp_path):
     assert re.search(r"\b4/\d+ tests collected", shapes), shapes[-500:]
     result = json.loads((tmp_path / "bench_attention.json").read_text())
     assert {"command", "machine", "versions", "flop_convention", "correctness", "attention",
-            "train_step", "block_sweep", "status"} <= set(result)
-    assert list(result).index("block_sweep") < list(result).index("train_step")
+            "inference", "train_step", "block_sweep", "status"} <= set(result)
+    assert (list(result).index("block_sweep") < list(result).index("inference")
+            < list(result).index("train_step"))
     assert {"platform", "device_kind"} <= set(result["machine"])
     assert {"jax", "jaxlib"} <= set(result["versions"])
     assert result["status"]["failed"] == result["status"]["skipped"] == 0, result["status"]
@@ -407,6 +408,11 @@ def test_gpu_check_dry_run(tmp_path):
     assert ours and all(r.get("tflops", 0) > 0 for r in ours), ours
     assert {"fwd", "fwd_bwd"} == {r["mode"] for r in ours}
     assert any(r.get("images_per_s", 0) > 0 for r in result["train_step"]["runs"]), result
+    # The forward in both dtypes; bfloat16 against float32 from the same weights.
+    infer = result["inference"]
+    assert [r["dtype"] for r in infer] == ["float32", "bfloat16"], infer
+    assert all(r["status"] == "ok" and r["images_per_s"] > 0 for r in infer), infer
+    assert infer[1]["speedup_over_float32"] > 0 and 0 <= infer[1]["top1_agreement"] <= 1, infer
     sweep = result["block_sweep"]
     assert sorted(r["kernel"] for r in sweep) == ["dkv", "dq", "fwd"]
     assert all(r["default"] and r.get("tflops", 0) > 0 for r in sweep), sweep
