@@ -13,6 +13,13 @@ Also once with one thread each (`taskset` is not needed: torch.set_num_threads(1
 XLA's `--xla_cpu_multi_thread_eigen=false` plus a one-core affinity for the jax process).
 Writes benchmarks/bench_gemm.json; the median of `--iters` calls per contestant.
 
+With all the threads, each worker also times its library's whole ViT-B/16 forward (random
+weights, batch 8; ours compiled as `vit predict` compiles it, transformers'
+ViTForImageClassification with its default attention, SDPA), interleaved with the layers.
+From these, `ceiling`: the ratio to transformers our forward would reach if everything but the
+dense layers (attention core, LayerNorm, residuals, patch embedding) took no time at all, with
+our dense layers as measured and with torch's.
+
     .venv/bin/python scripts/bench_gemm.py [--iters 10]
 """
 
@@ -31,12 +38,36 @@ SHAPES = {"qkv": (768, 2304, False), "proj": (768, 768, False), "fc1": (768, 307
           "fc2": (3072, 768, False)}
 
 
-def worker_jax(iters: int) -> dict:
+def _images():
+    import numpy as np
+
+    return np.random.RandomState(0).randn(8, 224, 224, 3).astype(np.float32)
+
+
+def _our_forward():
+    """Our ViT-B/16 forward at batch 8, compiled as `vit predict` compiles it, and its args."""
+    import jax
+    from flax import nnx
+
+    import vit
+    from vit.xla_cpu import compile_for_inference
+
+    graphdef, state = nnx.split(vit.create_model("vit_b16"))
+    forward = jax.jit(lambda state, x: nnx.merge(graphdef, state)(x))
+    x = jax.numpy.asarray(_images())
+    return compile_for_inference(forward.lower(state, x)), (state, x)
+
+
+def worker_jax(iters: int, forward: bool) -> dict:
     import time
 
     import jax
     import jax.numpy as jnp
     import numpy as np
+
+    from vit.models.blocks import gelu as model_gelu
+
+    exact_gelu = model_gelu("exact")
 
     variants = {"xla_default": ({}, jnp.float32),
                 "xla_ynn_off": ({"xla_cpu_experimental_ynn_fusion_type": ""}, jnp.float32),
@@ -52,22 +83,37 @@ def worker_jax(iters: int) -> dict:
             def layer(x, w, b, dtype=dtype, gelu=gelu):
                 y = jnp.dot(x.astype(dtype), w.astype(dtype),
                             preferred_element_type=jnp.float32) + b
-                return jax.nn.gelu(y, approximate=False) if gelu else y
+                return exact_gelu(y) if gelu else y
 
             args = [jnp.asarray(a) for a in (x, w, b)]
             compiled[v] = (jax.jit(layer).lower(*args).compile(options), args)
-        times = {v: [] for v in variants}
+        if forward and name == "qkv":  # timed with the first layer, call by call
+            compiled["forward"] = _our_forward()
+        times = {v: [] for v in compiled}
         for _ in range(iters):
             for v, (c, args) in compiled.items():
                 c(*args).block_until_ready()
                 t = time.perf_counter()
                 c(*args).block_until_ready()
                 times[v].append(time.perf_counter() - t)
+        if "forward" in times:
+            out["forward"] = {"ours_float32": float(np.median(times.pop("forward"))) * 1e3}
         out[name] = {v: float(np.median(t)) * 1e3 for v, t in times.items()}
     return out
 
 
-def worker_torch(iters: int, threads: int) -> dict:
+def _hf_forward():
+    """transformers' ViT-B/16 (SDPA attention) at batch 8, random weights, and its input."""
+    import torch
+    from transformers import ViTConfig, ViTForImageClassification
+
+    model = ViTForImageClassification(ViTConfig()).eval()
+    assert model.config._attn_implementation == "sdpa", model.config._attn_implementation
+    x = torch.from_numpy(_images().transpose(0, 3, 1, 2).copy())
+    return lambda: model(pixel_values=x)
+
+
+def worker_torch(iters: int, threads: int, forward: bool) -> dict:
     import time
 
     import numpy as np
@@ -75,14 +121,22 @@ def worker_torch(iters: int, threads: int) -> dict:
 
     torch.set_num_threads(threads)
     out = {}
+    if forward:
+        hf = _hf_forward()
     for name, (k, n, gelu) in SHAPES.items():
         rng = np.random.RandomState(0)
         x = torch.from_numpy(rng.randn(TOKENS, k).astype(np.float32))
         w = torch.from_numpy((rng.randn(n, k) / np.sqrt(k)).astype(np.float32))
         b = torch.from_numpy(rng.randn(n).astype(np.float32))
         times = {"torch_float32": [], "torch_bfloat16": []}
+        forward_times = []
         with torch.inference_mode():
             for _ in range(iters):
+                if forward and name == "qkv":  # timed with the first layer, call by call
+                    hf()
+                    t = time.perf_counter()
+                    hf()
+                    forward_times.append(time.perf_counter() - t)
                 for v, dtype in (("torch_float32", torch.float32),
                                  ("torch_bfloat16", torch.bfloat16)):
                     args = (x.to(dtype), w.to(dtype), b.to(dtype))
@@ -95,14 +149,33 @@ def worker_torch(iters: int, threads: int) -> dict:
                     t = time.perf_counter()
                     call()
                     times[v].append(time.perf_counter() - t)
+        if forward_times:
+            out["forward"] = {"transformers_float32": float(np.median(forward_times)) * 1e3}
         out[name] = {v: float(np.median(t)) * 1e3 for v, t in times.items()}
     return out
 
 
+def ceiling(rows: dict, forward: dict, depth: int = 12) -> dict:
+    """Upper bounds on our forward's speed ratio to transformers' from the dense layers alone.
+    A class-token head runs the last block's proj, fc1 and fc2 for 8 tokens instead of 1576
+    (vit/models/blocks.py), so our dense work is `depth - 1` full layers and one qkv."""
+    def dense_ms(v):
+        return (depth - 1) * sum(r[v] for r in rows.values()) + rows["qkv"][v]
+
+    torch_ms, ours_ms = forward["transformers_float32"], forward["ours_float32"]
+    return {"transformers_forward_ms": torch_ms, "ours_forward_ms": ours_ms,
+            "ratio_measured": torch_ms / ours_ms,
+            "ours_dense_ms": dense_ms("xla_ynn_off"),
+            "ratio_if_only_our_dense_layers_took_time": torch_ms / dense_ms("xla_ynn_off"),
+            "ratio_if_only_dense_layers_at_torch_speed_took_time":
+                torch_ms / dense_ms("torch_float32"),
+            "transformers_share_in_dense_layers": dense_ms("torch_float32") / torch_ms}
+
+
 def run_worker(kind: str, iters: int, threads: int) -> dict:
-    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT)}
     cmd = [sys.executable, __file__, "--worker", kind, "--iters", str(iters),
-           "--threads", str(threads)]
+           "--threads", str(threads), *(["--forward"] if threads == os.cpu_count() else [])]
     if kind == "jax" and threads == 1:
         env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false "
                             "--xla_force_host_platform_device_count=1").strip()
@@ -118,13 +191,14 @@ def main() -> None:
     parser.add_argument("--iters", type=int, default=10)
     parser.add_argument("--threads", type=int, default=os.cpu_count())
     parser.add_argument("--worker", choices=("jax", "torch"))
+    parser.add_argument("--forward", action="store_true", help="worker: the whole forward too")
     parser.add_argument("--out", default="benchmarks/bench_gemm.json")
     args = parser.parse_args()
     if args.worker == "jax":
-        print(json.dumps(worker_jax(args.iters)))
+        print(json.dumps(worker_jax(args.iters, args.forward)))
         return
     if args.worker == "torch":
-        print(json.dumps(worker_torch(args.iters, args.threads)))
+        print(json.dumps(worker_torch(args.iters, args.threads, args.forward)))
         return
 
     sys.path.insert(0, str(ROOT / "scripts"))
@@ -135,6 +209,8 @@ def main() -> None:
         jx, th = run_worker("jax", args.iters, threads), run_worker("torch", args.iters, threads)
         rows = {name: {**jx[name], **th[name]} for name in SHAPES}
         ms = {v: sum(r[v] for r in rows.values()) for v in next(iter(rows.values()))}
+        if "forward" in jx:
+            results["ceiling"] = ceiling(rows, {**jx["forward"], **th["forward"]})
         results[f"threads_{threads}"] = {
             "ms_per_layer": rows, "ms_all_four": ms,
             "torch_float32_over_xla_default": ms["xla_default"] / ms["torch_float32"],
