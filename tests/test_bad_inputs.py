@@ -45,6 +45,12 @@ def fx(tmp_path_factory):
     labels = [str(i) for i in range(10)]
     save_orbax(root / "ckpt", model, preprocessing=Preprocessing(size=(8, 8)), labels=labels)
     loaded = load_checkpoint(root / "ckpt")
+    # A text model (answers prompts) of the same size, for datasets without prompts.
+    text_model = vit.create_model("Ti/16", width=32, depth=1, mlp_dim=64, num_heads=4,
+                                  patch_size=4, image_size=8, num_classes=10, attention_impl="xla",
+                                  text=vit.TextConfig(width=32, depth=1, num_heads=2, mlp_dim=64,
+                                                      max_len=16), rngs=nnx.Rngs(0))
+    save_orbax(root / "text_ckpt", text_model, preprocessing=Preprocessing(size=(8, 8)))
 
     workdir = root / "workdir"  # what `vit train` leaves: config.json and checkpoints/<step>
     save_orbax(workdir / "checkpoints" / "1", model, preprocessing=Preprocessing(size=(8, 8)),
@@ -75,6 +81,7 @@ def fx(tmp_path_factory):
 
     Image.new("RGB", (8, 8), (10, 200, 30)).save(root / "img.png")
     (root / "broken.png").write_bytes(b"not a png")
+    (root / "empty.jpg").write_bytes(b"")
     (root / "no_images").mkdir()
     (root / "no_images" / "notes.txt").write_text("no pictures here")
     (root / "raises.py").write_text("def get_config():\n    return undefined_name\n")
@@ -147,6 +154,8 @@ CASES = [
          "predict {img} --checkpoint {fx}/huge_header.safetensors", "huge_header.safetensors"),
     Case("predict-workdir-best-json-malformed",
          "predict {img} --checkpoint {fx}/workdir_bad_best", "best.json"),
+    Case("predict-only-unreadable-files",  # each is reported, then one error line, exit 2
+         "predict {fx}/broken.png {fx}/empty.jpg --checkpoint {ckpt}", "broken.png and 1 more"),
     # --- convert ---
     Case("convert-dst-is-existing-file", "convert {ckpt} {file} --format npz", "existing.txt"),
     Case("convert-dst-unwritable", "convert {ckpt} {blocked}.npz", "existing.txt"),
@@ -224,6 +233,8 @@ CASES = [
          "config.json"),
     Case("eval-workdir-best-json-malformed", "eval --workdir {fx}/workdir_bad_best --out {out}",
          "best.json"),
+    Case("eval-text-model-on-data-without-prompts",
+         "eval --checkpoint {fx}/text_ckpt --data digits --out {out}", "digits"),
     # --- rollout ---
     Case("rollout-out-is-file",  # checked first: the (missing) model is never read
          "rollout {img} --checkpoint {tmp}/no_model --out {file}", "existing.txt"),
@@ -391,3 +402,68 @@ def test_fixtures_work_when_used_right(fx, tmp_path, capsys):
     assert code == 0, capsys.readouterr().err
     assert json.loads(capsys.readouterr().out.splitlines()[0])["top_k"]
     assert main(["info", "vit_b16", "--set", "num_heads=4", "--image-size", "224"]) == 0
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc")
+@pytest.mark.parametrize("argv", [
+    "train --config {recipe} --workdir /proc/vit-test/run",
+    "eval --checkpoint {ckpt} --data digits --out /proc/vit-test/eval",
+    "rollout {img} --checkpoint {ckpt} --out /proc/vit-test/maps",
+], ids=["train", "eval", "rollout"])
+def test_a_folder_that_takes_no_new_folders_is_refused_before_the_work(argv, fx, tmp_path,
+                                                                       monkeypatch, capsys):
+    """/proc passes `os.access` for root but takes no new folders: refused up front, naming
+    the flag's path, rather than after the evaluation or the maps."""
+    import vit.checkpoints
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("the model was loaded before the output folder was checked")
+
+    monkeypatch.setattr(vit.checkpoints, "load_checkpoint", no_model)
+    monkeypatch.chdir(tmp_path)
+    code, err = run_case([p.format(**_placeholders(fx, tmp_path)) for p in argv.split()], capsys)
+    assert code == 2 and err[-1].startswith(f"vit {argv.split()[0]}: error:"), err
+    flag = "--workdir" if argv.startswith("train") else "--out"
+    assert f"{flag} /proc/vit-test" in err[-1] and "Traceback" not in "\n".join(err), err
+
+
+def test_rollout_gallery_takes_a_file_name_that_is_not_utf8(fx, tmp_path, capsys):
+    """A file name in another encoding (bytes that are not UTF-8) is drawn, and named in the
+    gallery with "?" for the byte, not a crash with half the output written."""
+    images = tmp_path / "images"
+    images.mkdir()
+    (images / os.fsdecode(b"caf\xe9.png")).write_bytes((fx / "img.png").read_bytes())
+    code = main(["rollout", str(images), "--checkpoint", str(fx / "ckpt"), "--out",
+                 str(tmp_path / "maps"), "--html"])
+    assert code == 0, capsys.readouterr().err
+    page = (tmp_path / "maps" / "index.html").read_text(encoding="utf-8")
+    assert "caf?.png" in page
+    assert len(list((tmp_path / "maps" / "overlays").iterdir())) == 1
+
+
+def test_rollout_that_fails_part_way_leaves_nothing(fx, tmp_path, monkeypatch, capsys):
+    """A write that fails after maps exist (here the gallery: a full disk) takes the new output
+    folder away again and is one line naming the file."""
+    from vit.explain import render
+
+    def disk_full(out, *args, **kwargs):
+        raise OSError(28, "No space left on device", str(out / "index.html"))
+
+    monkeypatch.setattr(render, "write_gallery", disk_full)
+    code, err = run_case(["rollout", str(fx / "img.png"), "--checkpoint", str(fx / "ckpt"),
+                          "--out", str(tmp_path / "maps"), "--html"], capsys)
+    assert code == 2 and err[-1].endswith("index.html: No space left on device"), err
+    assert not (tmp_path / "maps").exists()
+
+
+def test_a_closed_pipe_ends_the_run_quietly(monkeypatch, capsys):
+    """`vit predict DIR | head -n 1`: when the reader goes away, no traceback, exit 141 (as a
+    tool killed by SIGPIPE)."""
+    from vit.commands import info
+
+    def reader_gone(args):
+        raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr(info, "run", reader_gone)
+    code, err = run_case(["info", "vit_b16"], capsys)
+    assert code == 141 and err == []

@@ -3,13 +3,16 @@
 Each subcommand lives in `vit/commands/<name>.py` with `add_arguments(parser)` and
 `run(args) -> int`; heavy imports happen inside `run`, so `vit --help` stays fast. A `VitError`
 (a user mistake) prints one line and exits 2; so does an OSError about a named file
-(permissions, a full disk), which no check made in advance can rule out.
+(permissions, a full disk), which no check made in advance can rule out. A closed pipe on
+stdout (`| head`) ends the run quietly with 141, as SIGPIPE would.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
+import os
 import sys
 
 from vit.errors import VitError
@@ -47,6 +50,12 @@ def main(argv: list[str] | None = None) -> int:
     except VitError as err:
         print(f"vit {args.command}: error: {err}", file=sys.stderr)
         return err.exit_code
+    except BrokenPipeError:
+        # The reader went away (`vit predict DIR | head`): stop quietly, as a shell tool
+        # killed by SIGPIPE does, and keep Python from failing again on flushing stdout.
+        with contextlib.suppress(OSError, ValueError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + 13
     except OSError as err:
         if err.filename is None:  # not about a file the user named: a bug, keep the traceback
             raise

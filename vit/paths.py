@@ -4,6 +4,7 @@ that the place can be created and written. Standard library only."""
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 
@@ -11,7 +12,9 @@ def unwritable_reason(path) -> str | None:
     """Why files cannot be made at `path` (a folder that exists or would be created), or None.
 
     The nearest existing folder on the way up (`path` itself when it exists) is where `mkdir`
-    and the writes happen: it must be a folder, and writable.
+    and the writes happen: it must be a folder, and writable. Permission bits are not the whole
+    story (root passes `os.access` in /proc, which takes no new folders), so a folder is made
+    there and removed again.
     """
     base = Path(path).absolute()
     while not base.exists() and base.parent != base:
@@ -20,4 +23,8 @@ def unwritable_reason(path) -> str | None:
         return f"{base} is a file, not a folder"
     if not os.access(base, os.W_OK | os.X_OK):
         return f"{base} is not writable (permission denied)"
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".vit-write-check-", dir=base))
+    except OSError as err:
+        return f"{base} takes no new folders ({err.strerror or err})"
     return None

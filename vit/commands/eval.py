@@ -14,6 +14,7 @@ from pathlib import Path
 
 from vit.commands import inference_options
 from vit.commands.checks import check_output_dir, require_positive
+from vit.errors import ConfigError, DataError
 
 
 def add_arguments(parser) -> None:
@@ -40,7 +41,6 @@ def run(args) -> int:
     inference_options.start(args)  # before anything compiles
     from vit.checkpoints import load_checkpoint
     from vit.data import eval_batches, open_source
-    from vit.errors import ConfigError
     from vit.train import parallel
     from vit.train.evaluate import evaluate, make_logits_fn, save_confusion_png
 
@@ -114,6 +114,10 @@ def _eval_prompts(args, loaded, source, name, data_dir, split, heldout, out) -> 
     from vit.train import parallel
     from vit.train.evaluate import evaluate_prompts, make_logits_fn
 
+    if len(source) and "prompt" not in source[0]:  # before the model is built
+        raise DataError(f"{source.name} has no prompts, and {loaded.source} is a text model "
+                        "that answers them; evaluate it on a dataset with prompts, e.g. "
+                        "--data promptshapes")
     graphdef, params = nnx.split(loaded.build_model(), nnx.Param)
     mesh = parallel.local_mesh()  # every local device; batches padded to fit them
     logits_fn = make_logits_fn(graphdef, mesh)
@@ -153,8 +157,6 @@ def _eval_prompts(args, loaded, source, name, data_dir, split, heldout, out) -> 
 def _workdir_config(workdir):
     """The run's resolved recipe (`WORKDIR/config.json`), with the fields eval reads."""
     import ml_collections
-
-    from vit.errors import ConfigError
 
     config_file = Path(workdir) / "config.json"
     if not config_file.is_file():

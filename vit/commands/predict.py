@@ -179,10 +179,12 @@ def run(args) -> int:
     print(f"vit predict: ready in {ready - started:.1f} s (compile {ready - compiling:.1f} s, "
           f"batch {predictor.batch_size}, {dtype})", file=sys.stderr)
     verb = "scored" if predictor.mode == "prompts" else "classified"
-    start, done, failed = time.perf_counter(), 0, 0
+    start, done, failed, first_failed = time.perf_counter(), 0, 0, None
     with tqdm(total=len(paths), unit="img", file=sys.stderr, dynamic_ncols=True) as bar:
         for result in predictor.predict_files(paths, progress=bar):
-            failed += "error" in result
+            if "error" in result:
+                failed += 1
+                first_failed = first_failed or result["image"]
             done += 1
             print(json.dumps(result) if args.json else _line(result), flush=args.json)
     seconds = time.perf_counter() - start
@@ -201,4 +203,8 @@ def run(args) -> int:
                                   "labels": loaded.labels, "dtype": dtype,
                                   "num_classes": loaded.config.num_classes,
                                   "preprocessing": loaded.preprocessing.to_dict()})
-    return 0 if done > failed else 1
+    if done == failed:  # every image unreadable: the user's input to fix, as in `vit rollout`
+        more = f" and {failed - 1} more" if failed > 1 else ""
+        raise DataError(f"none of the {failed} images could be read: {first_failed}{more} "
+                        "(each listed above with its reason); give readable image files")
+    return 0

@@ -44,16 +44,12 @@ def add_arguments(parser) -> None:
 
 def run(args) -> int:
     inference_options.start(args)  # before anything compiles
-    import json
-
-    import jax
     import matplotlib
-    import numpy as np
 
     from vit.checkpoints import load_checkpoint
     from vit.commands import checks
-    from vit.errors import ConfigError, DataError
-    from vit.explain import explain, inputs, render
+    from vit.errors import ConfigError
+    from vit.explain import inputs
 
     checks.require_positive(args, "batch_size", "limit", "image_size")
     out = checks.check_output_dir(args.out, "--out")  # before the model loads, not after the maps
@@ -84,6 +80,24 @@ def run(args) -> int:
         wanted = inputs.resolve_class(args.class_, labels, ckpt.config.num_classes)
     model = ckpt.build_model()
     new_output = checks.NewOutput(out)
+    try:
+        return _write_maps(args, out, items, ckpt, model, method, wanted)
+    except Exception:  # nothing readable, or a failure part-way: nothing is left half-written
+        new_output.undo()
+        raise
+
+
+def _write_maps(args, out, items, ckpt, model, method, wanted) -> int:
+    """Every readable image's map and overlay, the manifest, and with --html the gallery."""
+    import json
+
+    import jax
+    import numpy as np
+
+    from vit.errors import DataError
+    from vit.explain import explain, inputs, render
+
+    labels = ckpt.labels
     names = render.SafeNames()
     gallery, written, skipped, first_bad = [], 0, 0, None
     with _LazyFile(out / "manifest.jsonl") as manifest:  # made with the first map
@@ -121,7 +135,6 @@ def run(args) -> int:
                                 "text_relevance": row.get("text_relevance")})
                 written += 1
     if not written:
-        new_output.undo()
         more = f" and {skipped - 1} more" if skipped > 1 else ""
         raise DataError(f"none of the {len(items)} images could be read: {first_bad}{more}")
     what = method if args.prompt is None else f"{method} for prompt {args.prompt!r}"

@@ -131,7 +131,8 @@ figcaption {{ font-size: 90%; max-width: 330px; overflow-wrap: anywhere; }}
 </main></body></html>
 """
     path = out / "index.html"
-    path.write_text(page, encoding="utf-8")
+    # A file name that is not UTF-8 reaches us with surrogate escapes: each byte shows as "?".
+    path.write_text(page, encoding="utf-8", errors="replace")
     return path
 
 
