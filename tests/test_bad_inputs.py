@@ -233,6 +233,10 @@ CASES = [
          "config.json"),
     Case("eval-workdir-best-json-malformed", "eval --workdir {fx}/workdir_bad_best --out {out}",
          "best.json"),
+    Case("eval-mistyped-dataset", "eval --checkpoint {ckpt} --data digitz --out {out}",
+         "'digitz' is not built in", forbid="tfds build"),
+    Case("eval-dataset-is-a-file", "eval --checkpoint {ckpt} --data {img} --out {out}",
+         "{img}: is a file"),
     Case("eval-text-model-on-data-without-prompts",
          "eval --checkpoint {fx}/text_ckpt --data digits --out {out}", "digits"),
     # --- rollout ---
@@ -467,3 +471,13 @@ def test_a_closed_pipe_ends_the_run_quietly(monkeypatch, capsys):
     monkeypatch.setattr(info, "run", reader_gone)
     code, err = run_case(["info", "vit_b16"], capsys)
     assert code == 141 and err == []
+
+
+def test_a_mistyped_dataset_name_gets_a_suggestion():
+    from vit.data import open_source
+    from vit.errors import DataError
+
+    with pytest.raises(DataError, match=r"'digitz'.*did you mean 'digits'\?$"):
+        open_source("digitz", "train")
+    with pytest.raises(DataError, match=r"'mnistt'.*did you mean 'mnist'"):  # a TFDS name
+        open_source("mnistt", "train")

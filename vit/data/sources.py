@@ -7,6 +7,7 @@ decode in parallel and resume at any example.
 
 from __future__ import annotations
 
+import difflib
 import logging
 import os
 import re
@@ -20,6 +21,7 @@ from vit.preprocess import IMAGE_SUFFIXES, open_image, to_rgb
 log = logging.getLogger(__name__)
 
 DIGITS_SPLITS = ("train", "validation", "test")
+BUILT_IN = ("digits", "promptshapes")
 
 
 class ArraySource:
@@ -111,7 +113,8 @@ def folder(root: str | os.PathLike, split: str, *, val_fraction: float = 0.1, se
     by `seed`, is `validation` and the rest `train`."""
     root = Path(root)
     if not root.is_dir():
-        raise DataError(f"{root}: no such folder; give a folder with one subfolder per class")
+        what = "is a file, not a folder" if root.exists() else "no such folder"
+        raise DataError(f"{root}: {what}; give a folder with one subfolder per class")
     split_dirs = {"train": ["train"], "validation": ["val", "validation"],
                   "test": ["test"]}
     if (root / "train").is_dir():
@@ -159,7 +162,12 @@ class TfdsSource:
         try:
             builder = tfds.builder(name, data_dir=data_dir)
         except tfds.core.registered.DatasetNotFoundError:
-            raise DataError(f"TFDS dataset {name!r} not found; {hint}") from None
+            known = [*BUILT_IN, *tfds.list_builders(with_community_datasets=False)]
+            close = difflib.get_close_matches(name, known, n=3)
+            fix = (f"did you mean {' or '.join(map(repr, close))}?" if close else
+                   "give one of those, a folder, or a name from tfds.list_builders()")
+            raise DataError(f"dataset {name!r} is not built in ({', '.join(BUILT_IN)}), an image "
+                            f"folder or a TFDS dataset; {fix}") from None
         file_format = getattr(builder.info, "file_format", None)
         if not builder.is_prepared() or str(getattr(file_format, "value", file_format)) not in (
                 "array_record", "parquet"):
@@ -210,5 +218,8 @@ def open_source(name: str, split: str, *, data_dir: str | None = None, strict: b
         return folder(name, split, val_fraction=val_fraction, strict=strict)
     if re.fullmatch(r"[a-z0-9_]+(/[\w.=,-]+)?(:[\d.]+)?", name):
         return TfdsSource(name, split, data_dir)
+    if Path(name).exists():
+        raise DataError(f"dataset {name!r} is a file; give an image folder (one subfolder per "
+                        "class), 'digits', 'promptshapes' or 'tfds:NAME'")
     raise DataError(f"unknown dataset {name!r}; use 'digits', 'promptshapes', 'tfds:NAME' or an "
                     "image folder")
