@@ -162,6 +162,8 @@ CASES = [
     Case("convert-dst-unwritable-folder", "convert {ckpt} {blocked} --format hf",
          "existing.txt"),
     Case("convert-no-format", "convert {ckpt} {out}", "out"),
+    Case("convert-npz-name-for-a-folder-format", "convert {ckpt} {out}.npz --format hf",
+         "out.npz: the name says npz"),
     Case("convert-image-size-0", "convert {ckpt} {out} --format orbax --image-size 0",
          "image_size"),
     Case("convert-src-config-malformed", "convert {fx}/hf_bad_config {out} --format orbax",
@@ -275,6 +277,8 @@ CASES = [
          "--limit 0"),
     Case("explain-eval-steps-0",
          "explain-eval --checkpoint {ckpt} --data digits --limit 2 --steps 0", "--steps 0"),
+    Case("explain-eval-more-steps-than-patches",  # the fixture model sees 2x2 patches
+         "explain-eval --checkpoint {ckpt} --data digits --limit 2 --steps 5", "--steps 5"),
     Case("explain-eval-discard-ratio-1",
          "explain-eval --checkpoint {ckpt} --data digits --limit 2 --discard-ratio 1",
          "--discard-ratio"),

@@ -37,6 +37,9 @@ def run(args) -> int:
     if dst.suffix == ".safetensors" and args.format in (None, "timm", "hf"):
         raise CheckpointError(f"{args.dst}: {BARE_FILE}")
     fmt = args.format or SUFFIX_FORMATS.get(dst.suffix)
+    if dst.suffix == ".npz" and fmt != "npz":  # a folder named like a file misleads every reader
+        raise CheckpointError(f"{args.dst}: the name says npz but --format {fmt} writes a "
+                              f"folder; drop --format, or name the folder without .npz")
     if fmt is None:
         raise CheckpointError(f"{args.dst}: cannot tell the format from the name; pass "
                               "--format npz|hf|timm|orbax")

@@ -53,6 +53,11 @@ def run(args) -> int:
         raise DataError(f"{args.data}:{args.split} gave no images to score")
     everything = np.concatenate(arrays)
     model = ckpt.build_model()
+    grid = model.grid_for(everything.shape[1:3])
+    if args.steps is not None and args.steps > grid[0] * grid[1]:  # repeated points, no detail
+        raise ConfigError(f"--steps {args.steps}: the model sees {grid[0]}x{grid[1]} patches, "
+                          f"so a curve has at most {grid[0] * grid[1]} steps; give --steps "
+                          f"{grid[0] * grid[1]} or fewer")
     report = faithfulness.evaluate(
         model, arrays, methods, metric=args.metric, steps=args.steps,
         substrate_kind=args.substrate, mean=everything.mean((0, 1, 2)),
@@ -62,7 +67,6 @@ def run(args) -> int:
     if args.json:
         print(json.dumps(report))
         return 0
-    grid = model.grid_for(everything.shape[1:3])
     steps = args.steps or faithfulness.default_steps(grid[0] * grid[1])
     better = "lower" if args.metric == "deletion" else "higher"
     print(f"{args.metric} AUC on {args.data}:{args.split}, {len(everything)} images, {steps} "
