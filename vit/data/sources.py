@@ -87,7 +87,8 @@ class FolderSource:
                 return {"image": image, "label": int(self.labels[j])}
             except DataError as err:
                 if self.strict:
-                    raise
+                    raise DataError(f"{err} (data.strict=true; data.strict=false skips "
+                                    "unreadable images)") from None
                 self._record_bad(str(self.files[j]), err)
         raise DataError(f"{self.name}: no readable image in the dataset")
 
