@@ -113,6 +113,7 @@ def encode_prompts(config, texts: Sequence[str], *, labels: Sequence[str] | None
 def load_text_embeddings(config, path) -> Prompts:
     """`--text-embeddings`: an .npz of `tokens [P, T, D]` float and `mask [P, T]` bool (True
     first), optionally `texts [P]` (a unicode array) to label them; P prompts per image."""
+    from vit.checkpoints.npz import NotNpzError, load_npz
     from vit.models.text import check_prefix_mask
 
     flag = f"--text-embeddings {path}"
@@ -120,16 +121,15 @@ def load_text_embeddings(config, path) -> Prompts:
     dim = config.text.embed_dim
     want = f"tokens [P, T, {dim}] float and mask [P, T] bool"
     try:
-        with np.load(path, allow_pickle=False) as npz:
-            if "tokens" not in npz or "mask" not in npz:
-                raise DataError(f"{flag}: has {sorted(npz.files)}; wanted {want} "
-                                "(and optionally texts [P])")
-            tokens, mask = npz["tokens"], npz["mask"]
-            texts = npz.get("texts")
+        arrays = load_npz(path)
     except FileNotFoundError:
         raise DataError(f"{flag}: no such file") from None
-    except (OSError, ValueError) as err:  # not an npz, or an object (pickled) array inside
-        raise DataError(f"{flag}: not a readable .npz of arrays ({err})") from None
+    except NotNpzError as err:  # empty, cut short, not a zip, or a pickled array inside
+        raise DataError(f"{flag}: not a readable .npz of arrays ({err}); write it with "
+                        "np.savez(path, tokens=..., mask=...)") from None
+    if "tokens" not in arrays or "mask" not in arrays:
+        raise DataError(f"{flag}: has {sorted(arrays)}; wanted {want} (and optionally texts [P])")
+    tokens, mask, texts = arrays["tokens"], arrays["mask"], arrays.get("texts")
     if (tokens.ndim != 3 or tokens.shape[2] != dim or tokens.shape[0] < 1
             or not np.issubdtype(tokens.dtype, np.floating)):
         raise DataError(f"{flag}: tokens has shape {list(tokens.shape)} {tokens.dtype}; wanted "

@@ -9,6 +9,8 @@ guesses. Needs only numpy and PIL.
 from __future__ import annotations
 
 import dataclasses
+import math
+import warnings
 from typing import Any
 
 import numpy as np
@@ -16,9 +18,12 @@ from PIL import Image
 
 from vit.errors import ConfigError, DataError
 
-# Larger images are refused (decompression-bomb guard): 16k x 16k pixels.
+# Larger images are refused (decompression-bomb guard): 16k x 16k pixels. Pillow refuses above
+# twice its MAX_IMAGE_PIXELS (before decoding, for every Image.open) and only warns between the
+# two, so half our limit makes its refusal ours, and its warning is for images we accept.
 MAX_PIXELS = 16_384 * 16_384
-Image.MAX_IMAGE_PIXELS = MAX_PIXELS
+Image.MAX_IMAGE_PIXELS = MAX_PIXELS // 2
+warnings.filterwarnings("ignore", category=Image.DecompressionBombWarning)
 
 RESAMPLE = {"nearest": Image.NEAREST, "bilinear": Image.BILINEAR, "bicubic": Image.BICUBIC,
             "lanczos": Image.LANCZOS, "box": Image.BOX, "hamming": Image.HAMMING}
@@ -45,10 +50,12 @@ class Preprocessing:
     std: tuple[float, ...] = (0.5, 0.5, 0.5)
 
     def __post_init__(self):
-        object.__setattr__(self, "size", tuple(int(s) for s in self.size))
-        object.__setattr__(self, "mean", tuple(float(m) for m in self.mean))
-        object.__setattr__(self, "std", tuple(float(s) for s in self.std))
-        if self.resample not in RESAMPLE:
+        object.__setattr__(self, "size", _numbers("image size", self.size, int))
+        object.__setattr__(self, "mean", _numbers("mean", self.mean, float))
+        object.__setattr__(self, "std", _numbers("std", self.std, float))
+        if self.crop_pct is not None:
+            object.__setattr__(self, "crop_pct", _number("crop_pct", self.crop_pct))
+        if not isinstance(self.resample, str) or self.resample not in RESAMPLE:
             raise DataError(f"unknown resample {self.resample!r}; use one of {', '.join(RESAMPLE)}")
         # Values that would divide by zero or fail to broadcast deep inside the pipeline.
         if len(self.size) != 2 or min(self.size) < 1:
@@ -60,7 +67,9 @@ class Preprocessing:
             if len(getattr(self, name)) not in (1, 3):
                 raise ConfigError(f"{name}={list(getattr(self, name))}: give 3 values, one per "
                                   "RGB channel (or 1 for all three)")
-        if min(self.std) <= 0:
+        if not all(math.isfinite(m) for m in self.mean):
+            raise ConfigError(f"mean={list(self.mean)}: every value must be a finite number")
+        if not all(s > 0 and math.isfinite(s) for s in self.std):
             raise ConfigError(f"std={list(self.std)}: every value must be above 0 (the pixels "
                               "are divided by it)")
 
@@ -80,6 +89,29 @@ class Preprocessing:
         """PIL image of any mode -> float32 `[h, w, 3]` array."""
         image = resize_crop(to_rgb(image), self.size, self.crop_pct, self.resample)
         return normalize(image, self.mean, self.std)
+
+
+def _is_number(value, kind) -> bool:
+    """A real number (a whole one for `int`); a string is not one, it is never parsed."""
+    if not isinstance(value, (int, float, np.integer, np.floating)):
+        return False
+    return kind is not int or float(value).is_integer()
+
+
+def _number(name: str, value, kind=float):
+    """`value` as `kind`, or a ConfigError naming the field."""
+    if not _is_number(value, kind):
+        raise ConfigError(f"{name}={value!r}: expected a number")
+    return kind(value)
+
+
+def _numbers(name: str, values, kind) -> tuple:
+    """A list of numbers as a tuple of `kind`, or a ConfigError naming the field."""
+    if not isinstance(values, (tuple, list, np.ndarray)) or not all(
+            _is_number(v, kind) for v in values):
+        what = "whole numbers" if kind is int else "numbers"
+        raise ConfigError(f"{name}={values!r}: expected a list of {what}")
+    return tuple(kind(v) for v in values)
 
 
 # vit_jax and big_vision checkpoints were trained on inputs in [-1, 1].
@@ -133,8 +165,8 @@ def open_image(path) -> Image.Image:
         with Image.open(path) as im:
             im.load()
             return im.copy()
-    except Image.DecompressionBombError:
-        raise DataError(f"{path}: image is larger than {MAX_PIXELS:,} pixels; "
+    except Image.DecompressionBombError:  # raised by Image.open, before anything is decoded
+        raise DataError(f"{path}: image is larger than {2 * Image.MAX_IMAGE_PIXELS:,} pixels; "
                         "downscale it first") from None
     except FileNotFoundError:
         raise DataError(f"{path}: no such file") from None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import shutil
 import uuid
@@ -35,6 +36,50 @@ def read_json_object(path: Path) -> dict:
         raise CheckpointError(f"{path}: expected a JSON object ({{...}}), found "
                               f"{type(value).__name__}; fix or replace the file")
     return value
+
+
+def field_error(file, field: str, value: Any, want: str) -> CheckpointError:
+    """A config field of the wrong type or range: names the file, the field and what fits."""
+    shown = json.dumps(value, default=str)
+    shown = shown if len(shown) <= 60 else shown[:57] + "..."
+    return CheckpointError(f"{file}: {field} is {shown}, not {want}; fix or replace the file")
+
+
+def json_int(file, field: str, value: Any, minimum: int = 1) -> int:
+    """A whole number of at least `minimum` from a JSON config (true/false and 3.0 are not)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise field_error(file, field, value, f"a whole number of at least {minimum}")
+    return value
+
+
+def json_number(file, field: str, value: Any, *, positive: bool = False) -> float:
+    """A finite number from a JSON config (above 0 with `positive`)."""
+    if (isinstance(value, bool) or not isinstance(value, (int, float))
+            or not math.isfinite(value) or (positive and value <= 0)):
+        raise field_error(file, field, value, "a number above 0" if positive else "a number")
+    return float(value)
+
+
+def json_numbers(file, field: str, value: Any, *, allow_scalar: bool = False) -> list[float]:
+    """A list of finite numbers (per-channel mean or std); one number stands for every channel
+    where the config's library allows it."""
+    one = [value] if allow_scalar and not isinstance(value, list) else value
+    if not isinstance(one, list) or not one or any(
+            isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)
+            for v in one):
+        want = "a list of numbers, one per channel"
+        raise field_error(file, field, value, f"a number or {want}" if allow_scalar else want)
+    return [float(v) for v in one]
+
+
+def json_size(file, field: str, value: Any) -> tuple[int, int]:
+    """An image size: one number (square), or a list ending in (height, width) (timm's
+    input_size starts with the channels)."""
+    pair = value[-2:] if isinstance(value, list) and len(value) in (2, 3) else [value, value]
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in pair):
+        raise field_error(file, field, value, "a size in pixels (a whole number of at least 1, "
+                          "or [height, width])")
+    return pair[0], pair[1]
 
 
 def check_destination(dst) -> Path:

@@ -15,13 +15,21 @@ from pathlib import Path
 
 import numpy as np
 
-from vit.checkpoints.files import read_json_object, staged
+from vit.checkpoints.files import (
+    field_error,
+    json_int,
+    json_number,
+    json_numbers,
+    json_size,
+    read_json_object,
+    staged,
+)
 from vit.checkpoints.labels import default_labels
 from vit.checkpoints.loaded import LoadedCheckpoint, refuse_text, zero_head_warning
 from vit.checkpoints.safetensors_io import read_safetensors_folder, write_safetensors
 from vit.checkpoints.torch_layout import torch_writers
 from vit.checkpoints.tree import transposed
-from vit.errors import CheckpointError
+from vit.errors import CheckpointError, ConfigError, DataError
 from vit.models.config import ViTConfig
 from vit.models.posemb import METHOD_OF_SOURCE
 from vit.preprocess import Preprocessing
@@ -70,11 +78,18 @@ def read(folder: Path) -> LoadedCheckpoint:
         return arrays.get(prefix + key, arrays.get(key))
 
     act = hc.get("hidden_act", "gelu")
-    if act not in ACTS:
+    if not isinstance(act, str) or act not in ACTS:
         raise CheckpointError(f"{config_file}: hidden_act {act!r} is not supported; "
                               f"supported: {', '.join(ACTS)}")
-    depth, heads = int(hc.get("num_hidden_layers", 12)), int(hc.get("num_attention_heads", 12))
-    qkv_bias = bool(hc.get("qkv_bias", True))
+    # transformers' ViTConfig defaults for absent fields.
+    depth = json_int(config_file, "num_hidden_layers", hc.get("num_hidden_layers", 12))
+    heads = json_int(config_file, "num_attention_heads", hc.get("num_attention_heads", 12))
+    qkv_bias = hc.get("qkv_bias", True)
+    if not isinstance(qkv_bias, bool):
+        raise field_error(config_file, "qkv_bias", qkv_bias, "true or false")
+    image = json_size(config_file, "image_size", hc.get("image_size", 224))
+    eps = json_number(config_file, "layer_norm_eps", hc.get("layer_norm_eps", 1e-12),
+                      positive=True)
     proj = get("embeddings.patch_embeddings.projection.weight")  # (D, C, ph, pw)
     params = {"patch_kernel": np.ascontiguousarray(proj.transpose(2, 3, 1, 0)),
               "patch_bias": get("embeddings.patch_embeddings.projection.bias"),
@@ -116,45 +131,56 @@ def read(folder: Path) -> LoadedCheckpoint:
                               f"{', '.join(missing[:6])}{more}")
 
     d, ph, pw = proj.shape[0], proj.shape[2], proj.shape[3]
-    image = hc.get("image_size", 224)
-    image = (image, image) if isinstance(image, int) else tuple(image)
-    config = ViTConfig(
-        width=d, depth=depth, mlp_dim=blocks[0]["mlp"]["fc1"]["kernel"].shape[1],
-        num_heads=heads, patch_size=(ph, pw), image_size=image, in_channels=proj.shape[1],
-        num_classes=num_classes, representation_size=representation, qkv_bias=qkv_bias,
-        layer_norm_eps=float(hc.get("layer_norm_eps", 1e-12)), gelu=ACTS[act],
-        posemb_resize=METHOD_OF_SOURCE["hf"])
+    try:
+        config = ViTConfig(
+            width=d, depth=depth, mlp_dim=blocks[0]["mlp"]["fc1"]["kernel"].shape[1],
+            num_heads=heads, patch_size=(ph, pw), image_size=image, in_channels=proj.shape[1],
+            num_classes=num_classes, representation_size=representation, qkv_bias=qkv_bias,
+            layer_norm_eps=eps, gelu=ACTS[act], posemb_resize=METHOD_OF_SOURCE["hf"])
+    except ConfigError as err:  # the weights and config.json disagree
+        assumed = ("" if "num_attention_heads" in hc else
+                   " (num_attention_heads is not in it: 12 was assumed, as transformers does)")
+        raise CheckpointError(f"{config_file}: does not fit the weights{assumed}: {err}; fix "
+                              "config.json") from None
     warning = zero_head_warning(params)
     return LoadedCheckpoint(
         config=config, params=params, preprocessing=_preprocessing(folder, image),
-        labels=_labels(hc, num_classes), source=f"{folder} (Hugging Face ViT)",
+        labels=_labels(hc, num_classes, config_file), source=f"{folder} (Hugging Face ViT)",
         warnings=[warning] if warning else [], family="hf")
 
 
-def _labels(hc: dict, num_classes: int) -> list[str] | None:
+def _labels(hc: dict, num_classes: int, config_file: Path) -> list[str] | None:
     id2label = hc.get("id2label") or {}
     if not isinstance(id2label, dict):
         return default_labels(num_classes)
     names = [id2label.get(str(i), id2label.get(i)) for i in range(num_classes)]
     if not num_classes or any(n is None for n in names):
         return default_labels(num_classes)
+    if not all(isinstance(n, str) for n in names):
+        raise field_error(config_file, "id2label", id2label, 'class names ({"0": "cat", ...})')
     if all(re.fullmatch(r"LABEL_\d+", n) for n in names):  # transformers' placeholders
         return default_labels(num_classes)
     return names
 
 
 def _preprocessing(folder: Path, image: tuple[int, int]) -> Preprocessing:
-    """`preprocessor_config.json` (ViTImageProcessor), else its defaults at the model's size."""
+    """`preprocessor_config.json` (ViTImageProcessor), else its defaults at the model's size.
+
+    As in transformers, a field that is null takes its default, and one number for image_mean
+    or image_std stands for every channel.
+    """
     file = folder / "preprocessor_config.json"
     if not file.exists():
         return Preprocessing(size=image)
-    pc = read_json_object(file)
-    size = pc.get("size", {})
-    if isinstance(size, int):
-        size = {"shortest_edge": size}
-    crop = pc.get("crop_size") if pc.get("do_center_crop") else None
-    if crop:
-        crop = (crop["height"], crop["width"]) if isinstance(crop, dict) else (crop, crop)
+    pc = {k: v for k, v in read_json_object(file).items() if v is not None}
+    size = _size_dict(file, "size", pc.get("size", {}), "shortest_edge")
+    crop = None
+    if pc.get("do_center_crop") and "crop_size" in pc:
+        crop = _size_dict(file, "crop_size", pc["crop_size"], "square")
+        if "height" not in crop:
+            raise field_error(file, "crop_size", pc["crop_size"],
+                              '{"height": H, "width": W}')
+        crop = crop["height"], crop["width"]
     if "height" in size:
         target, crop_pct = (size["height"], size["width"]), None
         if crop:
@@ -164,14 +190,48 @@ def _preprocessing(folder: Path, image: tuple[int, int]) -> Preprocessing:
         crop_pct = target[0] / size["shortest_edge"] if crop else None
     else:
         target, crop_pct = image, None
-    mean = pc.get("image_mean", [0.5] * 3) if pc.get("do_normalize", True) else [0.0] * 3
-    std = pc.get("image_std", [0.5] * 3) if pc.get("do_normalize", True) else [1.0] * 3
-    scale = pc.get("rescale_factor", 1 / 255) * 255 if pc.get("do_rescale", True) else 255.0
+    if pc.get("do_normalize", True):
+        mean = json_numbers(file, "image_mean", pc.get("image_mean", [0.5] * 3), allow_scalar=True)
+        std = json_numbers(file, "image_std", pc.get("image_std", [0.5] * 3), allow_scalar=True)
+    else:
+        mean, std = [0.0] * 3, [1.0] * 3
+    scale = 255.0
+    if pc.get("do_rescale", True):
+        scale = json_number(file, "rescale_factor", pc.get("rescale_factor", 1 / 255),
+                            positive=True) * 255
     # x * rescale_factor = (x / 255) * scale: fold the scale into mean and std.
     mean, std = [m / scale for m in mean], [s / scale for s in std]
-    resample = PIL_RESAMPLE.get(pc.get("resample", 2), "bilinear")
-    return Preprocessing(size=tuple(target), resample=resample, crop_pct=crop_pct, mean=mean,
-                         std=std)
+    resample = pc.get("resample", 2)
+    if isinstance(resample, bool) or not isinstance(resample, int) or resample not in PIL_RESAMPLE:
+        raise field_error(file, "resample", resample, "a PIL resampling code (0 to 5)")
+    try:
+        return Preprocessing(size=tuple(target), resample=PIL_RESAMPLE[resample],
+                             crop_pct=crop_pct, mean=mean, std=std)
+    except (ConfigError, DataError) as err:
+        raise CheckpointError(f"{file}: {err}; fix or replace the file") from None
+
+
+def _size_dict(file: Path, field: str, value, number_means: str) -> dict[str, int]:
+    """A ViTImageProcessor size as transformers' `get_size_dict` reads it: a dict with height
+    and width or shortest_edge, a [height, width] list, or one number (`number_means`:
+    "shortest_edge", or "square" for height = width)."""
+    if isinstance(value, dict):
+        known = {k: value[k] for k in ("height", "width", "shortest_edge") if k in value}
+        if ("height" in known) != ("width" in known):
+            raise field_error(file, field, value, 'a size ({"height": H, "width": W})')
+        return {k: json_int(file, f"{field}.{k}", v) for k, v in known.items()}
+    if isinstance(value, list) and len(value) == 2:
+        height, width = json_size(file, field, value)
+        return {"height": height, "width": width}
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+        return {"height": value, "width": value} if number_means == "square" else {
+            number_means: value}
+    return _bad_size(file, field, value)
+
+
+def _bad_size(file: Path, field: str, value):
+    raise field_error(file, field, value, 'a size in pixels (a whole number, [height, width], '
+                      '{"height": H, "width": W} or {"shortest_edge": S})')
 
 
 # -- writing ----------------------------------------------------------------------------------

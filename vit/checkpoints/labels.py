@@ -29,6 +29,9 @@ def read_labels(path, num_classes: int | None = None) -> list[str]:
         names = Path(path).read_text(encoding="utf-8").splitlines()
     except OSError as err:
         raise DataError(f"--labels {path}: cannot read ({err.strerror})") from None
+    except UnicodeDecodeError as err:
+        raise DataError(f"--labels {path}: not UTF-8 text (byte {err.object[err.start]:#04x} at "
+                        f"offset {err.start}); save it as UTF-8, one name per line") from None
     names = [n.strip() for n in names]
     while names and not names[-1]:
         names.pop()

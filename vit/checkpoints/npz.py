@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import zipfile
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -39,12 +40,40 @@ NAMES = {  # layout -> (attention, first norm, second norm, mlp) module names in
 VIT_JAX_POSEMB = "Transformer/posembed_input/pos_embedding"
 
 
+# What np.load, or reading a member, raises for a file that is not a whole .npz archive: empty
+# (EOFError), cut short or not a zip (BadZipFile, ValueError), a damaged compressed member
+# (zlib.error), a pickled array (ValueError with allow_pickle=False), unreadable (OSError).
+_NOT_NPZ = (zipfile.BadZipFile, EOFError, zlib.error, OSError, ValueError)
+
+
+class NotNpzError(Exception):
+    """The file is not a readable .npz archive of arrays; the message says why."""
+
+
+def load_npz(path) -> dict[str, np.ndarray]:
+    """Every array in an .npz archive, read now (never unpickled). A missing file raises
+    FileNotFoundError; any other way of not being such an archive, NotNpzError."""
+    try:
+        loaded = np.load(path, allow_pickle=False)
+        if not isinstance(loaded, np.lib.npyio.NpzFile):
+            raise NotNpzError("a single .npy array, not an .npz archive")
+        with loaded:
+            return {k: loaded[k] for k in loaded.files}
+    except FileNotFoundError:
+        raise
+    except _NOT_NPZ as err:
+        reason = str(err) or type(err).__name__
+        if "pickled" in reason:  # numpy's text suggests allow_pickle=True: never, here
+            reason = "not a zip archive; numpy would have to unpickle it, which vit never does"
+        raise NotNpzError(reason) from None
+
+
 def read_arrays(path: Path) -> dict[str, np.ndarray]:
     try:
-        with np.load(path, allow_pickle=False) as archive:
-            return {k: archive[k] for k in archive.files}
-    except (zipfile.BadZipFile, OSError, ValueError) as err:
-        raise CheckpointError(f"{path}: not a readable .npz archive ({err})") from None
+        return load_npz(path)
+    except (NotNpzError, FileNotFoundError) as err:
+        raise CheckpointError(f"{path}: not a readable .npz archive ({err}); it is empty, cut "
+                              "short or not an .npz file: download or copy it again") from None
 
 
 class _Keys:

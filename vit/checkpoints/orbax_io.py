@@ -7,6 +7,8 @@ Parameters are restored as host numpy arrays, whatever sharding they were saved 
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import logging
 from pathlib import Path
@@ -17,9 +19,12 @@ import vit.checkpoints.layout as layout
 from vit.checkpoints.files import check_destination
 from vit.checkpoints.loaded import LoadedCheckpoint, zero_head_warning
 from vit.checkpoints.tree import flatten, nest
-from vit.errors import CheckpointError
+from vit.errors import CheckpointError, ConfigError, DataError
 from vit.models.config import FIELDS, ViTConfig
 from vit.preprocess import Preprocessing
+
+DAMAGED_FIX = ("copy it again if it was copied, or use another step (checkpoints/<step>) or "
+               "export")
 
 
 def is_orbax_dir(path: Path) -> bool:
@@ -58,22 +63,87 @@ def find_workdir_checkpoint(workdir) -> tuple[Path, str]:
     return checkpoints / str(steps[-1]), f"latest checkpoint, step {steps[-1]}"
 
 
+class _DamagedParams(Exception):
+    """The params item cannot be read back; the message says what is wrong."""
+
+
+# Event loops of failed reads, never closed: reads that were still in flight when one failed
+# may yet report to them.
+_LOOPS_OF_FAILED_READS: list[asyncio.AbstractEventLoop] = []
+
+
+class _ReadEventLoop(asyncio.SelectorEventLoop):
+    """The loop orbax makes for a read, closed by `_read_event_loops` rather than by orbax.
+
+    Orbax reads every array at once and closes its loop as soon as one read fails (a chunk file
+    cut short). The other reads still finish, in tensorstore's threads, and each then prints an
+    "Event loop is closed" traceback after our one-line error. So the loop lets its unfinished
+    tasks end when orbax closes it, and stays open after a failure for futures not in a task.
+    """
+
+    def close(self):
+        pending = [task for task in asyncio.all_tasks(self) if not task.done()]
+        if pending and not self.is_running() and not self.is_closed():
+            self.run_until_complete(asyncio.wait(pending, timeout=60))
+
+    def close_now(self):
+        super().close()
+
+
+@contextlib.contextmanager
+def _read_event_loops():
+    """Inside the block, new event loops are `_ReadEventLoop`s: closed at its end when it
+    succeeds, kept open when it fails."""
+    loops = []
+
+    class Policy(asyncio.DefaultEventLoopPolicy):
+        def new_event_loop(self):
+            loops.append(_ReadEventLoop())
+            return loops[-1]
+
+    previous = asyncio.get_event_loop_policy()
+    asyncio.set_event_loop_policy(Policy())
+    try:
+        yield
+    except BaseException:
+        _LOOPS_OF_FAILED_READS.extend(loops)  # a few, and only when a checkpoint is damaged
+        raise
+    else:
+        for loop in loops:
+            loop.close_now()
+    finally:
+        asyncio.set_event_loop_policy(previous)
+
+
 def _restore_params(directory: Path) -> dict:
     import jax
     import orbax.checkpoint as ocp
 
     checkpointer = ocp.PyTreeCheckpointer()
-    # An item saved inside a composite checkpoint has no _CHECKPOINT_METADATA of its own; orbax
-    # logs that as a warning on every load although the tree metadata it needs is there.
-    absl_logger = logging.getLogger("absl")
-    level = absl_logger.level
-    absl_logger.setLevel(logging.ERROR)
     try:
-        tree = checkpointer.metadata(directory).item_metadata.tree
+        with _read_event_loops():
+            # An item saved inside a composite checkpoint has no _CHECKPOINT_METADATA of its
+            # own; orbax logs that as a warning on every load although the tree metadata it
+            # needs is there. When that tree metadata cannot be read, orbax logs a warning too
+            # and returns None.
+            absl_logger = logging.getLogger("absl")
+            level = absl_logger.level
+            absl_logger.setLevel(logging.ERROR)
+            try:
+                metadata = checkpointer.metadata(directory).item_metadata
+            finally:
+                absl_logger.setLevel(level)
+            if metadata is None or getattr(metadata, "tree", None) is None:
+                raise _DamagedParams("their tree metadata is missing or damaged: _METADATA, "
+                                     "manifest.ocdbt or the files under d/")
+            as_numpy = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray),
+                                    metadata.tree)
+            params = checkpointer.restore(directory,
+                                          args=ocp.args.PyTreeRestore(restore_args=as_numpy))
+    except (ValueError, OSError, TypeError, KeyError) as err:  # tensorstore's errors included
+        raise _DamagedParams(str(err)) from None
     finally:
-        absl_logger.setLevel(level)
-    as_numpy = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), tree)
-    params = checkpointer.restore(directory, args=ocp.args.PyTreeRestore(restore_args=as_numpy))
+        checkpointer.close()  # its threads and open files go now, failed read or not
     return nest({k: np.asarray(v) for k, v in flatten(params).items()})  # "0" -> 0
 
 
@@ -85,7 +155,7 @@ def _restore_meta(directory: Path) -> dict:
         meta = ocp.Checkpointer(ocp.JsonCheckpointHandler()).restore(directory)
     except (ValueError, OSError, TypeError, KeyError) as err:  # JSONDecodeError is a ValueError
         raise CheckpointError(f"{directory}: unreadable checkpoint metadata ({err}); the "
-                              "checkpoint is damaged: use another step or export") from None
+                              f"checkpoint is damaged: {DAMAGED_FIX}") from None
     return meta if isinstance(meta, dict) else {}
 
 
@@ -110,15 +180,21 @@ def read(path) -> LoadedCheckpoint:
                               "preprocessing; the checkpoint is damaged")
     model_config = {k: v for k, v in meta["model_config"].items() if k in FIELDS}
     try:
+        config = ViTConfig(**model_config)
+        preprocessing = Preprocessing.from_dict(meta["preprocessing"])
+    except (ConfigError, DataError, TypeError, ValueError) as err:
+        raise CheckpointError(f"{step_dir}: checkpoint metadata does not describe a model "
+                              f"({err}); the checkpoint is damaged: {DAMAGED_FIX}") from None
+    try:
         params = _restore_params(step_dir / layout.PARAMS)
-    except (ValueError, OSError, TypeError, KeyError) as err:
-        raise CheckpointError(f"{step_dir / layout.PARAMS}: unreadable parameters ({err}); the "
-                              "checkpoint is damaged: use another step or export") from None
+    except _DamagedParams as err:
+        raise CheckpointError(f"{step_dir}: checkpoint is incomplete or damaged: the parameters "
+                              f"in {layout.PARAMS}/ cannot be read ({err}); {DAMAGED_FIX}"
+                              ) from None
     source = f"workdir {path}: {which}" if which else f"{step_dir} (orbax)"
     warning = zero_head_warning(params)
     return LoadedCheckpoint(
-        config=ViTConfig(**model_config), params=params,
-        preprocessing=Preprocessing.from_dict(meta["preprocessing"]), labels=meta.get("labels"),
+        config=config, params=params, preprocessing=preprocessing, labels=meta.get("labels"),
         source=source, warnings=[warning] if warning else [], family="vit")
 
 

@@ -21,16 +21,24 @@ from pathlib import Path
 
 import numpy as np
 
-from vit.checkpoints.files import read_json_object, staged
+from vit.checkpoints.files import (
+    field_error,
+    json_int,
+    json_number,
+    json_numbers,
+    json_size,
+    read_json_object,
+    staged,
+)
 from vit.checkpoints.labels import default_labels
 from vit.checkpoints.loaded import LoadedCheckpoint, refuse_text, zero_head_warning
 from vit.checkpoints.safetensors_io import read_safetensors, write_safetensors
 from vit.checkpoints.torch_layout import torch_writers
 from vit.checkpoints.tree import transposed
-from vit.errors import CheckpointError
+from vit.errors import CheckpointError, ConfigError, DataError
 from vit.models.config import WIDTHS, ViTConfig, get_config
 from vit.models.posemb import METHOD_OF_SOURCE
-from vit.preprocess import Preprocessing
+from vit.preprocess import RESAMPLE, Preprocessing
 
 TIMM_SIZE_NAMES = {"Ti": "tiny", "S": "small", "M": "medium", "B": "base", "L": "large",
                    "H": "huge", "g": "giant", "G": "gigantic"}
@@ -62,9 +70,12 @@ def timm_name(cfg: ViTConfig) -> str:
 
 
 # -- reading ----------------------------------------------------------------------------------
+def _config_file(path: Path) -> Path:
+    return (path if path.is_dir() else path.parent) / "config.json"
+
+
 def _timm_config(path: Path) -> dict:
-    folder = path if path.is_dir() else path.parent
-    file = folder / "config.json"
+    file = _config_file(path)
     if not file.exists():
         return {}
     tc = read_json_object(file)
@@ -74,15 +85,18 @@ def _timm_config(path: Path) -> dict:
     return tc
 
 
-def _heads(tc: dict, width: int, arrays: dict, warnings: list[str]) -> int:
+def _heads(tc: dict, width: int, arrays: dict, warnings: list[str], file: Path) -> int:
     if "num_heads" in tc.get("model_args", {}):
-        return int(tc["model_args"]["num_heads"])
+        return json_int(file, "model_args.num_heads", tc["model_args"]["num_heads"])
     if "blocks.0.attn.q_norm.weight" in arrays:
         return width // arrays["blocks.0.attn.q_norm.weight"].shape[0]
     arch = tc.get("architecture", "")
-    if arch and is_timm_name(arch):
-        cfg = get_config(arch.split(".")[0])
-        if cfg.width == width:
+    if isinstance(arch, str) and is_timm_name(arch):
+        try:
+            cfg = get_config(arch.split(".")[0])
+        except ConfigError:  # a timm name we have no variant for: the width decides below
+            cfg = None
+        if cfg is not None and cfg.width == width:
             return cfg.num_heads
     for w, _, _, heads in WIDTHS.values():
         if w == width:
@@ -96,7 +110,7 @@ def read(path: Path) -> LoadedCheckpoint:
     path = Path(path)
     file = path / "model.safetensors" if path.is_dir() else path
     arrays = read_safetensors(file)
-    tc = _timm_config(path)
+    tc, config_file = _timm_config(path), _config_file(path)
     args = tc.get("model_args", {})
     used, missing, warnings = set(), [], []
 
@@ -149,7 +163,7 @@ def read(path: Path) -> LoadedCheckpoint:
     params["blocks"] = blocks
     params["norm"] = norm("norm")
 
-    grid = _grid(tc, arrays, (ph, pw), int(class_token) + registers, str(file))
+    grid = _grid(tc, arrays, (ph, pw), int(class_token) + registers, str(file), config_file)
     if "pos_embed" in arrays:
         params.update(_split_posemb(get("pos_embed"), grid, class_token, registers,
                                     params.get("reg_tokens")))
@@ -187,21 +201,30 @@ def read(path: Path) -> LoadedCheckpoint:
         raise CheckpointError(f"{file}: timm keys not supported by this ViT: "
                               f"{', '.join(extra[:6])}")
 
-    config = ViTConfig(
-        width=d, depth=depth, mlp_dim=blocks[0]["mlp"]["fc1"]["kernel"].shape[1] if depth else 0,
-        num_heads=_heads(tc, d, arrays, warnings), patch_size=(ph, pw),
-        image_size=(grid[0] * ph, grid[1] * pw), in_channels=channels, num_classes=num_classes,
-        class_token=class_token, classifier=classifier, num_registers=registers,
-        posemb="learn" if "pos_embed" in arrays else "sincos2d", qkv_bias=qkv_bias,
-        qk_norm=qk_norm,
-        layer_scale=float(args.get("init_values") or LAYER_SCALE_INIT) if layer_scale else None,
-        layer_norm_eps=1e-6, gelu="tanh" if args.get("act_layer") == "gelu_tanh" else "exact",
-        dynamic_image_size=bool(args.get("dynamic_img_size", False)),
-        posemb_resize=METHOD_OF_SOURCE["timm"])
+    heads = _heads(tc, d, arrays, warnings, config_file)
+    init_values = args.get("init_values") or LAYER_SCALE_INIT
+    try:
+        config = ViTConfig(
+            width=d, depth=depth,
+            mlp_dim=blocks[0]["mlp"]["fc1"]["kernel"].shape[1] if depth else 0,
+            num_heads=heads, patch_size=(ph, pw),
+            image_size=(grid[0] * ph, grid[1] * pw), in_channels=channels,
+            num_classes=num_classes, class_token=class_token, classifier=classifier,
+            num_registers=registers, posemb="learn" if "pos_embed" in arrays else "sincos2d",
+            qkv_bias=qkv_bias, qk_norm=qk_norm,
+            layer_scale=json_number(config_file, "model_args.init_values", init_values)
+            if layer_scale else None,
+            layer_norm_eps=1e-6, gelu="tanh" if args.get("act_layer") == "gelu_tanh" else "exact",
+            dynamic_image_size=bool(args.get("dynamic_img_size", False)),
+            posemb_resize=METHOD_OF_SOURCE["timm"])
+    except ConfigError as err:  # the weights and config.json disagree
+        raise CheckpointError(f"{file}: does not fit {config_file}: {err}; fix config.json"
+                              ) from None
     warning = zero_head_warning(params)
     labels = _label_names(tc, num_classes, file) or default_labels(num_classes)
     return LoadedCheckpoint(
-        config=config, params=params, preprocessing=_preprocessing(tc, config.image_size),
+        config=config, params=params,
+        preprocessing=_preprocessing(tc, config.image_size, config_file),
         labels=list(labels) if labels else None, source=f"{path} (timm safetensors)",
         warnings=warnings + ([warning] if warning else []), family="timm")
 
@@ -220,14 +243,16 @@ def _label_names(tc: dict, num_classes: int, where) -> list[str] | None:
 
 
 def _grid(tc: dict, arrays: dict, patch: tuple[int, int], prefix: int,
-          where: str) -> tuple[int, int]:
+          where: str, config_file: Path) -> tuple[int, int]:
     """The patch grid: from the config's input size, else from a square `pos_embed`."""
     # The model's own size first: the eval transform's input_size may differ from it.
-    size = tc.get("model_args", {}).get("img_size") or tc.get("pretrained_cfg", {}).get(
-        "input_size")
+    field = "model_args.img_size"
+    size = tc.get("model_args", {}).get("img_size")
+    if not size:
+        field, size = "pretrained_cfg.input_size", tc.get("pretrained_cfg", {}).get("input_size")
     rows = arrays["pos_embed"].shape[1] if "pos_embed" in arrays else None
     if size:
-        size = size[-2:] if isinstance(size, list) else (size, size)
+        size = json_size(config_file, field, size)
         grid = size[0] // patch[0], size[1] // patch[1]
         if rows is None or rows - grid[0] * grid[1] in (0, prefix):
             return grid
@@ -259,16 +284,26 @@ def _split_posemb(pe: np.ndarray, grid: tuple[int, int], class_token: bool, regi
     return out
 
 
-def _preprocessing(tc: dict, image: tuple[int, int]) -> Preprocessing:
-    pc = tc.get("pretrained_cfg", {})
+def _preprocessing(tc: dict, image: tuple[int, int], file: Path) -> Preprocessing:
+    # As timm's resolve_data_config: a null field takes its default.
+    pc = {k: v for k, v in tc.get("pretrained_cfg", {}).items() if v is not None}
     if not pc:  # timm's default for ViTs: [-1, 1], bicubic, crop 0.9
         return Preprocessing(size=image, resample="bicubic", crop_pct=0.9)
-    size = pc.get("input_size", [3, *image])[-2:]
+    field = "pretrained_cfg."
+    size = json_size(file, field + "input_size", pc.get("input_size", [3, *image]))
     # crop_mode "squash" resizes straight to the size: our crop_pct=None.
-    crop_pct = None if pc.get("crop_mode") == "squash" else pc.get("crop_pct", 0.9)
-    return Preprocessing(size=tuple(size), resample=pc.get("interpolation", "bicubic"),
-                         crop_pct=crop_pct, mean=pc.get("mean", (0.5,) * 3),
-                         std=pc.get("std", (0.5,) * 3))
+    crop_pct = None
+    if pc.get("crop_mode") != "squash":
+        crop_pct = json_number(file, field + "crop_pct", pc.get("crop_pct", 0.9), positive=True)
+    resample = pc.get("interpolation", "bicubic")
+    if not isinstance(resample, str) or resample not in RESAMPLE:
+        raise field_error(file, field + "interpolation", resample, f"one of {', '.join(RESAMPLE)}")
+    mean = json_numbers(file, field + "mean", pc.get("mean", [0.5] * 3))
+    std = json_numbers(file, field + "std", pc.get("std", [0.5] * 3))
+    try:
+        return Preprocessing(size=size, resample=resample, crop_pct=crop_pct, mean=mean, std=std)
+    except (ConfigError, DataError) as err:
+        raise CheckpointError(f"{file}: {err}; fix or replace the file") from None
 
 
 # -- writing ----------------------------------------------------------------------------------
