@@ -1,36 +1,64 @@
 """Recipe files: `configs/*.py` define `get_config()` returning an `ml_collections.ConfigDict`
 (big_vision style); `--set a.b=value` overrides any field, typed by the field's current value
-(the rules of `vit.overrides`, which model `--set` fields share).
+(the rules of `vit.overrides`, which model `--set` fields share). A key the code does not know,
+in the file or in a `--set`, is a one-line error suggesting the nearest known keys.
 """
 
 from __future__ import annotations
 
 import difflib
-import importlib.util
+import re
+import types
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import ml_collections
 
 from vit.errors import ConfigError
 from vit.overrides import expected_type, parse_value, split_item
 
+# The keys each recipe section may hold: what training and `vit eval` read. `model` holds
+# `name` and ViTConfig's fields (`load_config`'s `model_field_types`), `stages` is checked by
+# vit/train/stages.py, and a `stages.NAME.train` (`optim`, `input`) section may hold the keys
+# of its base section.
+SECTION_KEYS = {
+    "data": ("name", "data_dir", "train_split", "val_split", "test_split", "heldout_split",
+             "strict", "num_threads"),
+    "input": ("image_size", "resample", "crop_pct", "mean", "std", "inception_crop",
+              "crop_area", "flip", "shift", "rotate", "scale", "mixup", "cutmix",
+              "label_smoothing"),
+    "optim": ("name", "lr", "warmup_steps", "schedule", "weight_decay", "b1", "b2", "momentum",
+              "clip_norm", "layer_decay", "trainable", "lr_mults", "no_decay"),
+    "train": ("steps", "batch_size", "accum_steps", "eval_every", "checkpoint_every",
+              "keep_checkpoints", "log_every", "ema_decay", "eval_batch_size", "loss"),
+    "parallel": ("data", "fsdp", "rules"),
+}
+# Keys a recipe may leave out (the code then uses its default), with the type a `--set` of
+# one expects: `--set train.loss=sigmoid_xent` works on a recipe without `train.loss`.
+OPTIONAL_KEYS = {"train.loss": str, "optim.lr_mults": list, "optim.no_decay": str,
+                 "data.heldout_split": str | None, "input.crop_area": tuple[float, float]}
+# Model fields a recipe's `model` section may not hold: the data and `input` decide them.
+DERIVED_MODEL_FIELDS = {"num_classes": "the dataset's class count",
+                        "image_size": "input.image_size"}
 
-def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> \
+
+def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = (), *,
+                model_field_types: Callable[[], dict[str, Any]] | None = None) -> \
         ml_collections.ConfigDict:
-    """Runs the config file's `get_config()` and applies `--set` overrides."""
+    """Runs the config file's `get_config()` and applies `--set` overrides.
+
+    `model_field_types()` gives ViTConfig's fields with the type each expects (the caller
+    passes it: this module may not import the model package). With it, `--set model.gelu=tanh`
+    works on a recipe whose `model` section leaves `gelu` out, and a misspelt field in that
+    section is refused here (the last check: it imports jax).
+    """
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"{path}: no such config file; see configs/ for examples")
-    spec = importlib.util.spec_from_file_location(f"vit_config_{path.stem}", path)
-    module = importlib.util.module_from_spec(spec)
-    try:
-        spec.loader.exec_module(module)
-    except SyntaxError as err:
-        raise ConfigError(f"{path}: {err.msg} (line {err.lineno})") from None
-    except Exception as err:  # the recipe's own code failed: name the file and its line
-        raise _recipe_error(path, err) from None
+    module = _run_recipe(path)
     if not hasattr(module, "get_config"):
-        raise ConfigError(f"{path}: defines no get_config(); it must return a ConfigDict")
+        raise ConfigError(f"{path}: defines no get_config(); {_RECIPE}")
     try:
         config = module.get_config()
     except Exception as err:
@@ -39,9 +67,40 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
         raise ConfigError(f"{path}: get_config() returned {type(config).__name__}; it must "
                           "return an ml_collections.ConfigDict")
     add_parallel_section(config, path)
-    apply_overrides(config, overrides)
+    check_keys(config, path)
+    apply_overrides(config, overrides, model_field_types=model_field_types)
     check_train_numbers(config)
+    check_patterns(config)
+    if model_field_types is not None:
+        fields = [f for f in model_field_types() if f not in DERIVED_MODEL_FIELDS]
+        _check_section(config.get("model"), "model", ("name", *fields), path)
     return config
+
+
+_RECIPE = "a recipe is a Python file whose get_config() returns a ConfigDict (see configs/)"
+
+
+def _run_recipe(path: Path) -> types.ModuleType:
+    """The recipe file run as a module, whatever its suffix (as ml_collections' config_flags
+    loads one); compiled here, so no `__pycache__` is written beside it."""
+    try:
+        source = path.read_bytes()
+    except OSError as err:
+        raise ConfigError(f"{path}: cannot be read ({err.strerror or err})") from None
+    try:
+        code = compile(source, str(path), "exec")
+    except SyntaxError as err:
+        hint = "" if path.suffix == ".py" else f"; {_RECIPE}"
+        raise ConfigError(f"{path}: {err.msg} (line {err.lineno}){hint}") from None
+    except ValueError:  # null bytes: a binary file
+        raise ConfigError(f"{path}: not a Python file; {_RECIPE}") from None
+    module = types.ModuleType(f"vit_config_{path.stem}")
+    module.__file__ = str(path)
+    try:
+        exec(code, module.__dict__)
+    except Exception as err:  # the recipe's own code failed: name the file and its line
+        raise _recipe_error(path, err) from None
+    return module
 
 
 def _recipe_error(path: Path, err: Exception) -> ConfigError:
@@ -80,6 +139,70 @@ def check_train_numbers(config: ml_collections.ConfigDict) -> None:
                               f"accum_steps={accum}; the batch is split into equal micro-batches")
 
 
+def check_patterns(config: ml_collections.ConfigDict) -> None:
+    """One-line ConfigErrors for what would fail deep inside training: a regex in
+    `optim.trainable` / `no_decay` / `lr_mults` (also in each stage) that does not compile, a
+    malformed `lr_mults`, a negative `data.num_threads`."""
+    sections = [("optim", config.get("optim"))] + [
+        (f"stages.{name}.optim", stage.get("optim"))
+        for name, stage in (config.get("stages") or {}).items()]
+    for prefix, optim in sections:
+        if not optim:
+            continue
+        for key in ("trainable", "no_decay"):
+            if optim.get(key):
+                _compile(f"{prefix}.{key}", optim[key])
+        mults = optim.get("lr_mults") or []
+        if not isinstance(mults, list | tuple):
+            mults = [mults]
+        for item in mults:
+            if not (isinstance(item, list | tuple) and len(item) == 2
+                    and isinstance(item[1], int | float) and not isinstance(item[1], bool)):
+                raise ConfigError(f"{prefix}.lr_mults: {item!r} is not a [regex, factor] pair; "
+                                  r"write e.g. [['xattn/\d+/\w+_gate', 10.0]]")
+            _compile(f"{prefix}.lr_mults", item[0])
+    threads = (config.get("data") or {}).get("num_threads")
+    if isinstance(threads, int) and threads < 0:
+        raise ConfigError(f"data.num_threads={threads}: must be 0 or more (the threads that "
+                          "decode images; 0 reads them in the main thread)")
+
+
+def _compile(key: str, pattern) -> None:
+    if not isinstance(pattern, str):
+        raise ConfigError(f"{key}={pattern!r}: must be a regex over parameter paths such as "
+                          "'head/.*'")
+    try:
+        re.compile(pattern)
+    except re.error as err:
+        raise ConfigError(f"{key}={pattern!r} is not a regex ({err}); parameter paths look like "
+                          "'head/kernel' or 'blocks/11/mlp/fc2/bias'") from None
+
+
+def check_keys(config: ml_collections.ConfigDict, path: Path) -> None:
+    """A misspelt key in the recipe file is a one-line ConfigError suggesting the nearest
+    known keys, as a misspelt `--set` is: otherwise it would be silently ignored."""
+    for section, known in SECTION_KEYS.items():
+        _check_section(config.get(section), section, known, path)
+        for name, stage in (config.get("stages") or {}).items():
+            if isinstance(stage, ml_collections.ConfigDict):
+                _check_section(stage.get(section), f"stages.{name}.{section}", known, path)
+    for key, what in DERIVED_MODEL_FIELDS.items():
+        if key in (config.get("model") or {}):
+            raise ConfigError(f"{path}: model.{key} is not a recipe key: it comes from {what}; "
+                              "remove it from the model section")
+
+
+def _check_section(section, prefix: str, known: tuple[str, ...], path: Path) -> None:
+    if not isinstance(section, ml_collections.ConfigDict):
+        return
+    for key in section:
+        if key not in known:
+            near = difflib.get_close_matches(key, known, n=3, cutoff=0.5)
+            hint = (f"did you mean {', '.join(f'{prefix}.{k}' for k in near)}?" if near else
+                    f"known keys: {', '.join(known)}")
+            raise ConfigError(f"{path}: unknown key {prefix}.{key}; {hint}")
+
+
 # The device mesh every recipe gets unless it says otherwise (vit/train/parallel.py): data
 # parallel over all devices; `fsdp` > 1 shards parameters and optimiser state; `rules` map
 # parameter paths (regex) to a PartitionSpec, "auto" (largest divisible dim over fsdp) or
@@ -113,18 +236,52 @@ def _leaf_keys(config: ml_collections.ConfigDict, prefix: str = "") -> list[str]
     return keys
 
 
-def apply_overrides(config: ml_collections.ConfigDict, overrides) -> None:
-    """`["train.steps=100", "model.depth=2"]`; an unknown key lists the nearest known ones."""
+def apply_overrides(config: ml_collections.ConfigDict, overrides, *,
+                    model_field_types: Callable[[], dict[str, Any]] | None = None) -> None:
+    """`["train.steps=100", "model.depth=2"]`; an unknown key lists the nearest known ones.
+
+    A key the recipe leaves out may still be set when the code knows it (`OPTIONAL_KEYS`, and
+    a model field when `model_field_types` is given): it is typed by what that key expects.
+    """
     keys = _leaf_keys(config)
     for item in overrides:
         key, text = split_item(item)
-        if key not in keys:
-            near = difflib.get_close_matches(key, keys, n=3, cutoff=0.5)
-            hint = f"; did you mean {', '.join(near)}?" if near else ""
-            raise ConfigError(f"--set {key}: no such config key{hint}")
         *parents, leaf = key.split(".")
-        node = config
-        for part in parents:
-            node = node[part]
-        current = node[leaf]
-        node[leaf] = parse_value(key, text, expected_type(current), current)
+        if key in keys:
+            current = _node(config, parents)[leaf]
+            expected = expected_type(current)
+        else:
+            expected, current = _optional_type(config, key, model_field_types), None
+            if expected is None:
+                known = keys + [k for k in OPTIONAL_KEYS if k.split(".")[0] in config]
+                if model_field_types is not None and key.startswith("model."):
+                    known += [f"model.{name}" for name in model_field_types()
+                              if name not in DERIVED_MODEL_FIELDS]
+                near = difflib.get_close_matches(key, known, n=3, cutoff=0.5)
+                hint = f"; did you mean {', '.join(near)}?" if near else ""
+                raise ConfigError(f"--set {key}: no such config key{hint}")
+        value = parse_value(key, text, expected, current)
+        node = _node(config, parents)
+        with node.unlocked():
+            node[leaf] = value
+        if key not in keys:
+            keys.append(key)
+
+
+def _node(config: ml_collections.ConfigDict, parents: list[str]) -> ml_collections.ConfigDict:
+    node = config
+    for part in parents:
+        node = node[part]
+    return node
+
+
+def _optional_type(config, key: str, model_field_types) -> Any:
+    """The type `key` expects when the recipe leaves it out but the code knows it; else None."""
+    section, _, leaf = key.partition(".")
+    if not isinstance(config.get(section), ml_collections.ConfigDict) or "." in leaf:
+        return None
+    if key in OPTIONAL_KEYS:
+        return OPTIONAL_KEYS[key]
+    if section == "model" and model_field_types and leaf not in DERIVED_MODEL_FIELDS:
+        return model_field_types().get(leaf)
+    return None

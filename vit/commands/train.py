@@ -29,9 +29,9 @@ def add_arguments(parser) -> None:
 def run(args) -> int:
     from vit.config import load_config
 
-    config = load_config(args.config, args.set)  # config mistakes fail before the heavy imports
+    # Config mistakes fail before the heavy imports.
+    config = load_config(args.config, args.set, model_field_types=model_field_types)
     from vit.commands.checks import NewOutput, check_output_dir
-    from vit.errors import VitError
 
     workdir = check_output_dir(args.workdir, "--workdir")  # before any work, not after it
     new_output = NewOutput(workdir)
@@ -46,11 +46,20 @@ def run(args) -> int:
 
     try:
         train(config, workdir, init=args.init)  # a SIGINT/SIGTERM saves, then returns
-    except VitError:  # a mistake found on the way in: no half-made workdir left behind
+    except Exception:  # a mistake found on the way in, or a crash: no half-made workdir left
         if not _has_checkpoint(workdir):  # a run that saved a step (then diverged) stays
             new_output.undo()
-        raise
+        raise  # a VitError is one line; anything else, a bug, keeps its traceback
     return 0
+
+
+def model_field_types() -> dict:
+    """ViTConfig's fields, each with the type `--set model.FIELD=...` expects: what a recipe's
+    `model` section may hold. Imports the model package (jax), so load_config calls it last."""
+    from vit.commands.overrides import field_type
+    from vit.models.config import FIELDS
+
+    return {name: field_type(name) for name in FIELDS}
 
 
 def _has_checkpoint(workdir) -> bool:

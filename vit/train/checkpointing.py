@@ -16,6 +16,7 @@ process's shards; process 0 the metadata and `best.json`), so they must agree on
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -62,6 +63,16 @@ class TrainCheckpoints:
         metrics = None if val_accuracy is None else {METRIC: float(val_accuracy)}
         self.manager.save(step, args=ocp.args.Composite(**items), metrics=metrics, force=True)
 
+    def all_steps(self) -> list[int]:
+        return sorted(self.manager.all_steps())
+
+    def damaged_items(self, step: int, items: list[str]) -> list[str]:
+        """Those of `items` whose folder in `step` is missing or empty: a step folder damaged
+        or partly copied after orbax finished it (it still looks complete to orbax)."""
+        folder = self.step_dir(step)
+        return [item for item in items
+                if not (folder / item).is_dir() or not any((folder / item).iterdir())]
+
     def read_meta(self, step: int) -> dict:
         """`step`'s meta alone: enough to rebuild the model before restoring its arrays."""
         args = ocp.args.Composite(**{layout.META: ocp.args.JsonRestore()})
@@ -102,6 +113,13 @@ class TrainCheckpoints:
 
     def close(self) -> None:
         self.manager.close()
+
+    def close_quietly(self) -> None:
+        """Closes on the way out of a failed run, before its caller may remove a new workdir
+        (orbax's background thread would otherwise list a folder that is gone and print a
+        traceback after the error); a second failure here must not hide the first."""
+        with contextlib.suppress(Exception):  # the run's own error is the one to report
+            self.manager.close()
 
 
 class Diverged(VitError):

@@ -71,18 +71,25 @@ def evaluate_task(task: str, logits_fn, params, batches: Iterable[dict], num_cla
     """`task` is the training loss's: softmax_xent (classes), sigmoid_xent (multi-label) or
     prompt_xent (prompt answers). Every result has `accuracy`, `loss` and `num_examples`."""
     if task == "sigmoid_xent":
-        return evaluate_multilabel(logits_fn, params, batches, mesh)
+        return evaluate_multilabel(logits_fn, params, batches, mesh, num_classes)
     if task == "prompt_xent":
         return evaluate_prompts(logits_fn, params, batches, mesh)
     return evaluate(logits_fn, params, batches, num_classes, mesh)
 
 
-def evaluate_multilabel(logits_fn, params, batches: Iterable[dict], mesh) -> dict:
-    """Exact-match accuracy (every label right), per-label accuracy, summed sigmoid loss."""
+def evaluate_multilabel(logits_fn, params, batches: Iterable[dict], mesh,
+                        num_classes: int | None = None) -> dict:
+    """Exact-match accuracy (every label right), per-label accuracy, summed sigmoid loss.
+    A dataset with one class per image (integer labels, as big_vision trains ImageNet with
+    `sigmoid_xent`) is scored against their one-hot form, as the training step is."""
     exact = label_hits = labels_seen = 0
     loss_sum, n = 0.0, 0
     for logits, batch in _outputs(logits_fn, params, batches, mesh):
-        target = batch["label"] > 0.5
+        labels = batch["label"]
+        if labels.ndim == 1:  # class indices
+            labels = np.eye(num_classes or logits.shape[-1], dtype=np.float32)[
+                labels.astype(np.int64)]
+        target = labels > 0.5
         hits = (logits > 0) == target
         exact += int(hits.all(-1).sum())
         label_hits, labels_seen = label_hits + int(hits.sum()), labels_seen + hits.size

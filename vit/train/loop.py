@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -23,7 +24,7 @@ from vit.data import open_source, train_iterator
 from vit.errors import ConfigError
 from vit.models.text import tokenize
 from vit.train import parallel
-from vit.train.checkpointing import CheckpointPolicy, TrainCheckpoints
+from vit.train.checkpointing import METRIC, CheckpointPolicy, TrainCheckpoints
 from vit.train.evaluate import evaluate_task, make_logits_fn, sharded_eval_batches
 from vit.train.losses import DEFAULT as DEFAULT_LOSS
 from vit.train.losses import TEXT_LOSSES, get_loss
@@ -32,7 +33,14 @@ from vit.train.optim import make_optimizer
 from vit.train.placement import Placement
 from vit.train.progress import progress
 from vit.train.signals import StopSignals
-from vit.train.state import augment_of, build_model, iterator_states, new_state, restore_state
+from vit.train.state import (
+    augment_of,
+    build_model,
+    check_resume,
+    iterator_states,
+    new_state,
+    restore_state,
+)
 from vit.train.step import make_train_step
 
 
@@ -48,10 +56,18 @@ def train(config, workdir: str | Path, *, init: str | None = None,
     if "stages" in config:
         raise ConfigError("a staged recipe runs through vit.train.stages.train_stages")
     workdir = Path(workdir)
-    primary = parallel.is_primary()  # process 0 alone writes files and prints
     workdir.mkdir(parents=True, exist_ok=True)
-    if primary:
-        (workdir / "config.json").write_text(config.to_json(indent=2))
+    ckpts = TrainCheckpoints(workdir, keep=config.train.keep_checkpoints)
+    try:
+        return _train(config, workdir, ckpts, init=init, stop_after=stop_after)
+    except Exception:
+        ckpts.close_quietly()  # before the caller may remove a new workdir under orbax's thread
+        raise
+
+
+def _train(config, workdir: Path, ckpts: TrainCheckpoints, *, init: str | None,
+           stop_after: int | None) -> dict:
+    primary = parallel.is_primary()  # process 0 alone writes files and prints
     tc, steps = config.train, config.train.steps
     mesh = parallel.mesh_from_config(config)
     host_batch = parallel.host_batch_size(tc.batch_size, mesh)
@@ -74,17 +90,25 @@ def train(config, workdir: str | Path, *, init: str | None = None,
         raise ConfigError(f"{data.name} has multi-hot labels; set train.loss=sigmoid_xent (or "
                           "prompt_xent to train a text model on its prompts)")
 
-    # Model and train state: from the latest checkpoint, else from --init, else fresh.
-    ckpts = TrainCheckpoints(workdir, keep=tc.keep_checkpoints)
+    # Model and train state: from the latest checkpoint, else from --init, else fresh. A
+    # resume that does not fit the checkpoint is refused here, before anything is written.
     start = ckpts.latest_step() or 0
-    model, params = build_model(config, num_classes,
-                                resume_meta=ckpts.read_meta(start) if start else None,
+    resume_meta = check_resume(config, ckpts, start, num_classes, data.name) if start else None
+    if start >= steps:  # finished earlier: nothing to train, nothing rewritten
+        ckpts.close()
+        if primary:
+            print(f"done: {steps} steps, all saved earlier in {ckpts.directory}; raise "
+                  "train.steps to train further")
+        return {"stopped_by": None,
+                "best_val_accuracy": (ckpts.read_best() or {}).get(METRIC, -1.0)}
+    model, params = build_model(config, num_classes, resume_meta=resume_meta,
                                 init=init or config.init)
     tokenize = prompt_tokenizer(model.config, loss_name)
     tx, lr_fn = make_optimizer(config.optim, params, model.config.depth, steps)
     place = Placement.of(mesh, params, tx, parallel.rules_from_config(config))
     use_ema = tc.ema_decay > 0
-    state = (restore_state(ckpts, start, params, tx, place, ema=use_ema) if start
+    state = (restore_state(ckpts, start, params, tx, place, ema=use_ema, config=config,
+                           meta=resume_meta) if start
              else new_state(params, tx, place, ema=use_ema))
     params, opt_state, ema = state.params, state.opt_state, state.ema
 
@@ -114,6 +138,8 @@ def train(config, workdir: str | Path, *, init: str | None = None,
         return res["accuracy"]
 
     def save(step: int, val_acc: float | None) -> None:
+        if primary:  # the recipe of the checkpoints: a run refused or crashed before its first
+            write_config(workdir, config)  # save leaves the workdir's config.json as it was
         meta = layout.make_meta(
             model_config=model.config.to_dict(), preprocessing=model.preprocessing.to_dict(),
             labels=class_names, step=step,
@@ -174,6 +200,15 @@ def train(config, workdir: str | Path, *, init: str | None = None,
         print(f"done: {steps} steps; checkpoints in {ckpts.directory}, metrics in "
               f"{workdir / 'metrics.jsonl'}, curves in {workdir / 'curves.png'}")
     return {**last, "stopped_by": stop.received, "best_val_accuracy": saver.best_accuracy}
+
+
+def write_config(workdir: Path, config, name: str = "config.json") -> None:
+    """`WORKDIR/config.json`, the resolved recipe (`vit eval --workdir` reads it), replaced
+    atomically."""
+    path = workdir / name
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(config.to_json(indent=2))
+    os.replace(tmp, path)
 
 
 def prompt_tokenizer(model_config, loss_name: str):

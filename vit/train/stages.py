@@ -55,7 +55,7 @@ def stage_configs(config) -> list[tuple[str, ml_collections.ConfigDict]]:
 
 def train_stages(config, workdir: str | Path, *, init: str | None = None,
                  stop_after: int | None = None) -> dict:
-    from vit.train.loop import train
+    from vit.train.loop import train, write_config
 
     stages = stage_configs(config)
     for _, cfg in stages:  # a mistake in a later stage's model fails now, not after stage 0
@@ -63,8 +63,6 @@ def train_stages(config, workdir: str | Path, *, init: str | None = None,
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     primary = jax.process_index() == 0  # process 0 alone writes files
-    if primary:
-        (workdir / "recipe.json").write_text(config.to_json(indent=2))
     previous, result = init or (config.get("init") or None), {}
     for k, (name, cfg) in enumerate(stages):
         if init and config.stages[name].get("skip_with_init", False):
@@ -79,6 +77,8 @@ def train_stages(config, workdir: str | Path, *, init: str | None = None,
             with cfg.unlocked():
                 cfg.init = ""
             result = train(cfg, where, init=previous, stop_after=stop_after)
+            if primary:  # written once a stage has trained: a refused run leaves the old one
+                write_config(workdir, config, "recipe.json")
             if result.get("stopped_by") or _latest_step(where) != steps:
                 return result  # interrupted: the same command resumes this stage
         previous = str(where)
