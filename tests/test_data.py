@@ -218,3 +218,22 @@ def test_missing_tfds_dataset_says_how_to_prepare_it(tmp_path):
         open_source("tfds:no_such_dataset_xyz", "train", data_dir=str(tmp_path))
     with pytest.raises(DataError, match="did you mean 'mnist'"):
         open_source("tfds:mnistt", "train", data_dir=str(tmp_path))
+
+
+def test_tfds_image_bytes_are_decoded_and_a_bad_record_is_named():
+    """An undecoded TFDS Image feature (bytes) decodes as a file does; one that does not is a
+    DataError naming the dataset and the record, not PIL's error about a buffer."""
+    import io
+
+    from vit.data.sources import TfdsSource
+
+    png = io.BytesIO()
+    Image.fromarray(np.full((4, 6), 200, np.uint8)).save(png, format="PNG")  # grayscale
+    source = object.__new__(TfdsSource)  # the records only; no TFDS builder needed
+    source.name, source.image_key, source.label_key = "tfds:x:train", "image", "label"
+    source.source = [{"image": png.getvalue(), "label": 3}, {"image": b"not a png", "label": 1}]
+    item = source[0]
+    assert item["image"].shape == (4, 6, 3) and (item["image"] == 200).all()
+    assert item["label"] == 3
+    with pytest.raises(DataError, match=r"^tfds:x:train record 1: not a readable image"):
+        source[1]

@@ -48,7 +48,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(importlib.import_module(args._module).run(args) or 0)
     except VitError as err:
-        print(f"vit {args.command}: error: {err}", file=sys.stderr)
+        # One write, line and newline together: a library thread that prints meanwhile cannot
+        # split it.
+        sys.stderr.write(f"vit {args.command}: error: {err}\n")
         return err.exit_code
     except BrokenPipeError:
         # The reader went away (`vit predict DIR | head`): stop quietly, as a shell tool
@@ -61,8 +63,7 @@ def main(argv: list[str] | None = None) -> int:
             raise
         # A file or folder the system refused (permissions, a full disk, a file where a folder
         # was expected): the user's to fix, so one line naming it, as for a VitError.
-        print(f"vit {args.command}: error: {err.filename}: {err.strerror or err}",
-              file=sys.stderr)
+        sys.stderr.write(f"vit {args.command}: error: {err.filename}: {err.strerror or err}\n")
         return VitError.exit_code
     except KeyboardInterrupt:
         print(f"vit {args.command}: interrupted", file=sys.stderr)

@@ -189,11 +189,13 @@ class TfdsSource:
     def __getitem__(self, i: int) -> dict:
         record = self.source[i]
         image = record[self.image_key]
-        if isinstance(image, bytes):  # an undecoded Image feature: decode with PIL
+        if isinstance(image, bytes):  # an undecoded Image feature: decode as a file would be
             import io
 
-            from PIL import Image
-            image = to_rgb(Image.open(io.BytesIO(image)))
+            try:
+                image = to_rgb(open_image(io.BytesIO(image)))
+            except DataError as err:  # named by its record, not by the in-memory buffer
+                raise DataError(f"{self.name} record {i}: {str(err).split(': ', 1)[-1]}") from None
         image = np.asarray(image)
         if image.ndim == 2 or image.shape[-1] == 1:
             image = np.repeat(image.reshape(image.shape[:2] + (1,)), 3, -1)
