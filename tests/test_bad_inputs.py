@@ -82,6 +82,9 @@ def fx(tmp_path_factory):
     Image.new("RGB", (8, 8), (10, 200, 30)).save(root / "img.png")
     (root / "broken.png").write_bytes(b"not a png")
     (root / "empty.jpg").write_bytes(b"")
+    (root / "one_class" / "cat").mkdir(parents=True)
+    for i in range(3):
+        Image.new("RGB", (8, 8), (i, 0, 0)).save(root / "one_class" / "cat" / f"{i}.png")
     (root / "no_images").mkdir()
     (root / "no_images" / "notes.txt").write_text("no pictures here")
     (root / "raises.py").write_text("def get_config():\n    return undefined_name\n")
@@ -215,6 +218,15 @@ CASES = [
          "train --config {recipe} --workdir {out} --set input.std=0,0,0", "std=[0.0, 0.0, 0.0]"),
     Case("train-mean-of-two-channels",
          "train --config {recipe} --workdir {out} --set input.mean=0.5,0.5", "mean=[0.5, 0.5]"),
+    Case("train-negative-lr", "train --config {recipe} --workdir {out} --set optim.lr=-1",
+         "optim.lr=-1"),
+    Case("train-label-smoothing-above-1",
+         "train --config {recipe} --workdir {out} --set input.label_smoothing=2.0",
+         "input.label_smoothing=2.0"),
+    Case("train-stage-negative-lr", "train --config {stages} --workdir {out} "
+         "--set stages.text.optim.lr=-0.1", "stages.text.optim.lr=-0.1"),
+    Case("train-one-class-folder",  # found after the workdir is made: it is removed again
+         "train --config {recipe} --workdir {out} --set data.name={fx}/one_class", "one class"),
     Case("train-init-missing", "train --config {recipe} --workdir {out} --init {tmp}/no_model",
          "no_model"),
     Case("train-unknown-dataset",

@@ -7,6 +7,7 @@ in the file or in a `--set`, is a one-line error suggesting the nearest known ke
 from __future__ import annotations
 
 import difflib
+import math
 import re
 import types
 from collections.abc import Callable
@@ -70,6 +71,7 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = (), *
     check_keys(config, path)
     apply_overrides(config, overrides, model_field_types=model_field_types)
     check_train_numbers(config)
+    check_ranges(config)
     check_patterns(config)
     if model_field_types is not None:
         fields = [f for f in model_field_types() if f not in DERIVED_MODEL_FIELDS]
@@ -121,11 +123,8 @@ POSITIVE_TRAIN_KEYS = ("steps", "batch_size", "accum_steps", "log_every", "eval_
 def check_train_numbers(config: ml_collections.ConfigDict) -> None:
     """One-line ConfigErrors for `train.*` counts below 1, in the recipe and in each stage,
     before a workdir is made."""
-    sections = [("train", config.get("train"))] + [
-        (f"stages.{name}.train", stage.get("train"))
-        for name, stage in (config.get("stages") or {}).items()]
     base = config.get("train") or {}
-    for prefix, train in sections:
+    for prefix, train in _sections(config, "train"):
         if not train:
             continue
         for key in POSITIVE_TRAIN_KEYS:
@@ -139,14 +138,44 @@ def check_train_numbers(config: ml_collections.ConfigDict) -> None:
                               f"accum_steps={accum}; the batch is split into equal micro-batches")
 
 
+def _sections(config: ml_collections.ConfigDict, name: str) -> list[tuple[str, Any]]:
+    """(`name`, the recipe's section) and (`stages.S.name`, each stage's own), which may be
+    None or empty."""
+    return [(name, config.get(name))] + [
+        (f"stages.{stage_name}.{name}", stage.get(name))
+        for stage_name, stage in (config.get("stages") or {}).items()]
+
+
+def check_ranges(config: ml_collections.ConfigDict) -> None:
+    """One-line ConfigErrors for values that train without an error, but to nothing or to
+    nonsense: a negative or infinite learning rate (the loss climbs), label smoothing outside
+    [0, 1) (the targets stop being a distribution), a negative mixup or cutmix strength."""
+    for prefix, optim in _sections(config, "optim"):
+        lr = (optim or {}).get("lr")
+        if _is_real(lr) and not (math.isfinite(lr) and lr >= 0):
+            raise ConfigError(f"{prefix}.lr={lr}: must be a finite number of 0 or more; a "
+                              "negative rate climbs the loss")
+    for prefix, inp in _sections(config, "input"):
+        smoothing = (inp or {}).get("label_smoothing")
+        if _is_real(smoothing) and not 0 <= smoothing < 1:
+            raise ConfigError(f"{prefix}.label_smoothing={smoothing}: must lie in [0, 1) (0.1 "
+                              "is usual)")
+        for key in ("mixup", "cutmix"):
+            value = (inp or {}).get(key)
+            if _is_real(value) and not (math.isfinite(value) and value >= 0):
+                raise ConfigError(f"{prefix}.{key}={value}: must be 0 (off) or more (the Beta "
+                                  "distribution's alpha)")
+
+
+def _is_real(value) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
 def check_patterns(config: ml_collections.ConfigDict) -> None:
     """One-line ConfigErrors for what would fail deep inside training: a regex in
     `optim.trainable` / `no_decay` / `lr_mults` (also in each stage) that does not compile, a
     malformed `lr_mults`, a negative `data.num_threads`."""
-    sections = [("optim", config.get("optim"))] + [
-        (f"stages.{name}.optim", stage.get("optim"))
-        for name, stage in (config.get("stages") or {}).items()]
-    for prefix, optim in sections:
+    for prefix, optim in _sections(config, "optim"):
         if not optim:
             continue
         for key in ("trainable", "no_decay"):

@@ -89,6 +89,12 @@ def _train(config, workdir: Path, ckpts: TrainCheckpoints, *, init: str | None,
     if getattr(train_src, "multi_label", False) and loss_name == "softmax_xent":
         raise ConfigError(f"{data.name} has multi-hot labels; set train.loss=sigmoid_xent (or "
                           "prompt_xent to train a text model on its prompts)")
+    if num_classes < 2 and loss_name == "softmax_xent":  # the loss is 0 from the first step
+        raise ConfigError(f"{data.name} has one class ({', '.join(class_names)}); a classifier "
+                          "needs at least two: add a folder per class")
+    if primary and tc.batch_size > len(train_src):
+        print(f"note: train.batch_size={tc.batch_size} is more than the {len(train_src)} "
+              f"training images of {data.name}; each batch repeats images", file=sys.stderr)
 
     # Model and train state: from the latest checkpoint, else from --init, else fresh. A
     # resume that does not fit the checkpoint is refused here, before anything is written.
