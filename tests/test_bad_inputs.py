@@ -211,7 +211,7 @@ CASES = [
          "train --config {recipe} --workdir {out} --set input.image_size=7", "(7, 7)"),
     Case("train-init-image-not-multiple-of-patch",
          "train --config {recipe} --workdir {out} --init {ckpt} --set input.image_size=6",
-         "(6, 6)"),
+         "with input.image_size=6: image_size (6, 6)"),
     Case("train-crop-pct-0",
          "train --config {recipe} --workdir {out} --set input.crop_pct=0", "crop_pct=0"),
     Case("train-std-0",  # would train on infinities until the loss is NaN

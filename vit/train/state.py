@@ -74,12 +74,16 @@ def start_from_init(init: str, config, num_classes: int):
     size = config.input.image_size
     # The recipe decides whether the model reads text: a plain checkpoint gets a freshly
     # initialised text path (gates at 0), a text checkpoint loses it in a plain recipe.
-    loaded = load_checkpoint(init, image_size=size, text=model_fields(config).get("text"))
+    try:
+        loaded = load_checkpoint(init, image_size=size, text=model_fields(config).get("text"))
+        overrides = {k: v for k, v in model_fields(config).items() if k in TRAINING_FIELDS}
+        model_config = loaded.config.replace(num_classes=num_classes, image_size=(size, size),
+                                             **overrides)
+    except ConfigError as err:  # the recipe's size or fields do not fit this checkpoint
+        raise ConfigError(f"--init {init} with input.image_size={size}: {err}; set "
+                          "input.image_size (and model fields) to fit the checkpoint") from None
     for message in loaded.warnings:
         print(f"note: {message}", file=sys.stderr)
-    overrides = {k: v for k, v in model_fields(config).items() if k in TRAINING_FIELDS}
-    model_config = loaded.config.replace(num_classes=num_classes, image_size=(size, size),
-                                         **overrides)
     _, template = abstract_params(model_config)
     params = adapt_params(loaded.params, loaded.config, model_config, dst_template=template)
     pre = loaded.preprocessing.with_size(size)
