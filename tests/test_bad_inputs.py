@@ -29,6 +29,21 @@ ROOT = Path(__file__).parent.parent
 RECIPE = str(ROOT / "configs" / "digits.py")
 
 
+def tiny_checkpoint(path: Path):
+    """A one-block ViT saved as an orbax export at `path`: 8x8 inputs and 10 classes, so the
+    digits dataset fits it and eval and explain-eval reach it. Returns (model, labels)."""
+    from vit.checkpoints import save_orbax
+
+    model = vit.create_model("Ti/16", width=32, depth=1, mlp_dim=64, num_heads=4, patch_size=4,
+                             image_size=8, num_classes=10, attention_impl="xla",
+                             rngs=nnx.Rngs(0))
+    head = model.head.kernel
+    head[...] = jax.random.normal(jax.random.key(1), head.shape)  # not the refused zero head
+    labels = [str(i) for i in range(10)]
+    save_orbax(path, model, preprocessing=Preprocessing(size=(8, 8)), labels=labels)
+    return model, labels
+
+
 @pytest.fixture(scope="module")
 def fx(tmp_path_factory):
     """Tiny checkpoints in each format, a workdir, an image, and broken copies of them."""
@@ -36,14 +51,7 @@ def fx(tmp_path_factory):
     from vit.config import load_config
 
     root = tmp_path_factory.mktemp("fixtures")
-    # 8x8 inputs and 10 classes: the digits dataset fits it, so eval and explain-eval reach it.
-    model = vit.create_model("Ti/16", width=32, depth=1, mlp_dim=64, num_heads=4, patch_size=4,
-                             image_size=8, num_classes=10, attention_impl="xla",
-                             rngs=nnx.Rngs(0))
-    head = model.head.kernel
-    head[...] = jax.random.normal(jax.random.key(1), head.shape)  # not the refused zero head
-    labels = [str(i) for i in range(10)]
-    save_orbax(root / "ckpt", model, preprocessing=Preprocessing(size=(8, 8)), labels=labels)
+    model, labels = tiny_checkpoint(root / "ckpt")
     loaded = load_checkpoint(root / "ckpt")
     # A text model (answers prompts) of the same size, for datasets without prompts.
     text_model = vit.create_model("Ti/16", width=32, depth=1, mlp_dim=64, num_heads=4,

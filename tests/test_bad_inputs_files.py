@@ -16,14 +16,11 @@ import types
 import zipfile
 from pathlib import Path
 
-import jax
 import numpy as np
 import pytest
-from flax import nnx
 from PIL import Image
-from test_bad_inputs import _tree, run_case
+from test_bad_inputs import _tree, run_case, tiny_checkpoint
 
-import vit
 from vit.cli import main
 from vit.errors import CheckpointError, ConfigError, DataError
 from vit.preprocess import Preprocessing
@@ -37,16 +34,10 @@ RECIPE = str(ROOT / "configs" / "digits.py")
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
     """A tiny orbax export and its Hugging Face and timm copies, and an 8x8 image."""
-    from vit.checkpoints import load_checkpoint, save_checkpoint, save_orbax
+    from vit.checkpoints import load_checkpoint, save_checkpoint
 
     root = tmp_path_factory.mktemp("files")
-    model = vit.create_model("Ti/16", width=32, depth=1, mlp_dim=64, num_heads=4, patch_size=4,
-                             image_size=8, num_classes=10, attention_impl="xla",
-                             rngs=nnx.Rngs(0))
-    head = model.head.kernel
-    head[...] = jax.random.normal(jax.random.key(1), head.shape)  # not the refused zero head
-    save_orbax(root / "ckpt", model, preprocessing=Preprocessing(size=(8, 8)),
-               labels=[str(i) for i in range(10)])
+    tiny_checkpoint(root / "ckpt")
     loaded = load_checkpoint(root / "ckpt")
     save_checkpoint(loaded, root / "hf", "hf")
     save_checkpoint(loaded, root / "timm", "timm")
