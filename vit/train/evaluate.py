@@ -13,6 +13,7 @@ import optax
 from flax import nnx
 
 from vit.data import eval_batches
+from vit.data.transforms import one_hot
 from vit.train import parallel
 
 # The model inputs of a batch: the images, and the prompts when the task reads text.
@@ -86,9 +87,8 @@ def evaluate_multilabel(logits_fn, params, batches: Iterable[dict], mesh,
     loss_sum, n = 0.0, 0
     for logits, batch in _outputs(logits_fn, params, batches, mesh):
         labels = batch["label"]
-        if labels.ndim == 1:  # class indices
-            labels = np.eye(num_classes or logits.shape[-1], dtype=np.float32)[
-                labels.astype(np.int64)]
+        if labels.ndim == 1:  # class indices: the training pipeline's one-hot form
+            labels = one_hot(labels, num_classes or logits.shape[-1])
         target = labels > 0.5
         hits = (logits > 0) == target
         exact += int(hits.all(-1).sum())
