@@ -7,6 +7,10 @@ fc2 3072->768. Contestants, interleaved call by call in one process per library:
 - XLA (jax.jit) as shipped: dots in YNNPACK fusions (jax's CPU default);
 - XLA with YNNPACK fusions off (`xla_cpu_experimental_ynn_fusion_type=""`: XLA's own dots);
 - XLA in bfloat16 (inputs and weights bfloat16, float32 accumulation), default fusions;
+- XLA with its experimental oneDNN dot fusions (`xla_cpu_use_onednn` with
+  `xla_cpu_experimental_onednn_fusion_type=LIBRARY_FUSION_TYPE_DOT`). Not shipped: on the whole
+  model XLA aborts with SIGILL ("partition compile failed") when it fuses the softmax's
+  normalising multiply into the value product, so it is measured on the dense layers only;
 - torch `nn.functional.linear` in float32 and bfloat16, threads = cores, inference mode.
 
 Also once with one thread each (`taskset` is not needed: torch.set_num_threads(1) and
@@ -34,6 +38,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 TOKENS = 8 * 197
+ONEDNN_DOTS = {"xla_cpu_experimental_ynn_fusion_type": "", "xla_cpu_use_onednn": True,
+               "xla_cpu_experimental_onednn_fusion_type": "LIBRARY_FUSION_TYPE_DOT"}
 SHAPES = {"qkv": (768, 2304, False), "proj": (768, 768, False), "fc1": (768, 3072, True),
           "fc2": (3072, 768, False)}
 
@@ -71,7 +77,8 @@ def worker_jax(iters: int, forward: bool) -> dict:
 
     variants = {"xla_default": ({}, jnp.float32),
                 "xla_ynn_off": ({"xla_cpu_experimental_ynn_fusion_type": ""}, jnp.float32),
-                "xla_bfloat16": ({}, jnp.bfloat16)}
+                "xla_bfloat16": ({}, jnp.bfloat16),
+                "xla_onednn": (ONEDNN_DOTS, jnp.float32)}
     out = {}
     for name, (k, n, gelu) in SHAPES.items():
         rng = np.random.RandomState(0)
@@ -167,6 +174,7 @@ def ceiling(rows: dict, forward: dict, depth: int = 12) -> dict:
             "ratio_measured": torch_ms / ours_ms,
             "ours_dense_ms": dense_ms("xla_ynn_off"),
             "ratio_if_only_our_dense_layers_took_time": torch_ms / dense_ms("xla_ynn_off"),
+            "ratio_if_only_our_onednn_dense_layers_took_time": torch_ms / dense_ms("xla_onednn"),
             "ratio_if_only_dense_layers_at_torch_speed_took_time":
                 torch_ms / dense_ms("torch_float32"),
             "transformers_share_in_dense_layers": dense_ms("torch_float32") / torch_ms}
