@@ -24,6 +24,13 @@ From these, `ceiling`: the ratio to transformers our forward would reach if ever
 dense layers (attention core, LayerNorm, residuals, patch embedding) took no time at all, with
 our dense layers as measured and with torch's.
 
+And `peak`: what the machine can do at all. Each worker times one large square float32 matrix
+product (`--peak-size`, 2048: 17 GFLOP), the best call of `--iters`; the faster library's rate
+is the machine's float32 peak as far as either library can reach it. Against it, each forward's
+matrix-product FLOPs (counted here from the shapes, and XLA's own count of our compiled
+forward beside it) give its fraction of that peak, the ratio our forward would reach running
+at the peak, and the fraction of the peak a given ratio to transformers (1.1) needs.
+
     .venv/bin/python scripts/bench_gemm.py [--iters 10]
 """
 
@@ -50,6 +57,37 @@ def _images():
     return np.random.RandomState(0).randn(8, 224, 224, 3).astype(np.float32)
 
 
+def forward_flops(class_token_last_block: bool, batch: int = 8, tokens: int = 197,
+                  width: int = 768, mlp: int = 3072, depth: int = 12, patch: int = 16) -> int:
+    """Matrix-product FLOPs (2 per multiply-add) of a ViT-B/16 forward, counted from the shapes:
+    patch embedding, then per block qkv, q k^T, attention x v, proj, fc1 and fc2. With
+    `class_token_last_block` the last block computes queries onward for the class token alone,
+    as our class-token head does (vit/models/blocks.py); transformers runs it in full."""
+    n = batch * tokens
+
+    def block(queries: int) -> int:
+        m = batch * queries
+        return (2 * n * width * 3 * width  # qkv (keys and values for every token)
+                + 2 * 2 * batch * queries * tokens * width  # q k^T and attention x v
+                + 2 * m * width * (width + 2 * mlp))  # proj, fc1, fc2
+    embed = 2 * batch * (tokens - 1) * (patch * patch * 3) * width
+    last = block(1 if class_token_last_block else tokens)
+    return embed + (depth - 1) * block(tokens) + last
+
+
+def _best_rate(call, flops: int, iters: int) -> float:
+    """GFLOP/s of the fastest of `iters` calls (after one untimed call)."""
+    import time
+
+    call()
+    best = float("inf")
+    for _ in range(iters):
+        t = time.perf_counter()
+        call()
+        best = min(best, time.perf_counter() - t)
+    return flops / best / 1e9
+
+
 def _our_forward():
     """Our ViT-B/16 forward at batch 8, compiled as `vit predict` compiles it, and its args."""
     import jax
@@ -64,7 +102,7 @@ def _our_forward():
     return compile_for_inference(forward.lower(state, x)), (state, x)
 
 
-def worker_jax(iters: int, forward: bool) -> dict:
+def worker_jax(iters: int, forward: bool, peak_size: int) -> dict:
     import time
 
     import jax
@@ -104,8 +142,15 @@ def worker_jax(iters: int, forward: bool) -> dict:
                 c(*args).block_until_ready()
                 times[v].append(time.perf_counter() - t)
         if "forward" in times:
-            out["forward"] = {"ours_float32": float(np.median(times.pop("forward"))) * 1e3}
+            ours = compiled["forward"][0]
+            out["forward"] = {"ours_float32": float(np.median(times.pop("forward"))) * 1e3,
+                              "ours_xla_flops": float(ours.cost_analysis()["flops"])}
         out[name] = {v: float(np.median(t)) * 1e3 for v, t in times.items()}
+    if forward:
+        a = jnp.asarray(np.random.RandomState(0).randn(peak_size, peak_size).astype(np.float32))
+        square = jax.jit(jnp.dot).lower(a, a).compile(variants["xla_ynn_off"][0])
+        out["peak_gflop_s"] = {"xla": _best_rate(lambda: square(a, a).block_until_ready(),
+                                                 2 * peak_size ** 3, iters)}
     return out
 
 
@@ -120,7 +165,7 @@ def _hf_forward():
     return lambda: model(pixel_values=x)
 
 
-def worker_torch(iters: int, threads: int, forward: bool) -> dict:
+def worker_torch(iters: int, threads: int, forward: bool, peak_size: int) -> dict:
     import time
 
     import numpy as np
@@ -159,6 +204,12 @@ def worker_torch(iters: int, threads: int, forward: bool) -> dict:
         if forward_times:
             out["forward"] = {"transformers_float32": float(np.median(forward_times)) * 1e3}
         out[name] = {v: float(np.median(t)) * 1e3 for v, t in times.items()}
+    if forward:
+        a = torch.from_numpy(np.random.RandomState(0).randn(peak_size, peak_size)
+                             .astype(np.float32))
+        with torch.inference_mode():
+            out["peak_gflop_s"] = {"torch": _best_rate(lambda: torch.mm(a, a),
+                                                       2 * peak_size ** 3, iters)}
     return out
 
 
@@ -180,10 +231,27 @@ def ceiling(rows: dict, forward: dict, depth: int = 12) -> dict:
             "transformers_share_in_dense_layers": dense_ms("torch_float32") / torch_ms}
 
 
-def run_worker(kind: str, iters: int, threads: int) -> dict:
+def peak(rates: dict, forward: dict, target: float = 1.1) -> dict:
+    """Each forward against the machine's float32 peak (the faster library's large product)."""
+    best = max(rates.values())
+    ours_flops, theirs_flops = forward_flops(True), forward_flops(False)
+    ours_s, theirs_s = forward["ours_float32"] / 1e3, forward["transformers_float32"] / 1e3
+    return {"square_product_gflop_s": rates, "peak_gflop_s": best,
+            "ours_forward_gflop": ours_flops / 1e9,
+            "ours_forward_gflop_xla_count": forward["ours_xla_flops"] / 1e9,
+            "transformers_forward_gflop": theirs_flops / 1e9,
+            "ours_fraction_of_peak": ours_flops / ours_s / 1e9 / best,
+            "transformers_fraction_of_peak": theirs_flops / theirs_s / 1e9 / best,
+            "ratio_if_ours_ran_at_peak": theirs_s / (ours_flops / best / 1e9),
+            f"fraction_of_peak_ours_needs_for_{target}x":
+                ours_flops / (theirs_s / target) / 1e9 / best}
+
+
+def run_worker(kind: str, iters: int, threads: int, peak_size: int) -> dict:
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT)}
     cmd = [sys.executable, __file__, "--worker", kind, "--iters", str(iters),
-           "--threads", str(threads), *(["--forward"] if threads == os.cpu_count() else [])]
+           "--threads", str(threads), "--peak-size", str(peak_size),
+           *(["--forward"] if threads == os.cpu_count() else [])]
     if kind == "jax" and threads == 1:
         env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false "
                             "--xla_force_host_platform_device_count=1").strip()
@@ -200,13 +268,15 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=os.cpu_count())
     parser.add_argument("--worker", choices=("jax", "torch"))
     parser.add_argument("--forward", action="store_true", help="worker: the whole forward too")
+    parser.add_argument("--peak-size", type=int, default=2048,
+                        help="side of the square product that measures the peak rate")
     parser.add_argument("--out", default="benchmarks/bench_gemm.json")
     args = parser.parse_args()
     if args.worker == "jax":
-        print(json.dumps(worker_jax(args.iters, args.forward)))
+        print(json.dumps(worker_jax(args.iters, args.forward, args.peak_size)))
         return
     if args.worker == "torch":
-        print(json.dumps(worker_torch(args.iters, args.threads, args.forward)))
+        print(json.dumps(worker_torch(args.iters, args.threads, args.forward, args.peak_size)))
         return
 
     sys.path.insert(0, str(ROOT / "scripts"))
@@ -214,11 +284,14 @@ def main() -> None:
 
     results = {}
     for threads in (os.cpu_count(), 1):
-        jx, th = run_worker("jax", args.iters, threads), run_worker("torch", args.iters, threads)
+        jx = run_worker("jax", args.iters, threads, args.peak_size)
+        th = run_worker("torch", args.iters, threads, args.peak_size)
         rows = {name: {**jx[name], **th[name]} for name in SHAPES}
         ms = {v: sum(r[v] for r in rows.values()) for v in next(iter(rows.values()))}
         if "forward" in jx:
             results["ceiling"] = ceiling(rows, {**jx["forward"], **th["forward"]})
+            results["peak"] = peak({**jx["peak_gflop_s"], **th["peak_gflop_s"]},
+                                   {**jx["forward"], **th["forward"]})
         results[f"threads_{threads}"] = {
             "ms_per_layer": rows, "ms_all_four": ms,
             "torch_float32_over_xla_default": ms["xla_default"] / ms["torch_float32"],

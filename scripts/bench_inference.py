@@ -34,6 +34,8 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
+import records  # noqa: E402  (scripts/, on the path as the script's own folder)
+
 
 def inputs(n: int, size: int, seed: int):
     import numpy as np
@@ -232,7 +234,7 @@ def main() -> None:
         "benchmark": "inference",
         "command": " ".join([os.path.relpath(__file__, ROOT)] + sys.argv[1:]),
         "machine": {"platform": platform.platform(), "processor": platform.processor(),
-                    "cpus": os.cpu_count()},
+                    "cpu": records.cpu(), "cpus": os.cpu_count()},
         "versions": versions(),
         "setup": {"model": args.model, "batch": args.batch, "image_size": args.image_size,
                   "iters": args.iters, "rounds": args.rounds,

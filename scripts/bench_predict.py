@@ -35,6 +35,7 @@ from pathlib import Path
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import numpy as np  # noqa: E402
+import records  # noqa: E402  (scripts/, on the path as the script's own folder)
 from PIL import Image  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -189,7 +190,8 @@ def main() -> None:
     result = {
         "command": " ".join([sys.executable, *sys.argv]),
         "machine": {"platform": platform.platform(), "processor": platform.processor(),
-                    "cpus": os.cpu_count(), "jax_devices": [str(d) for d in jax.devices()],
+                    "cpu": records.cpu(), "cpus": os.cpu_count(),
+                    "jax_devices": [str(d) for d in jax.devices()],
                     "torch_threads": torch.get_num_threads()},
         "versions": {"jax": jax.__version__, "torch": torch.__version__,
                      "transformers": transformers.__version__, "python": platform.python_version()},

@@ -23,10 +23,31 @@ def command() -> str:
     return " ".join(["python", script, *sys.argv[1:]])
 
 
+# The instruction sets that decide which matrix-product kernels a CPU can run.
+CPU_FEATURES = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_tile")
+
+
+def cpu() -> dict:
+    """The CPU's model and its matrix-relevant features, from /proc/cpuinfo (Linux): the same
+    code's ratio to transformers differs between hosts of one machine kind, so a record names
+    the host's CPU. Empty where /proc/cpuinfo is not there."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return {}
+    first = dict(line.split(":", 1) for line in text.split("\n\n")[0].splitlines()
+                 if ":" in line)
+    first = {k.strip(): v.strip() for k, v in first.items()}
+    flags = set(first.get("flags", "").split())
+    return {"model_name": first.get("model name"), "family": first.get("cpu family"),
+            "model": first.get("model"), "stepping": first.get("stepping"),
+            "mhz": first.get("cpu MHz"), "features": [f for f in CPU_FEATURES if f in flags]}
+
+
 def machine() -> dict:
     import jax
 
-    return {"platform": platform.platform(), "processor": platform.processor(),
+    return {"platform": platform.platform(), "processor": platform.processor(), "cpu": cpu(),
             "cpus": os.cpu_count(), "jax_backend": jax.default_backend(),
             "devices": [str(d) for d in jax.devices()],
             "load_average": [round(x, 2) for x in os.getloadavg()]}
