@@ -93,7 +93,7 @@ def test_text_model_equals_the_plain_vit_at_initialisation():
         return m.features(x, text=t, text_mask=k)
 
     # Under jit XLA fuses and reorders float32 sums, so equal up to rounding: 1.3e-6 on one
-    # host's codegen (0 on others). Attention gates at tanh(0.05) already move them by 0.14.
+    # host's codegen (within 1e-6 on the hosts before). Gates at tanh(0.05) move them by 0.14.
     np.testing.assert_allclose(np.asarray(jitted(text, x, jnp.asarray(tokens), jnp.asarray(mask))),
                                np.asarray(want), atol=1e-5, rtol=0)
 
