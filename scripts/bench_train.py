@@ -21,6 +21,8 @@ import sys
 import time
 from pathlib import Path
 
+import records  # scripts/, on the path as the script's own folder
+
 BATCH, SIZE, CLASSES, LR = 8, 224, 1000, 1e-4
 
 
@@ -122,8 +124,8 @@ def main() -> None:
         "benchmark": "ViT-B/16 training step (AdamW), batch 8, 224 px, float32, CPU",
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count(),
-                    "processor": platform.processor(), "load_before": load_before,
-                    "load_after": os.getloadavg()},
+                    "processor": platform.processor(), "cpu": records.cpu(),
+                    "load_before": load_before, "load_after": os.getloadavg()},
         "versions": versions(),
         "rounds": args.rounds, "timed_steps_per_run": args.steps,
         "median_step_s": {k: v for k, v in runs.items()},
