@@ -57,20 +57,19 @@ def _images():
     return np.random.RandomState(0).randn(8, 224, 224, 3).astype(np.float32)
 
 
-def forward_flops(class_token_last_block: bool, batch: int = 8, tokens: int = 197,
-                  width: int = 768, mlp: int = 3072, depth: int = 12, patch: int = 16) -> int:
-    """Matrix-product FLOPs (2 per multiply-add) of a ViT-B/16 forward, counted from the shapes:
-    patch embedding, then per block qkv, q k^T, attention x v, proj, fc1 and fc2. With
+def forward_flops(class_token_last_block: bool, batch: int = 8, depth: int = 12) -> int:
+    """Matrix-product FLOPs (2 per multiply-add) of the ViT-B/16 forward at `SHAPES`' batch:
+    patch embedding, then per block the four dense layers, q k^T and attention x v. With
     `class_token_last_block` the last block computes queries onward for the class token alone,
     as our class-token head does (vit/models/blocks.py); transformers runs it in full."""
-    n = batch * tokens
+    tokens, width = TOKENS // batch, SHAPES["proj"][0]
 
     def block(queries: int) -> int:
-        m = batch * queries
-        return (2 * n * width * 3 * width  # qkv (keys and values for every token)
-                + 2 * 2 * batch * queries * tokens * width  # q k^T and attention x v
-                + 2 * m * width * (width + 2 * mlp))  # proj, fc1, fc2
-    embed = 2 * batch * (tokens - 1) * (patch * patch * 3) * width
+        rows = {name: TOKENS if name == "qkv" else batch * queries for name in SHAPES}
+        dense = sum(2 * rows[name] * k * n for name, (k, n, _) in SHAPES.items())
+        return dense + 2 * 2 * batch * queries * tokens * width  # keys/values: every token
+
+    embed = 2 * batch * (tokens - 1) * (16 * 16 * 3) * width
     last = block(1 if class_token_last_block else tokens)
     return embed + (depth - 1) * block(tokens) + last
 
