@@ -145,7 +145,8 @@ def main() -> None:
     import transformers
 
     from vit.checkpoints import load_checkpoint
-    from vit.predict import Predictor, collect_images
+    from vit.images import list_images
+    from vit.inference.predictor import Predictor
 
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
@@ -155,7 +156,7 @@ def main() -> None:
         transformers.ViTImageProcessor().save_pretrained(tmp / "model")
         (tmp / "images").mkdir()
         paths = make_images(tmp / "images", args.images)
-        files = collect_images([tmp / "images"])
+        files = list_images([tmp / "images"])
         assert len(files) == len(paths)
 
         rows, fns = {}, {}

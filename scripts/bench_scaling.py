@@ -34,8 +34,8 @@ def worker(mesh_kind: str, image_size: int, batch: int, steps: int, warmup: int)
     import numpy as np
     import optax
 
+    from vit import device_mesh
     from vit.models.config import get_config
-    from vit.train import parallel
     from vit.train.placement import Placement
     from vit.train.state import fresh_params, new_state
     from vit.train.step import make_train_step
@@ -44,7 +44,7 @@ def worker(mesh_kind: str, image_size: int, batch: int, steps: int, warmup: int)
     cfg = get_config("Ti/16", num_classes=10, image_size=image_size, attention_impl="xla")
     graphdef, params = fresh_params(cfg, 0)
     tx = optax.adamw(1e-4, weight_decay=0.05)
-    mesh = parallel.make_mesh(*MESHES[mesh_kind](n))
+    mesh = device_mesh.make_mesh(*MESHES[mesh_kind](n))
     place = Placement.of(mesh, params, tx)
     state = new_state(params, tx, place, ema=False)
     step = make_train_step(graphdef, tx, place, accum_steps=1, ema_decay=0.0)
@@ -54,17 +54,17 @@ def worker(mesh_kind: str, image_size: int, batch: int, steps: int, warmup: int)
             "label": labels, "target": np.eye(10, dtype=np.float32)[labels]}
     p, o = state.params, state.opt_state
     for i in range(warmup):
-        p, o, _, m = step(p, o, None, parallel.to_global(host, mesh), 0, i)
+        p, o, _, m = step(p, o, None, device_mesh.to_global(host, mesh), 0, i)
     jax.block_until_ready(m)
     t = time.perf_counter()
     for i in range(steps):  # as the training loop: no host read between steps
-        p, o, _, m = step(p, o, None, parallel.to_global(host, mesh), 0, warmup + i)
+        p, o, _, m = step(p, o, None, device_mesh.to_global(host, mesh), 0, warmup + i)
     jax.block_until_ready((p, m))
     seconds = time.perf_counter() - t
     per_device = max(sum(s.data.nbytes for leaf in jax.tree.leaves(p)
                          for s in leaf.addressable_shards if s.device == d)
                      for d in jax.devices())
-    return {"devices": n, "mesh": dict(zip(parallel.AXES, mesh.devices.shape, strict=True)),
+    return {"devices": n, "mesh": dict(zip(device_mesh.AXES, mesh.devices.shape, strict=True)),
             "steps_per_s": steps / seconds, "images_per_s": steps * batch / seconds,
             "param_bytes_per_device": per_device, "loss": float(m["loss"])}
 

@@ -48,7 +48,7 @@ def tiny_checkpoint(path: Path):
 def fx(tmp_path_factory):
     """Tiny checkpoints in each format, a workdir, an image, and broken copies of them."""
     from vit.checkpoints import load_checkpoint, save_checkpoint, save_orbax
-    from vit.config import load_config
+    from vit.recipes.load import load_config
 
     root = tmp_path_factory.mktemp("fixtures")
     model, labels = tiny_checkpoint(root / "ckpt")

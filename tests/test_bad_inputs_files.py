@@ -202,7 +202,7 @@ def test_broken_npz_checkpoints_are_one_line(files, tmp_path, monkeypatch, capsy
 
 
 def test_broken_text_embeddings_are_a_data_error(tmp_path):
-    from vit.predict import load_text_embeddings
+    from vit.inference.predictor import load_text_embeddings
 
     config = types.SimpleNamespace(text=types.SimpleNamespace(
         source="embeddings", embed_dim=4, similarity_dim=0))
@@ -327,9 +327,9 @@ def test_preprocessing_refuses_a_resample_that_is_not_a_name():
 def test_pixel_limit_is_the_documented_one():
     """Pillow refuses above twice its MAX_IMAGE_PIXELS: that must be our MAX_PIXELS, or images
     between the two are decoded (with a raw warning) despite the limit."""
-    from vit import preprocess
+    from vit import images
 
-    assert 2 * Image.MAX_IMAGE_PIXELS == preprocess.MAX_PIXELS == 16_384 * 16_384
+    assert 2 * Image.MAX_IMAGE_PIXELS == images.MAX_PIXELS == 16_384 * 16_384
 
 
 def test_images_above_the_limit_are_refused_without_a_warning(tmp_path):
@@ -340,12 +340,12 @@ def test_images_above_the_limit_are_refused_without_a_warning(tmp_path):
     script = (
         "import sys\n"
         "from PIL import Image\n"
-        "from vit import preprocess\n"
+        "from vit import images\n"
         "from vit.errors import DataError\n"
         "Image.MAX_IMAGE_PIXELS = 50\n"  # a limit of 100 pixels
-        f"print(preprocess.open_image({str(tmp_path / 'at.png')!r}).size)\n"
+        f"print(images.open_image({str(tmp_path / 'at.png')!r}).size)\n"
         "try:\n"
-        f"    preprocess.open_image({str(tmp_path / 'above.png')!r})\n"
+        f"    images.open_image({str(tmp_path / 'above.png')!r})\n"
         "except DataError as err:\n"
         "    print(err)\n")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,

@@ -16,8 +16,8 @@ from PIL import Image
 from test_bad_inputs import _tree, run_case
 
 from vit.cli import main
-from vit.config import load_config
 from vit.errors import ConfigError
+from vit.recipes.load import load_config
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -263,15 +263,15 @@ def test_sigmoid_xent_on_a_one_label_dataset_is_scored_against_one_hot_targets()
     crash in the first validation: the labels are class indices, not multi-hot."""
     import numpy as np
 
-    from vit.train import parallel
-    from vit.train.evaluate import evaluate_task
+    from vit import device_mesh
+    from vit.inference.evaluate import evaluate_task
 
     logits = np.array([[3.0, -2.0, -1.0], [-1.0, 2.0, 1.0], [-3.0, -2.0, 4.0]], np.float32)
     labels = np.array([0, 1, 2], np.int32)
     batch = {"image": np.zeros((3, 2, 2, 3), np.float32), "label": labels,
              "mask": np.ones(3, np.float32)}
     res = evaluate_task("sigmoid_xent", lambda params, inputs: logits, None, [batch], 3,
-                        parallel.make_mesh(1))
+                        device_mesh.make_mesh(1))
     # Predicted sets {0}, {1, 2}, {2} against {0}, {1}, {2}: rows 0 and 2 exact, 8 of 9 labels.
     assert res["accuracy"] == pytest.approx(2 / 3)
     assert res["label_accuracy"] == pytest.approx(8 / 9)

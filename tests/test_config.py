@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from vit.config import apply_overrides, load_config
 from vit.errors import ConfigError
+from vit.recipes.load import apply_overrides, load_config
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -83,7 +83,7 @@ def _model_recipe():
     ("classifier=gap", "gap"),
 ])
 def test_model_and_recipe_overrides_type_the_same_text_alike(item, value):
-    from vit.commands.overrides import parse_model_overrides
+    from vit.recipes.model_fields import parse_model_overrides
 
     key = item.split("=", 1)[0]
     by_model = parse_model_overrides([item])[key]
@@ -95,7 +95,7 @@ def test_model_and_recipe_overrides_type_the_same_text_alike(item, value):
 
 
 def test_an_int_image_size_stays_an_int_on_both_paths():
-    from vit.commands.overrides import parse_model_overrides
+    from vit.recipes.model_fields import parse_model_overrides
 
     config = load_config(CONFIGS[0], ["input.image_size=384"])
     assert config.input.image_size == 384 == parse_model_overrides(["image_size=384"])[
@@ -110,7 +110,7 @@ def test_an_int_image_size_stays_an_int_on_both_paths():
     ("qk_norm=2", "expected true or false, e.g. --set {key}=false"),
 ])
 def test_model_and_recipe_overrides_reject_a_mistyped_value_alike(item, message):
-    from vit.commands.overrides import parse_model_overrides
+    from vit.recipes.model_fields import parse_model_overrides
 
     key, text = item.split("=", 1)
     with pytest.raises(ConfigError) as by_model:
@@ -128,7 +128,7 @@ def test_the_shared_parser_is_light():
     import subprocess
     import sys
 
-    code = ("import sys, vit.overrides; "
+    code = ("import sys, vit.recipes.overrides; "
             "print(sorted(m for m in ('ml_collections', 'jax') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

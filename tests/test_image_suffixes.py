@@ -6,8 +6,8 @@ from PIL import Image
 
 from vit.data import open_source
 from vit.explain.inputs import gather
-from vit.predict import collect_images
-from vit.preprocess import IMAGE_SUFFIXES
+from vit.images import IMAGE_SUFFIXES
+from vit.images import list_images
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -22,7 +22,7 @@ def test_a_folder_with_every_suffix_is_seen_alike_by_predict_rollout_and_dataset
     Image.new("RGB", (16, 16)).save(cls / "99_upper.PNG", "PNG")  # suffixes are matched in any case
     (cls / "notes.txt").write_text("not an image")
 
-    by_predict = [p.name for p in collect_images([cls])]
+    by_predict = [p.name for p in list_images([cls])]
     by_rollout = [item.name.rsplit("/", 1)[-1] for item in gather([str(cls)], None, "test",
                                                                    None, None)]
     source = open_source(str(tmp_path / "root"), "train", val_fraction=0.0, strict=True)

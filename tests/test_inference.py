@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from vit import compile_cache
 from vit.checkpoints import LoadedCheckpoint, expected_shapes, nest, save_checkpoint
 from vit.cli import main
+from vit.inference import compile_cache
 from vit.models.blocks import gelu
 from vit.models.config import get_config
 from vit.preprocess import INCEPTION
@@ -69,7 +69,7 @@ def cache_on(tmp_path):
 
 
 def test_compile_cache_is_written_on_the_first_compile_and_read_on_the_second(cache_on):
-    from vit.predict import Predictor
+    from vit.inference.predictor import Predictor
 
     folder, hits = cache_on
     loaded = tiny_loaded()
@@ -99,7 +99,7 @@ def test_cache_folder_and_no_cache(monkeypatch, tmp_path):
 
 # -- batches ----------------------------------------------------------------------------------
 def test_a_padded_last_batch_equals_running_its_images_alone(image_files):
-    from vit.predict import Predictor
+    from vit.inference.predictor import Predictor
 
     loaded = tiny_loaded()
     model = loaded.build_model()

@@ -1,12 +1,12 @@
 """Import layering: dependencies point one way, and packages hold no import cycles.
 
-    cli -> commands -> train / explain / predict -> checkpoints -> data / preprocess -> models
-        -> ops
+    cli -> commands -> train -> inference / explain -> checkpoints, data -> models -> ops
 
-(`errors` is below everything; `overrides` parses `--set` text and `config` loads recipes, for
-the commands and training.) Every module under `vit/` is parsed, not imported, and every import
-of `vit.*` counts, whether at module level or inside a function: a local import is a dependency
-all the same.
+(`errors` and `paths` are below everything; `images` lists and opens image files, `preprocess`
+turns them into model inputs; `device_mesh` is the one mesh helper of training and inference;
+`recipes` loads training configurations.) Every module under `vit/` is parsed, not imported,
+and every import of `vit.*` counts, whether at module level or inside a function: a local import
+is a dependency all the same.
 """
 
 import ast
@@ -25,30 +25,29 @@ VIT = ROOT / "vit"
 
 _BASE = {"errors", "paths"}
 _MODEL = _BASE | {"ops", "models"}
-_CHECKPOINTS = _MODEL | {"preprocess", "checkpoints"}
-_APPS = _CHECKPOINTS | {"data"}  # what explain and predict stand on
+_IMAGES = _BASE | {"images", "preprocess"}
+_CHECKPOINTS = _MODEL | _IMAGES | {"checkpoints"}
+_APPS = _CHECKPOINTS | {"data", "device_mesh"}  # what inference and explain stand on
+_ABOVE_APPS = _APPS | {"inference", "explain", "recipes", "train"}
 # The part of vit (`vit.<unit>...`) each part may import: itself and the layers below it.
 ALLOWED = {
     "errors": {"errors"},
     "paths": {"paths"},
     "ops": _BASE | {"ops"},
     "models": _MODEL,
-    "preprocess": _BASE | {"preprocess"},
-    "data": _BASE | {"preprocess", "data"},
+    "images": _BASE | {"images"},
+    "preprocess": _IMAGES,
+    "device_mesh": _BASE | {"device_mesh"},
+    "data": _IMAGES | {"data"},
     "checkpoints": _CHECKPOINTS,
+    "recipes": _MODEL | {"recipes"},
+    "inference": _APPS | {"inference"},
     "explain": _APPS | {"explain"},
-    "predict": _APPS | {"predict", "xla_cpu"},
-    "overrides": _BASE | {"overrides"},
-    "config": _BASE | {"overrides", "config"},
-    "compile_cache": {"compile_cache"},  # standard library + jax only
-    "predict_cache": {"predict_cache"},  # standard library, numpy + jax only
-    "xla_cpu": {"xla_cpu"},  # standard library (and jax when called)
-    "train": _APPS | {"explain", "predict", "overrides", "config", "train"},
-    "commands": _APPS | {"explain", "predict", "overrides", "config", "train", "commands",
-                         "compile_cache", "predict_cache"},
-    "cli": _APPS | {"explain", "predict", "overrides", "config", "train", "commands", "cli"},
+    "train": _ABOVE_APPS,
+    "commands": _ABOVE_APPS | {"commands"},
+    "cli": _ABOVE_APPS | {"commands", "cli"},
     # vit/__init__.py names its lazy attributes by string; it imports nothing of its own.
-    "vit": _APPS | {"explain", "predict", "overrides", "config", "train"},
+    "vit": _ABOVE_APPS,
 }
 
 

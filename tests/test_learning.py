@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from vit.config import load_config
+from vit.recipes.load import load_config
 from vit.train.metrics import read_metrics
 
 pytestmark = pytest.mark.timeout(600)

@@ -31,7 +31,7 @@ ENV = {**os.environ, "JAX_PLATFORMS": "cpu",
 # The library calls `vit train` makes, printing what each process's train() returned.
 DRIVER = r"""
 import json, sys
-from vit.config import load_config
+from vit.recipes.load import load_config
 from vit.train.parallel import start_processes
 port, pid, workdir, *sets = sys.argv[1:]
 config = load_config("configs/digits.py", sets)

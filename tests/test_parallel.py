@@ -12,29 +12,30 @@ from pathlib import Path
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from vit.config import load_config
+from vit import device_mesh
 from vit.errors import ConfigError
+from vit.recipes.load import load_config
 from vit.train import parallel
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_mesh_shape_resolves_minus_one_and_bad_meshes_say_what_fits():
-    assert parallel.mesh_shape(-1, 1, 8) == (8, 1)
-    assert parallel.mesh_shape(-1, 2, 8) == (4, 2)
-    assert parallel.mesh_shape(2, -1, 8) == (2, 4)
-    assert parallel.mesh_shape(1, 1, 1) == (1, 1)
+    assert device_mesh.mesh_shape(-1, 1, 8) == (8, 1)
+    assert device_mesh.mesh_shape(-1, 2, 8) == (4, 2)
+    assert device_mesh.mesh_shape(2, -1, 8) == (2, 4)
+    assert device_mesh.mesh_shape(1, 1, 1) == (1, 1)
     with pytest.raises(ConfigError) as err:
-        parallel.mesh_shape(3, 1, 8)
+        device_mesh.mesh_shape(3, 1, 8)
     message = str(err.value)
     assert "parallel.data=3" in message and "8 are visible" in message
     assert "data=4 fsdp=2" in message and "\n" not in message
     with pytest.raises(ConfigError, match="do not divide by 3"):
-        parallel.mesh_shape(-1, 3, 8)
+        device_mesh.mesh_shape(-1, 3, 8)
     with pytest.raises(ConfigError, match="-1 \\(once\\)"):
-        parallel.mesh_shape(-1, -1, 8)
+        device_mesh.mesh_shape(-1, -1, 8)
     with pytest.raises(ConfigError, match="positive"):
-        parallel.mesh_shape(0, 1, 8)
+        device_mesh.mesh_shape(0, 1, 8)
 
 
 def test_sharding_rules_first_match_wins_and_auto_takes_the_largest_divisible_dim():
@@ -92,8 +93,8 @@ def test_every_process_runs_the_same_number_of_padded_eval_steps(monkeypatch):
     import numpy as np
 
     from vit.data import open_source
+    from vit.inference.evaluate import sharded_eval_batches
     from vit.preprocess import Preprocessing
-    from vit.train.evaluate import sharded_eval_batches
 
     source = open_source("digits", "validation")
     pre = Preprocessing(size=(8, 8), mean=(0.5,) * 3, std=(0.5,) * 3)
@@ -114,9 +115,10 @@ EIGHT_DEVICE_SCRIPT = r"""
 import json, sys
 import jax, jax.numpy as jnp, numpy as np, optax
 from flax import nnx
-from vit.config import load_config
+from vit.recipes.load import load_config
 from vit.errors import ConfigError
 from vit.models.config import get_config
+from vit import device_mesh
 from vit.train import parallel
 from vit.train.checkpointing import TrainCheckpoints
 from vit.train.losses import softmax_xent
@@ -154,13 +156,13 @@ keep_grads = optax.GradientTransformation(
 total_bytes = sum(x.nbytes for x in jax.tree.leaves(params))
 report, runs = {}, {}
 for data, fsdp in ((8, 1), (4, 2)):
-    mesh = parallel.make_mesh(data, fsdp)
+    mesh = device_mesh.make_mesh(data, fsdp)
     place = Placement.of(mesh, params, keep_grads)
     step = make_train_step(graphdef, keep_grads, place, accum_steps=1, ema_decay=0.0,
                            loss_fn=softmax_xent)
     state = new_state(params, keep_grads, place, ema=False)
     p, grads, _, m = step(state.params, state.opt_state, None,
-                          parallel.to_global(batch, mesh), 0, 0)
+                          device_mesh.to_global(batch, mesh), 0, 0)
     assert bool(m["finite"])
     err = max(float(np.abs(np.asarray(a) - b).max())
               for a, b in zip(jax.tree.leaves(grads["grad"]), jax.tree.leaves(want)))
@@ -188,7 +190,7 @@ for data, fsdp in ((8, 1), (4, 2)):
 
 # AdamW's state is sharded like the parameters it tracks.
 tx, _ = make_optimizer(config.optim, params, cfg.depth, 10)
-mesh = parallel.make_mesh(4, 2)
+mesh = device_mesh.make_mesh(4, 2)
 adam = new_state(params, tx, Placement.of(mesh, params, tx), ema=True)
 sharded_p = [x for x in jax.tree.leaves(adam.params) if not x.sharding.is_fully_replicated]
 sharded_opt = [x for x in jax.tree.leaves(adam.opt_state) if not x.sharding.is_fully_replicated]
@@ -206,7 +208,7 @@ ckpts.save(1, params=p, opt_state=grads, ema_params=None, data_iter={"process_co
            "per_process": [{"pos": 7}]}, train_state={"step": 1}, meta={})
 ckpts.close()
 for devices, fsdp in ((jax.devices(), 1), (jax.devices()[:1], 1), (jax.devices(), 4)):
-    other = parallel.make_mesh(-1, fsdp, devices=devices)
+    other = device_mesh.make_mesh(-1, fsdp, devices=devices)
     other_place = Placement.of(other, params, keep_grads)
     ckpts = TrainCheckpoints(out + "/fsdp")
     got = restore_state(ckpts, 1, params, keep_grads, other_place, ema=False)
@@ -220,7 +222,7 @@ for devices, fsdp in ((jax.devices(), 1), (jax.devices()[:1], 1), (jax.devices()
 
 # A batch the mesh cannot split: one line that says what would.
 try:
-    parallel.host_batch_size(12, parallel.make_mesh(4, 2))
+    device_mesh.host_batch_size(12, device_mesh.make_mesh(4, 2))
     raise SystemExit("no error")
 except ConfigError as err:
     assert "train.batch_size=12" in str(err) and "multiple of 8" in str(err), err

@@ -1,4 +1,4 @@
-"""`vit predict` and `vit.predict`: JSON lines, bad files, error exits, one compile."""
+"""`vit predict` and `vit.inference.predictor`: JSON lines, bad files, error exits, one compile."""
 
 import json
 import struct
@@ -10,8 +10,9 @@ from PIL import Image
 
 from vit.checkpoints import LoadedCheckpoint, expected_shapes, nest, save_checkpoint
 from vit.cli import main
+from vit.images import open_image
 from vit.models.config import get_config
-from vit.preprocess import INCEPTION, open_image
+from vit.preprocess import INCEPTION
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -129,18 +130,19 @@ def test_predict_matches_the_transformers_pipeline_on_the_same_folder(checkpoint
 
 
 def test_predictor_compiles_once_and_labels_file(checkpoint, image_dir, tmp_path):
-    from vit.predict import Predictor, collect_images, load_pretrained
+    from vit.images import list_images
+    from vit.inference.predictor import Predictor, load_pretrained
 
     names = tmp_path / "names.txt"
     names.write_text("\n".join(f"n{i}" for i in range(6)) + "\n")
     model, preprocess, labels = load_pretrained(checkpoint, labels=names)
     assert labels == [f"n{i}" for i in range(6)] and preprocess.size == (32, 32)
     predictor = Predictor(model, preprocess, labels, top_k=2, batch_size=4)
-    paths = collect_images([image_dir / "a_rgb.png", image_dir / "sub", image_dir / "missing.png"])
+    paths = list_images([image_dir / "a_rgb.png", image_dir / "sub", image_dir / "missing.png"])
     rows = list(predictor.predict_files(paths))
     assert [("error" in r) for r in rows] == [False, False, True]
     assert "no such file" in rows[2]["error"]
-    list(predictor.predict_files(collect_images([image_dir])))  # full and padded batches
+    list(predictor.predict_files(list_images([image_dir])))  # full and padded batches
     # One ahead-of-time compile at the fixed batch serves full and padded batches alike.
     assert predictor._compiled is not None and predictor._forward._cache_size() == 0
 

@@ -1,4 +1,4 @@
-"""`vit predict`'s prepared classifiers (vit/predict_cache.py): stored by a cold run, used by a
+"""`vit predict`'s prepared classifiers (vit/inference/prepared.py): stored by a cold run, used by a
 warm one without reading the checkpoint or building the model, and never stale or fatal.
 
 The reference for every output is `vit predict --no-cache` (the plain jitted model, no export,
@@ -13,11 +13,11 @@ import pytest
 from PIL import Image
 
 import vit.checkpoints
-from vit import predict_cache
 from vit.checkpoints import LoadedCheckpoint, expected_shapes, nest, save_checkpoint
 from vit.cli import main
+from vit.inference import prepared as predict_cache
+from vit.inference.predictor import Predictor
 from vit.models.config import get_config
-from vit.predict import Predictor
 from vit.preprocess import INCEPTION
 
 pytestmark = pytest.mark.timeout(300)

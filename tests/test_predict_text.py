@@ -17,8 +17,8 @@ import vit
 from vit.checkpoints import load_checkpoint, save_orbax
 from vit.cli import main
 from vit.commands.predict import _line
+from vit.images import open_image
 from vit.models.text import tokenize
-from vit.preprocess import open_image
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -108,11 +108,12 @@ def test_prompts_json_match_reference(ckpts, images, capsys):
 
 @pytest.mark.filterwarnings("ignore:the classification head is all zeros")
 def test_predictor_prompt_mode_compiles_once(ckpts, images):
-    from vit.predict import Predictor, collect_images, load_pretrained
+    from vit.images import list_images
+    from vit.inference.predictor import Predictor, load_pretrained
 
     model, preprocess, _ = load_pretrained(ckpts["text"])
     predictor = Predictor(model, preprocess, prompts=["a", "bb"], batch_size=2)
-    rows = list(predictor.predict_files(collect_images([images])))  # full + padded batch
+    rows = list(predictor.predict_files(list_images([images])))  # full + padded batch
     assert [("error" in r) for r in rows] == [False, False, False, True]
     assert [p["text"] for p in rows[0]["prompts"]] == ["a", "bb"]
     # one ahead-of-time compile serves the full and the padded batch; jit never traced again
@@ -185,7 +186,7 @@ def test_text_embeddings_match_reference(ckpts, images, tmp_path, capsys):
         np.testing.assert_allclose([p["prob"] for p in row["prompts"]], expect, atol=1e-5)
         assert np.ptp(expect) > 1e-3
 
-    from vit.predict import load_text_embeddings  # optional texts label the prompts
+    from vit.inference.predictor import load_text_embeddings  # optional texts label the prompts
 
     np.savez(tmp_path / "t.npz", tokens=tokens, mask=mask, texts=np.array(["a cat", "a dog"]))
     assert load_text_embeddings(loaded.config, tmp_path / "t.npz").labels == ["a cat", "a dog"]

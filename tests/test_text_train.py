@@ -125,11 +125,11 @@ def test_staged_run_resumes_across_stages_and_learns_to_read_the_prompt(tmp_path
     shuffled-prompt control stays at chance (so it reads the prompt, not just the image)."""
     from flax import nnx
 
+    from vit import device_mesh
     from vit.checkpoints import load_checkpoint
-    from vit.config import load_config
     from vit.data.prompt_controls import PromptControl
-    from vit.train import parallel
-    from vit.train.evaluate import evaluate_prompts, make_logits_fn
+    from vit.inference.evaluate import evaluate_prompts, make_logits_fn
+    from vit.recipes.load import load_config
     from vit.train.stages import train_stages
 
     cfg = load_config("configs/promptshapes.py", [
@@ -149,7 +149,7 @@ def test_staged_run_resumes_across_stages_and_learns_to_read_the_prompt(tmp_path
     loaded = load_checkpoint(tmp_path)
     assert loaded.config.text is not None
     graphdef, params = nnx.split(loaded.build_model(), nnx.Param)
-    mesh = parallel.make_mesh(1)
+    mesh = device_mesh.make_mesh(1)
     logits_fn = make_logits_fn(graphdef, mesh)
     tok = functools.partial(tokenize, max_len=loaded.config.text.max_len)
     test = open_source("promptshapes", "test")

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from vit.checkpoints import layout
-from vit.config import load_config
+from vit.recipes.load import load_config
 from vit.train.metrics import read_metrics
 
 pytestmark = pytest.mark.timeout(600)
@@ -244,8 +244,8 @@ def test_optimizer_recipes():
 
 
 def test_gradient_accumulation_equals_one_big_batch():
+    from vit import device_mesh
     from vit.models.config import get_config
-    from vit.train import parallel
     from vit.train.optim import make_optimizer
     from vit.train.placement import Placement
     from vit.train.state import fresh_params, model_fields
@@ -256,7 +256,7 @@ def test_gradient_accumulation_equals_one_big_batch():
     cfg = get_config("Ti/16", num_classes=10, image_size=8, **model_fields(config))
     graphdef, params = fresh_params(cfg, 0)
     tx, _ = make_optimizer(config.optim, params, cfg.depth, 8)
-    mesh = parallel.make_mesh(1)
+    mesh = device_mesh.make_mesh(1)
     rng = np.random.default_rng(0)
     batch = {"image": rng.normal(size=(8, 8, 8, 3)).astype(np.float32),
              "label": rng.integers(0, 10, 8)}
@@ -266,7 +266,7 @@ def test_gradient_accumulation_equals_one_big_batch():
         step = make_train_step(graphdef, tx, Placement.of(mesh, params, tx), accum_steps=accum,
                                ema_decay=0.0)
         p = jax.tree.map(jnp.array, params)
-        p, _, _, m = step(p, tx.init(p), None, parallel.to_global(batch, mesh), 0, 0)
+        p, _, _, m = step(p, tx.init(p), None, device_mesh.to_global(batch, mesh), 0, 0)
         outs.append((p, float(m["loss"])))
     np.testing.assert_allclose(outs[0][1], outs[1][1], rtol=1e-5)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6),
@@ -277,9 +277,9 @@ def test_gradient_accumulation_equals_one_big_batch():
 def test_trainable_mask_freezes_in_the_step_and_losses_are_chosen_by_name():
     """A mask given to the step freezes what it says even under an optimiser that would move
     everything (AdamW decays kernels), and trains the rest exactly as freezing by optimiser."""
+    from vit import device_mesh
     from vit.errors import ConfigError
     from vit.models.config import get_config
-    from vit.train import parallel
     from vit.train.losses import get_loss, softmax_xent
     from vit.train.optim import make_optimizer, path_names
     from vit.train.placement import Placement
@@ -290,7 +290,7 @@ def test_trainable_mask_freezes_in_the_step_and_losses_are_chosen_by_name():
     cfg = get_config("Ti/16", num_classes=10, image_size=8, **model_fields(config))
     graphdef, params = fresh_params(cfg, 0)
     mask = jax.tree.map(lambda n: n.startswith("head/"), path_names(params))
-    mesh = parallel.make_mesh(1)
+    mesh = device_mesh.make_mesh(1)
     rng = np.random.default_rng(0)
     batch = {"image": rng.normal(size=(8, 8, 8, 3)).astype(np.float32),
              "label": rng.integers(0, 10, 8)}
@@ -304,7 +304,7 @@ def test_trainable_mask_freezes_in_the_step_and_losses_are_chosen_by_name():
                                ema_decay=0.0,
                                loss_fn=get_loss("softmax_xent"), trainable=trainable)
         p = jax.tree.map(jnp.array, params)
-        p, _, _, m = step(p, tx.init(p), None, parallel.to_global(batch, mesh), 0, 0)
+        p, _, _, m = step(p, tx.init(p), None, device_mesh.to_global(batch, mesh), 0, 0)
         assert set(m) == {"loss", "accuracy", "finite"}
         outs.append(p)
     for got, want, orig, train in zip(*map(jax.tree.leaves, (*outs, params, mask)),
@@ -317,9 +317,9 @@ def test_trainable_mask_freezes_in_the_step_and_losses_are_chosen_by_name():
 
 TWO_DEVICE_SCRIPT = r"""
 import jax, jax.numpy as jnp, numpy as np
-from vit.config import load_config
+from vit.recipes.load import load_config
 from vit.models.config import get_config
-from vit.train import parallel
+from vit import device_mesh
 from vit.train.state import fresh_params, model_fields
 from vit.train.step import make_train_step
 from vit.train.optim import make_optimizer
@@ -335,11 +335,11 @@ batch = {"image": rng.normal(size=(8, 8, 8, 3)).astype(np.float32),
 batch["target"] = np.eye(10, dtype=np.float32)[batch["label"]]
 out = []
 for n in (1, 2):
-    mesh = parallel.make_mesh(devices=jax.devices()[:n])
+    mesh = device_mesh.make_mesh(devices=jax.devices()[:n])
     step = make_train_step(graphdef, tx, Placement.of(mesh, params, tx), accum_steps=1,
                            ema_decay=0.9)
-    p = jax.device_put(jax.tree.map(jnp.array, params), parallel.replicated(mesh))
-    gb = parallel.to_global(batch, mesh)
+    p = jax.device_put(jax.tree.map(jnp.array, params), device_mesh.replicated(mesh))
+    gb = device_mesh.to_global(batch, mesh)
     assert len(gb["image"].sharding.device_set) == n
     p, _, e, m = step(p, tx.init(p), jax.tree.map(jnp.copy, p), gb, 0, 0)
     out.append((jax.tree.map(np.asarray, p), float(m["loss"])))

@@ -1,4 +1,4 @@
-"""The inference compile options (vit/xla_cpu.py): XLA's own dots in the compiled forward of a
+"""The inference compile options (vit/inference/xla_cpu.py): XLA's own dots in the compiled forward of a
 Predictor on CPU, jax's defaults when opted out, elsewhere, or where an option is unknown."""
 
 import jax
@@ -6,10 +6,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from vit import xla_cpu
 from vit.checkpoints import LoadedCheckpoint, expected_shapes, nest
+from vit.inference import xla_cpu
+from vit.inference.predictor import Predictor
 from vit.models.config import get_config
-from vit.predict import Predictor
 from vit.preprocess import INCEPTION
 
 pytestmark = pytest.mark.timeout(300)

@@ -19,7 +19,7 @@ _LAZY = {
     "VARIANTS": "vit.models.config",
     "dot_product_attention": "vit.ops.attention",
     "model_info": "vit.models.info",
-    "load_pretrained": "vit.predict",
+    "load_pretrained": "vit.inference.predictor",
     "load_checkpoint": "vit.checkpoints",
 }
 

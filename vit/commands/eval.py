@@ -39,10 +39,10 @@ def add_arguments(parser) -> None:
 
 def run(args) -> int:
     inference_options.start(args)  # before anything compiles
+    from vit import device_mesh
     from vit.checkpoints import load_checkpoint
     from vit.data import eval_batches, open_source
-    from vit.train import parallel
-    from vit.train.evaluate import evaluate, make_logits_fn, save_confusion_png
+    from vit.inference.evaluate import evaluate, make_logits_fn, save_confusion_png
 
     require_positive(args, "batch_size")
     if args.workdir:
@@ -75,9 +75,9 @@ def run(args) -> int:
     from flax import nnx
 
     graphdef, params = nnx.split(model, nnx.Param)
-    mesh = parallel.local_mesh()  # every local device; batches padded to fit them
+    mesh = device_mesh.local_mesh()  # every local device; batches padded to fit them
     batches = eval_batches(source, loaded.preprocessing,
-                           batch_size=parallel.eval_host_batch_size(args.batch_size, mesh))
+                           batch_size=device_mesh.eval_host_batch_size(args.batch_size, mesh))
     res = evaluate(make_logits_fn(graphdef, mesh), params, batches, len(class_names), mesh)
     out.mkdir(parents=True, exist_ok=True)
     save_confusion_png(res["confusion"], class_names, out / "confusion.png")
@@ -108,24 +108,24 @@ def _eval_prompts(args, loaded, source, name, data_dir, split, heldout, out) -> 
 
     from flax import nnx
 
+    from vit import device_mesh
     from vit.data import eval_batches, open_source
     from vit.data.prompt_controls import CONTROLS, PromptControl
+    from vit.inference.evaluate import evaluate_prompts, make_logits_fn
     from vit.models.text import tokenize
-    from vit.train import parallel
-    from vit.train.evaluate import evaluate_prompts, make_logits_fn
 
     if len(source) and "prompt" not in source[0]:  # before the model is built
         raise DataError(f"{source.name} has no prompts, and {loaded.source} is a text model "
                         "that answers them; evaluate it on a dataset with prompts, e.g. "
                         "--data promptshapes")
     graphdef, params = nnx.split(loaded.build_model(), nnx.Param)
-    mesh = parallel.local_mesh()  # every local device; batches padded to fit them
+    mesh = device_mesh.local_mesh()  # every local device; batches padded to fit them
     logits_fn = make_logits_fn(graphdef, mesh)
     tok = functools.partial(tokenize, max_len=loaded.config.text.max_len)
 
     def score(src) -> dict:
         batches = eval_batches(src, loaded.preprocessing,
-                               batch_size=parallel.eval_host_batch_size(args.batch_size, mesh),
+                               batch_size=device_mesh.eval_host_batch_size(args.batch_size, mesh),
                                tokenize=tok)
         return evaluate_prompts(logits_fn, params, batches, mesh)
 

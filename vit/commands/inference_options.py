@@ -23,7 +23,7 @@ def start(args):
     off (None)."""
     import sys
 
-    from vit.compile_cache import configure
+    from vit.inference.compile_cache import configure
 
     folder = configure(args.no_cache)
     if args.dtype == "bfloat16":

@@ -16,8 +16,8 @@ def add_arguments(parser) -> None:
 
 def run(args) -> int:
     from vit.commands.checks import require_positive
-    from vit.commands.overrides import parse_model_overrides
     from vit.models.info import model_info
+    from vit.recipes.model_fields import parse_model_overrides
 
     require_positive(args, "image_size")
     overrides = parse_model_overrides(args.set)

@@ -65,7 +65,12 @@ def _line(result: dict) -> str:
 def _text_inputs(args, config):
     """`(prompts, zero_shot)` for the Predictor; tokenizer warnings (a truncated prompt) are
     printed as ours rather than as Python warnings with a source line."""
-    from vit.predict import encode_prompts, load_text_embeddings, read_names, zero_shot_prompts
+    from vit.inference.predictor import (
+        encode_prompts,
+        load_text_embeddings,
+        read_names,
+        zero_shot_prompts,
+    )
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", UserWarning)
@@ -87,7 +92,7 @@ def _model_overrides(items: list[str]) -> dict:
     pulls in flax, which a prepared classifier does without)."""
     if not items:
         return {}
-    from vit.commands.overrides import parse_model_overrides
+    from vit.recipes.model_fields import parse_model_overrides
 
     return parse_model_overrides(items)
 
@@ -119,10 +124,11 @@ def run(args) -> int:
     cache_root = inference_options.start(args)  # before anything compiles
     from tqdm import tqdm
 
-    from vit import predict_cache
     from vit.commands.checks import require_positive
     from vit.errors import DataError
-    from vit.predict import Predictor, collect_images
+    from vit.images import list_images
+    from vit.inference import prepared as predict_cache
+    from vit.inference.predictor import Predictor
     from vit.preprocess import Preprocessing
 
     if args.top_k < 1 or args.batch_size < 1:
@@ -138,7 +144,7 @@ def run(args) -> int:
     if args.labels and text_flags:
         raise DataError(f"--labels names a classifier's classes; {text_flags[0]} is labelled by "
                         "its own texts")
-    paths = collect_images(args.inputs)
+    paths = list_images(args.inputs)
     if not paths:
         raise DataError(f"no image files found in {' '.join(args.inputs)}")
     missing = [p for p in paths if not p.exists()]

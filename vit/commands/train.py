@@ -27,7 +27,7 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from vit.config import load_config
+    from vit.recipes.load import load_config
 
     # Config mistakes fail before the heavy imports.
     config = load_config(args.config, args.set, model_field_types=model_field_types)
@@ -56,8 +56,8 @@ def run(args) -> int:
 def model_field_types() -> dict:
     """ViTConfig's fields, each with the type `--set model.FIELD=...` expects: what a recipe's
     `model` section may hold. Imports the model package (jax), so load_config calls it last."""
-    from vit.commands.overrides import field_type
     from vit.models.config import FIELDS
+    from vit.recipes.model_fields import field_type
 
     return {name: field_type(name) for name in FIELDS}
 

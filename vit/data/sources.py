@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from vit.errors import DataError
-from vit.preprocess import IMAGE_SUFFIXES, open_image, to_rgb
+from vit.images import IMAGE_SUFFIXES, image_files, open_image, to_rgb
 
 log = logging.getLogger(__name__)
 
@@ -103,8 +103,7 @@ class FolderSource:
 
 def _list_folder(root: Path) -> dict[str, list[Path]]:
     classes = sorted(d.name for d in root.iterdir() if d.is_dir() and not d.name.startswith("."))
-    return {c: sorted(p for p in (root / c).rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES)
-            for c in classes}
+    return {c: image_files(root / c) for c in classes}
 
 
 def folder(root: str | os.PathLike, split: str, *, val_fraction: float = 0.1, seed: int = 0,

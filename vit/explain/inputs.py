@@ -14,7 +14,8 @@ import numpy as np
 from PIL import Image
 
 from vit.errors import ConfigError, DataError
-from vit.preprocess import IMAGE_SUFFIXES, Preprocessing, open_image
+from vit.images import IMAGE_SUFFIXES, image_files, open_image
+from vit.preprocess import Preprocessing
 
 
 @dataclasses.dataclass
@@ -59,8 +60,7 @@ def gather(paths: list[str], data: str | None, split: str, limit: int | None,
     items: list[Item] = []
     for text in paths:
         path = Path(text)
-        files = (sorted(p for p in path.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES)
-                 if path.is_dir() else [path])
+        files = image_files(path) if path.is_dir() else [path]
         items += [Item(str(f), lambda f=f: open_image(f)) for f in files]
     if paths and not items and not data:
         raise DataError(f"no image files found in {' '.join(paths)} (looked for "

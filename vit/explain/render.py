@@ -18,7 +18,8 @@ import matplotlib
 import numpy as np
 from PIL import Image
 
-from vit.preprocess import Preprocessing, to_rgb
+from vit.images import to_rgb
+from vit.preprocess import Preprocessing
 
 MIN_SIDE = 128
 

@@ -112,7 +112,7 @@ def reference_attention(q, k, v, *, mask=None, kv_len=None, scale=None, dropout_
     q, k, v = (rearrange(x, "b s h d -> b h s d") for x in (q, k, v))
     # The scale goes on q (n*d values, folded into its transpose copy) rather than on the n*n
     # logits: 5-8% faster ViT-B/16 forward on CPU. Measured and not faster, with jax's default
-    # YNNPACK fusions and with XLA's own dots (vit/xla_cpu.py): normalising after the value
+    # YNNPACK fusions and with XLA's own dots (vit/inference/xla_cpu.py): normalising after the value
     # product, a ones column on v for the row sums, query/head chunks under lax.map, k
     # pre-transposed for a plain matmul.
     logits = jnp.einsum("bhqd,bhkd->bhqk", q * jnp.asarray(scale, q.dtype), k,

@@ -19,13 +19,14 @@ from pathlib import Path
 
 import jax
 
+from vit import device_mesh
 from vit.checkpoints import layout
 from vit.data import open_source, train_iterator
 from vit.errors import ConfigError
+from vit.inference.evaluate import evaluate_task, make_logits_fn, sharded_eval_batches
 from vit.models.text import tokenize
 from vit.train import parallel
 from vit.train.checkpointing import METRIC, CheckpointPolicy, TrainCheckpoints
-from vit.train.evaluate import evaluate_task, make_logits_fn, sharded_eval_batches
 from vit.train.losses import DEFAULT as DEFAULT_LOSS
 from vit.train.losses import TEXT_LOSSES, get_loss
 from vit.train.metrics import MetricsLog, TrainMeter, plot_curves
@@ -70,8 +71,8 @@ def _train(config, workdir: Path, ckpts: TrainCheckpoints, *, init: str | None,
     primary = parallel.is_primary()  # process 0 alone writes files and prints
     tc, steps = config.train, config.train.steps
     mesh = parallel.mesh_from_config(config)
-    host_batch = parallel.host_batch_size(tc.batch_size, mesh)
-    eval_host_batch = parallel.eval_host_batch_size(tc.eval_batch_size, mesh)
+    host_batch = device_mesh.host_batch_size(tc.batch_size, mesh)
+    eval_host_batch = device_mesh.eval_host_batch_size(tc.eval_batch_size, mesh)
     if tc.batch_size % tc.accum_steps:
         raise ConfigError(f"train.batch_size={tc.batch_size} is not divisible by "
                           f"train.accum_steps={tc.accum_steps}")
@@ -171,7 +172,7 @@ def _train(config, workdir: Path, ckpts: TrainCheckpoints, *, init: str | None,
     with stop.installed():
         step = start
         while step < end:
-            batch = parallel.to_global(next(iterator), mesh)
+            batch = device_mesh.to_global(next(iterator), mesh)
             params, opt_state, ema, metrics = step_fn(params, opt_state, ema, batch,
                                                       config.seed, step)
             step += 1

@@ -14,6 +14,7 @@ from typing import Any
 import jax
 import optax
 
+from vit import device_mesh
 from vit.train import parallel
 
 
@@ -38,8 +39,8 @@ class Placement:
         opt_shape = jax.eval_shape(tx.init, params)
         return cls(mesh=mesh, params=params_sharding,
                    opt_state=parallel.tree_shardings(opt_shape, mesh, rules),
-                   ema=params_sharding, batch=parallel.batch_sharded(mesh),
-                   metrics=parallel.replicated(mesh))
+                   ema=params_sharding, batch=device_mesh.batch_sharded(mesh),
+                   metrics=device_mesh.replicated(mesh))
 
 
 def abstract(tree, sharding):

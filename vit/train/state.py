@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
+from vit import device_mesh
 from vit.checkpoints import layout
 from vit.data import Augment
 from vit.errors import CheckpointError, ConfigError
@@ -236,7 +237,7 @@ def new_state(params, tx: optax.GradientTransformation, place: Placement, *,
               ema: bool) -> TrainState:
     """Fresh optimiser state for `params` (host values, the same on every process), each
     piece built straight into its sharding."""
-    params = parallel.put(params, place.params)
+    params = device_mesh.put(params, place.params)
     opt_state = jax.jit(tx.init, out_shardings=place.opt_state)(params)
     return TrainState(params, opt_state, jax.tree.map(jnp.copy, params) if ema else None)
 

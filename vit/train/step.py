@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from vit.train import parallel
+from vit import device_mesh
 from vit.train.losses import LossFn, softmax_xent
 from vit.train.placement import Placement
 
@@ -33,7 +33,7 @@ def make_train_step(graphdef, tx: optax.GradientTransformation, place: Placement
     batch_sharding = place.batch
 
     def objective(params, batch, key):
-        params = parallel.gathered_for_use(params, place.mesh)
+        params = device_mesh.gathered_for_use(params, place.mesh)
         if trainable is not None:
             params = jax.tree.map(lambda p, t: p if t else jax.lax.stop_gradient(p),
                                   params, trainable)

@@ -1,7 +1,6 @@
-"""Parsing `FIELD=VALUE` model overrides from the command line, typed by the config field.
-
-The typing rules are `vit.overrides`' (shared with recipe files); this module only says what
-each ViTConfig field expects.
+"""Model fields set from the command line (`vit info --set`, `vit predict --set`, a recipe's
+`model` section): each typed by its ViTConfig annotation, with the rules of
+`vit.recipes.overrides`. Apart from that module because it imports the model package.
 """
 
 from __future__ import annotations
@@ -10,7 +9,7 @@ import dataclasses
 import typing
 
 from vit.models.config import ViTConfig, check_fields
-from vit.overrides import parse_value, split_item
+from vit.recipes.overrides import parse_value, split_item
 
 _HINTS = typing.get_type_hints(ViTConfig)
 _DEFAULTS = {f.name: None if f.default is dataclasses.MISSING else f.default

@@ -12,9 +12,9 @@ import numpy as np
 import optax
 from flax import nnx
 
+from vit import device_mesh
 from vit.data import eval_batches
 from vit.data.transforms import one_hot
-from vit.train import parallel
 
 # The model inputs of a batch: the images, and the prompts when the task reads text.
 INPUTS = ("image", "text", "text_mask")
@@ -24,10 +24,10 @@ def make_logits_fn(graphdef, mesh, params_sharding=None):
     """A jitted `(params, inputs) -> float32 logits`, batch split over the mesh, logits
     replicated; `inputs` holds `image`, and `text`/`text_mask` for a prompt head.
     `params_sharding` is the training state's (default: replicated)."""
-    rep, sharded = parallel.replicated(mesh), parallel.batch_sharded(mesh)
+    rep, sharded = device_mesh.replicated(mesh), device_mesh.batch_sharded(mesh)
 
     def logits(params, inputs):
-        params = parallel.gathered_for_use(params, mesh)
+        params = device_mesh.gathered_for_use(params, mesh)
         return nnx.merge(graphdef, params)(inputs["image"], text=inputs.get("text"),
                                            text_mask=inputs.get("text_mask"))
 
@@ -57,9 +57,9 @@ def sharded_eval_batches(source, pre, *, batch_size: int, num_threads: int = 2,
 def _outputs(logits_fn, params, batches: Iterable[dict], mesh):
     """(logits, batch) of each global batch (every process's rows) without the padding rows.
     Every process gets the same arrays, so every process computes the same figures."""
-    gather = jax.jit(lambda x: x, out_shardings=parallel.replicated(mesh))
+    gather = jax.jit(lambda x: x, out_shardings=device_mesh.replicated(mesh))
     for batch in batches:
-        batch = parallel.to_global(batch, mesh)
+        batch = device_mesh.to_global(batch, mesh)
         logits = np.asarray(logits_fn(params, {k: batch[k] for k in INPUTS if k in batch}),
                             np.float32)
         batch = jax.tree.map(np.asarray, gather(batch))

@@ -3,8 +3,8 @@
 The text is read as a Python literal (ints, floats, quoted strings, tuples and lists, `1,2`
 without brackets), with `true`/`false`/`none`/`null` in any case and `384x512` for a pair;
 anything else is the text itself. The value is then checked against the type the key expects:
-the type of a recipe key's current value (`vit.config`) or a model field's annotation
-(`vit.commands.overrides`). An int passes where a float is expected (and becomes one), 0 and 1
+the type of a recipe key's current value (`vit.recipes.load`) or a model field's annotation
+(`vit.recipes.model_fields`). An int passes where a float is expected (and becomes one), 0 and 1
 where a bool is, a single value where a list is (a one-item list); where text is expected, the
 text is kept as typed. Anything else is a one-line ConfigError naming the key, the text and the
 expected type.

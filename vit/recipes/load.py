@@ -1,7 +1,7 @@
 """Recipe files: `configs/*.py` define `get_config()` returning an `ml_collections.ConfigDict`
 (big_vision style); `--set a.b=value` overrides any field, typed by the field's current value
-(the rules of `vit.overrides`, which model `--set` fields share). A key the code does not know,
-in the file or in a `--set`, is a one-line error suggesting the nearest known keys.
+(the rules of `vit.recipes.overrides`, which model `--set` fields share). A key the code does
+not know, in the file or in a `--set`, is a one-line error suggesting the nearest known keys.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 import ml_collections
 
 from vit.errors import ConfigError
-from vit.overrides import expected_type, parse_value, split_item
+from vit.recipes.overrides import expected_type, parse_value, split_item
 
 # The keys each recipe section may hold: what training and `vit eval` read. `model` holds
 # `name` and ViTConfig's fields (`load_config`'s `model_field_types`), `stages` is checked by

@@ -17,15 +17,17 @@ from __future__ import annotations
 import dataclasses
 import os
 import warnings
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 
+from vit.device_mesh import on_local_devices
 from vit.errors import CheckpointError, DataError
-from vit.preprocess import IMAGE_SUFFIXES, Preprocessing, open_image
-from vit.xla_cpu import compile_for_inference
+from vit.images import open_image
+from vit.inference.xla_cpu import compile_for_inference
+from vit.preprocess import Preprocessing
 
 
 def load_pretrained(path, *, image_size: int | None = None, labels=None, **overrides):
@@ -45,21 +47,6 @@ def load_pretrained(path, *, image_size: int | None = None, labels=None, **overr
         from vit.checkpoints.labels import read_labels
         names = read_labels(labels, loaded.config.num_classes)
     return loaded.build_model(), loaded.preprocessing, names
-
-
-def collect_images(inputs: Iterable) -> list[Path]:
-    """Files as given, folders walked (sorted) for image files; hidden entries skipped."""
-    out = []
-    for item in inputs:
-        path = Path(item)
-        if path.is_dir():
-            for root, dirs, files in os.walk(path):
-                dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-                out.extend(Path(root) / f for f in sorted(files)
-                           if not f.startswith(".") and Path(f).suffix.lower() in IMAGE_SUFFIXES)
-        else:
-            out.append(path)  # a missing file is reported per image, like a bad one
-    return out
 
 
 # -- text for a text model -------------------------------------------------------------------
@@ -202,7 +189,7 @@ class Predictor:
         self.prompts = prompts
         graphdef, state = nnx.split(model)
         # The forwards take the parameter leaves as a flat list: a plain argument tree that
-        # `jax.export` can serialize (vit.predict_cache), whatever the model's own tree is.
+        # `jax.export` can serialize (vit.inference.prepared), whatever the model's own tree is.
         state, treedef = jax.tree.flatten(state)
 
         def merged(leaves):
@@ -255,14 +242,14 @@ class Predictor:
 
             extra = ()
         # Every local device: the batch split over them (rounded up to fit), weights copied.
-        self.batch_size, forward = _on_local_devices(forward, batch_size, 2 + len(extra))
+        self.batch_size, forward = on_local_devices(forward, batch_size, 2 + len(extra))
         self._state, self._forward, self._extra = state, forward, extra
         self._channels, self._compiled, self.exported = cfg.in_channels, None, None
 
     @classmethod
     def prepared(cls, leaves: list, exported, preprocess: Preprocessing,
                  labels: list[str] | None = None, *, workers: int | None = None) -> Predictor:
-        """A classifier from `vit.predict_cache`: the parameter leaves and the exported
+        """A classifier from `vit.inference.prepared`: the parameter leaves and the exported
         forward (softmax top-k at one batch size), with no model built or traced."""
         self = cls.__new__(cls)
         images = exported.in_avals[-1]
@@ -272,22 +259,23 @@ class Predictor:
         self.top_k = exported.out_avals[0].shape[-1]
         # Split over the local devices as it was exported (jax refuses any other device count).
         self._state, self._extra = leaves, ()
-        self._forward = _on_local_devices(exported.call, self.batch_size, 2)[1]
+        self._forward = on_local_devices(exported.call, self.batch_size, 2)[1]
         self._channels, self._compiled, self.exported = images.shape[-1], None, exported
         return self
 
     @property
     def leaves(self) -> list:
-        """The parameter leaves the forward takes (what `vit.predict_cache` stores)."""
+        """The parameter leaves the forward takes (what `vit.inference.prepared` stores)."""
         return self._state
 
     def compile(self, export: bool = False) -> None:
         """Compiles the forward for this batch size at the preprocessing's image size, now
         rather than inside the first batch, so start-up is timed apart from throughput. A
-        persistent compilation cache (`vit.compile_cache`) that holds it makes this a load.
+        persistent compilation cache (`vit.inference.compile_cache`) that holds it makes this
+        a load.
 
         `export=True` (classifiers) first exports the forward with `jax.export` and compiles
-        that, keeping it as `self.exported` for `vit.predict_cache`: the same program a warm
+        that, keeping it as `self.exported` for `vit.inference.prepared`: the same program a warm
         run compiles, so the persistent cache serves it. A forward that cannot be exported
         (a kernel outside jax's stable custom calls) is compiled as it is."""
         import jax
@@ -302,7 +290,7 @@ class Predictor:
 
             try:
                 self.exported = jax_export.export(forward)(self._state, spec)
-                forward = _on_local_devices(self.exported.call, self.batch_size, 2)[1]
+                forward = on_local_devices(self.exported.call, self.batch_size, 2)[1]
             except Exception:  # noqa: BLE001 - anything export refuses: run unexported
                 self.exported = None
         self._compiled = compile_for_inference(forward.lower(self._state, spec, *self._extra))
@@ -359,16 +347,3 @@ class Predictor:
         return {"top_k": [{"index": int(i), "label": self.labels[int(i)] if self.labels else None,
                            "prob": float(p)} for p, i in zip(probs[row], idx[row], strict=True)]}
 
-
-def _on_local_devices(forward, batch_size: int, num_args: int):
-    """(batch size rounded up to the local device count, `forward` jitted with its second
-    argument, the images, split over those devices and everything else replicated)."""
-    import jax
-    from jax.sharding import Mesh, NamedSharding, PartitionSpec
-
-    devices = jax.local_devices()
-    mesh = Mesh(np.asarray(devices), ("batch",))
-    whole, split = NamedSharding(mesh, PartitionSpec()), NamedSharding(mesh, PartitionSpec("batch"))
-    shardings = (whole, split) + (whole,) * (num_args - 2)
-    return (-(-batch_size // len(devices)) * len(devices),
-            jax.jit(forward, in_shardings=shardings, out_shardings=whole))
