@@ -123,7 +123,7 @@ def run_worker(kind: str, args, folder: str, agree: bool):
     env = dict(os.environ)
     if kind == "baseline":  # our float32 worker, with `vit` imported from the baseline copy
         env["PYTHONPATH"] = args.baseline
-    if kind == "ours_float32_ynn":  # jax's default XLA:CPU dots (YNNPACK fusions): vit/inference/xla_cpu.py
+    if kind == "ours_float32_ynn":  # jax's default XLA:CPU dots (see vit/inference/xla_cpu.py)
         env["VIT_XLA_DOTS"] = "0"
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", kind, "--model", args.model,
            "--batch", str(args.batch), "--image-size", str(args.image_size),
@@ -182,7 +182,7 @@ def main() -> None:
                         help="also time our float32 model from this copy (an earlier commit)")
     parser.add_argument("--ynn", action="store_true",
                         help="also time our float32 model with jax's default XLA:CPU dots "
-                             "(YNNPACK fusions; VIT_XLA_DOTS=0, see vit/inference/xla_cpu.py), in the "
+                             "(YNNPACK; VIT_XLA_DOTS=0, see vit/inference/xla_cpu.py), in the "
                              "same rounds")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--checkpoint", default=None, metavar="DIR",

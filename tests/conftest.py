@@ -5,8 +5,8 @@ import pytest
 
 # Tests run on the CPU unless a caller (the GPU check) says otherwise.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-# The commands turn on JAX's persistent compilation cache (vit/inference/compile_cache.py); tests keep it
-# off and out of the home folder. tests/test_inference.py turns it on in a temporary folder.
+# The commands turn on JAX's persistent compilation cache (vit/inference/compile_cache.py);
+# tests keep it off and out of the home folder. tests/test_inference.py turns it on in a temporary folder.
 os.environ.setdefault("JAX_ENABLE_COMPILATION_CACHE", "false")
 os.environ.setdefault("VIT_CACHE_DIR", os.path.join(tempfile.gettempdir(), "vit-test-cache"))
 

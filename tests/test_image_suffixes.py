@@ -6,8 +6,7 @@ from PIL import Image
 
 from vit.data import open_source
 from vit.explain.inputs import gather
-from vit.images import IMAGE_SUFFIXES
-from vit.images import list_images
+from vit.images import IMAGE_SUFFIXES, list_images
 
 pytestmark = pytest.mark.timeout(120)
 
