@@ -407,14 +407,14 @@ def test_hf_folder_refuses_what_it_cannot_hold(tmp_path, features, words):
 def test_workdir_uses_best_then_latest_and_skips_unfinished(tmp_path):
     import orbax.checkpoint as ocp
 
-    from vit.checkpoints import layout
+    from vit.checkpoints import orbax_format
 
     src = featured()
     model_config = src.config.to_dict()
     del model_config["posemb_resize"]  # as older checkpoints were written: the default applies
-    meta = layout.make_meta(model_config, src.preprocessing.to_dict(), None, 0)
+    meta = orbax_format.make_meta(model_config, src.preprocessing.to_dict(), None, 0)
     ckpt = tmp_path / "run" / "checkpoints"
-    manager = ocp.CheckpointManager(ckpt, item_names=(layout.PARAMS, layout.META))
+    manager = ocp.CheckpointManager(ckpt, item_names=(orbax_format.PARAMS, orbax_format.META))
     for step in (100, 200):
         manager.save(step, args=ocp.args.Composite(
             params=ocp.args.StandardSave(src.params),
@@ -423,7 +423,7 @@ def test_workdir_uses_best_then_latest_and_skips_unfinished(tmp_path):
     (ckpt / "300.orbax-checkpoint-tmp-1").mkdir()  # an unfinished save
     step_dir, which = orbax_io.find_workdir_checkpoint(tmp_path / "run")
     assert step_dir.name == "200" and which == "latest checkpoint, step 200"
-    (ckpt / layout.BEST_FILE).write_text(json.dumps({"step": 100, "accuracy": 0.5}))
+    (ckpt / orbax_format.BEST_FILE).write_text(json.dumps({"step": 100, "accuracy": 0.5}))
     loaded = load_checkpoint(tmp_path / "run")
     assert loaded.source == f"workdir {tmp_path / 'run'}: best checkpoint, step 100"
     assert_same(src, loaded)

@@ -65,11 +65,11 @@ def write_workdir(model, path):
     """A training workdir with one step, as the trainer lays it out."""
     import orbax.checkpoint as ocp
 
-    from vit.checkpoints import layout
+    from vit.checkpoints import orbax_format
 
-    meta = layout.make_meta(model.config.to_dict(), Preprocessing(size=(32, 32)).to_dict(),
+    meta = orbax_format.make_meta(model.config.to_dict(), Preprocessing(size=(32, 32)).to_dict(),
                             LABELS, 10)
-    manager = ocp.CheckpointManager(path / "checkpoints", item_names=(layout.PARAMS, layout.META))
+    manager = ocp.CheckpointManager(path / "checkpoints", item_names=(orbax_format.PARAMS, orbax_format.META))
     manager.save(10, args=ocp.args.Composite(
         params=ocp.args.StandardSave(nnx.to_pure_dict(nnx.state(model, nnx.Param))),
         meta=ocp.args.JsonSave(meta)))
@@ -257,7 +257,7 @@ def abstract_template(config):
 
 
 def test_adapt_params_plain_into_text_and_back(plain, text_model):
-    from vit.train.init import adapt_params
+    from vit.checkpoints.fit import adapt_params
 
     src = nnx.to_pure_dict(nnx.state(plain, nnx.Param))
     src = jax.tree.map(np.asarray, src)

@@ -8,8 +8,8 @@ from flax import nnx
 
 import vit
 from vit.explain import capture, rules
-from vit.explain.layout import TokenLayout
 from vit.explain.maps import METHODS, explain, explain_core, rollout_of
+from vit.explain.tokens import TokenLayout
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -147,7 +147,7 @@ def reference_rows(model, x, method, classes, fusion="mean"):
                 product = np.einsum("bqk,bkn->bqn", np_rollout_layer(pos, fusion), product)
     if cfg.classifier == "map":
         tokens = nnx.jit(lambda m, x: m.features(x))(model, x)
-        from vit.explain.layout import map_readout
+        from vit.explain.tokens import map_readout
         readout = np.asarray(map_readout(model.map_head, tokens), np.float64)
     else:
         readout = np.asarray(layout.fixed_readout(x.shape[0]), np.float64)

@@ -16,7 +16,7 @@ from PIL import Image
 import vit
 from vit.cli import main
 from vit.explain import explain_prompt, text_relevance
-from vit.explain.layout import map_readout
+from vit.explain.tokens import map_readout
 from vit.models.blocks import Block
 from vit.models.config import TextConfig
 

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from vit.checkpoints import layout
+from vit.checkpoints import orbax_format
 from vit.recipes.load import load_config
 from vit.train.metrics import read_metrics
 
@@ -36,10 +36,10 @@ def train_losses(workdir):
             if r["split"] == "train"}
 
 
-def restore_params(workdir, step, item=layout.PARAMS):
+def restore_params(workdir, step, item=orbax_format.PARAMS):
     import orbax.checkpoint as ocp
 
-    path = Path(workdir) / layout.CHECKPOINTS_DIR / str(step) / item
+    path = Path(workdir) / orbax_format.CHECKPOINTS_DIR / str(step) / item
     return ocp.StandardCheckpointer().restore(path.absolute())
 
 
@@ -64,7 +64,7 @@ def test_resumed_run_matches_uninterrupted_run_step_for_step(straight_run, tmp_p
     assert sorted(got) == list(range(1, 9))
     np.testing.assert_allclose([got[s] for s in range(1, 9)], [want[s] for s in range(1, 9)],
                                rtol=1e-6)
-    for item in (layout.PARAMS, layout.EMA_PARAMS):
+    for item in (orbax_format.PARAMS, orbax_format.EMA_PARAMS):
         a, b = restore_params(workdir, 8, item), restore_params(tmp_path, 8, item)
         jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-7), a, b)
     # Artefacts: curves, best.json pointing at a kept step, metrics with validation records.
@@ -81,11 +81,11 @@ def test_checkpoint_layout_and_retention(straight_run):
     steps = sorted(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())
     assert 8 in steps and len(steps) <= 3  # last 2 plus the best, latest never deleted
     step_dir = (workdir / "checkpoints" / "8").absolute()
-    for item in (layout.PARAMS, layout.META, layout.OPT_STATE, layout.DATA_ITER,
-                 layout.TRAIN_STATE, layout.EMA_PARAMS):
+    for item in (orbax_format.PARAMS, orbax_format.META, orbax_format.OPT_STATE, orbax_format.DATA_ITER,
+                 orbax_format.TRAIN_STATE, orbax_format.EMA_PARAMS):
         assert (step_dir / item).exists(), item
-    meta = ocp.Checkpointer(ocp.JsonCheckpointHandler()).restore(step_dir / layout.META)
-    assert meta["format"] == layout.FORMAT and meta["step"] == 8
+    meta = ocp.Checkpointer(ocp.JsonCheckpointHandler()).restore(step_dir / orbax_format.META)
+    assert meta["format"] == orbax_format.FORMAT and meta["step"] == 8
     assert meta["labels"] == [str(d) for d in range(10)]
     assert meta["preprocessing"]["size"] == [8, 8]
     assert meta["model_config"]["num_classes"] == 10
@@ -163,9 +163,9 @@ def test_init_replaces_head_and_resizes_posemb(straight_run, tmp_path):
 
 
 def test_adapt_params_zero_head_and_shape_errors():
+    from vit.checkpoints.fit import adapt_params
     from vit.errors import CheckpointError
     from vit.models.config import get_config
-    from vit.train.init import adapt_params
     from vit.train.state import abstract_params
 
     src_cfg = get_config("Ti/16", width=16, depth=1, mlp_dim=32, num_heads=2, patch_size=4,

@@ -15,7 +15,7 @@ This file only re-exports; each thing lives in its own module:
   `zero_head_warning`, and text conditioning across formats: `TEXT_SUBTREES`, `fit_text`
   (fresh text weights for a plain checkpoint, dropped ones for a plain model);
 - `tree`: `flatten`, `nest`, `path_name`, `as_jax`;
-- `torch_layout`: `torch_writers` (PyTorch-layout tensors for the timm and HF writers);
+- `torch_tensors`: `torch_writers` (PyTorch-layout tensors for the timm and HF writers);
 - `safetensors_io`: the numpy safetensors reader (sizes checked against the file) and writer;
 - `files`: JSON files read as one-line errors; destinations checked before any work and written
   through a temporary sibling, so nothing is left half-written;
@@ -36,7 +36,7 @@ from vit.checkpoints.loaded import (
     zero_head_warning,
 )
 from vit.checkpoints.orbax_io import save_orbax
-from vit.checkpoints.torch_layout import torch_writers
+from vit.checkpoints.torch_tensors import torch_writers
 from vit.checkpoints.tree import as_jax, flatten, nest, path_name
 
 __all__ = ["TEXT_SUBTREES", "WRITE_FORMATS", "LoadedCheckpoint", "as_jax", "check_fits",

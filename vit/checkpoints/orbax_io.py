@@ -1,4 +1,4 @@
-"""Our own orbax checkpoints: exports and training workdirs (layout in `layout.py`).
+"""Our own orbax checkpoints: exports and training workdirs (layout in `orbax_format.py`).
 
 Reading needs no training code: a step directory or an export holds the `params` item (a pure
 dict) and the `meta` item (JSON: model config, preprocessing, labels), so predict never guesses.
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-import vit.checkpoints.layout as layout
+import vit.checkpoints.orbax_format as orbax_format
 from vit.checkpoints.files import check_destination
 from vit.checkpoints.loaded import LoadedCheckpoint, zero_head_warning
 from vit.checkpoints.tree import flatten, nest
@@ -28,11 +28,11 @@ DAMAGED_FIX = ("copy it again if it was copied, or use another step (checkpoints
 
 
 def is_orbax_dir(path: Path) -> bool:
-    return (path / layout.PARAMS).is_dir() and (path / layout.META).is_dir()
+    return (path / orbax_format.PARAMS).is_dir() and (path / orbax_format.META).is_dir()
 
 
 def is_workdir(path: Path) -> bool:
-    return (path / layout.CHECKPOINTS_DIR).is_dir()
+    return (path / orbax_format.CHECKPOINTS_DIR).is_dir()
 
 
 def _steps(checkpoints: Path) -> list[int]:
@@ -44,12 +44,12 @@ def _steps(checkpoints: Path) -> list[int]:
 
 def find_workdir_checkpoint(workdir) -> tuple[Path, str]:
     """(step directory, which one and why): the best checkpoint when kept, else the latest."""
-    checkpoints = Path(workdir) / layout.CHECKPOINTS_DIR
+    checkpoints = Path(workdir) / orbax_format.CHECKPOINTS_DIR
     steps = _steps(checkpoints) if checkpoints.is_dir() else []
     if not steps:
         raise CheckpointError(f"{workdir}: no finished checkpoint under {checkpoints}; train "
                               "longer or point --checkpoint at a checkpoint directory")
-    best_file = checkpoints / layout.BEST_FILE
+    best_file = checkpoints / orbax_format.BEST_FILE
     if best_file.exists():
         try:
             best = int(json.loads(best_file.read_text())["step"])
@@ -169,11 +169,11 @@ def read(path) -> LoadedCheckpoint:
         step_dir = path
     if not is_orbax_dir(step_dir):
         raise CheckpointError(f"{step_dir}: not an orbax checkpoint (expected the items "
-                              f"'{layout.PARAMS}' and '{layout.META}')")
-    meta = _restore_meta(step_dir / layout.META)
-    if meta.get("format") != layout.FORMAT:  # checked before its fields are trusted
+                              f"'{orbax_format.PARAMS}' and '{orbax_format.META}')")
+    meta = _restore_meta(step_dir / orbax_format.META)
+    if meta.get("format") != orbax_format.FORMAT:  # checked before its fields are trusted
         raise CheckpointError(f"{step_dir}: meta format {meta.get('format')!r} is not "
-                              f"{layout.FORMAT!r}; it was not written by vit")
+                              f"{orbax_format.FORMAT!r}; it was not written by vit")
     if not isinstance(meta.get("model_config"), dict) or not isinstance(
             meta.get("preprocessing"), dict):
         raise CheckpointError(f"{step_dir}: checkpoint metadata lacks model_config or "
@@ -186,10 +186,10 @@ def read(path) -> LoadedCheckpoint:
         raise CheckpointError(f"{step_dir}: checkpoint metadata does not describe a model "
                               f"({err}); the checkpoint is damaged: {DAMAGED_FIX}") from None
     try:
-        params = _restore_params(step_dir / layout.PARAMS)
+        params = _restore_params(step_dir / orbax_format.PARAMS)
     except _DamagedParams as err:
         raise CheckpointError(f"{step_dir}: checkpoint is incomplete or damaged: the parameters "
-                              f"in {layout.PARAMS}/ cannot be read ({err}); {DAMAGED_FIX}"
+                              f"in {orbax_format.PARAMS}/ cannot be read ({err}); {DAMAGED_FIX}"
                               ) from None
     source = f"workdir {path}: {which}" if which else f"{step_dir} (orbax)"
     warning = zero_head_warning(params)
@@ -215,9 +215,10 @@ def save_orbax(path, model_or_params, config: ViTConfig | None = None,
         config = config or model_or_params.config
     preprocessing = preprocessing or Preprocessing(size=config.image_size)
     params = nest({k: np.asarray(v, np.float32) for k, v in flatten(params).items()})
-    meta = layout.make_meta(config.to_dict(), preprocessing.to_dict(), labels)
+    meta = orbax_format.make_meta(config.to_dict(), preprocessing.to_dict(), labels)
     path = check_destination(Path(path).absolute())
     checkpointer = ocp.Checkpointer(ocp.CompositeCheckpointHandler())
     checkpointer.save(path, ocp.args.Composite(**{
-        layout.PARAMS: ocp.args.StandardSave(params), layout.META: ocp.args.JsonSave(meta)}))
+        orbax_format.PARAMS: ocp.args.StandardSave(params),
+        orbax_format.META: ocp.args.JsonSave(meta)}))
     return path

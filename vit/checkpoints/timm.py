@@ -33,7 +33,7 @@ from vit.checkpoints.files import (
 from vit.checkpoints.labels import default_labels
 from vit.checkpoints.loaded import LoadedCheckpoint, refuse_text, zero_head_warning
 from vit.checkpoints.safetensors_io import read_safetensors, write_safetensors
-from vit.checkpoints.torch_layout import torch_writers
+from vit.checkpoints.torch_tensors import torch_writers
 from vit.checkpoints.tree import transposed
 from vit.errors import CheckpointError, ConfigError, DataError
 from vit.models.config import WIDTHS, ViTConfig, get_config

@@ -38,7 +38,7 @@ import numpy as np
 from flax import nnx
 
 from vit.explain import rules
-from vit.explain.layout import TokenLayout, map_readout
+from vit.explain.tokens import TokenLayout, map_readout
 from vit.models.blocks import Keys
 
 METHODS = ("attention", "rollout", "grad-rollout", "relevancy")

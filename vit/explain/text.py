@@ -34,7 +34,7 @@ import numpy as np
 from flax import nnx
 
 from vit.explain import rules
-from vit.explain.layout import TokenLayout, map_readout
+from vit.explain.tokens import TokenLayout, map_readout
 from vit.models.text import BYTE_OFFSET, END, tokenize
 
 

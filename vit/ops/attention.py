@@ -108,13 +108,9 @@ def reference_attention(q, k, v, *, mask=None, kv_len=None, scale=None, dropout_
         real = keys[:, 0, 0, :, None, None]
         k, v = jnp.where(real, k, 0), jnp.where(real, v, 0)
     # Heads before sequence: XLA's CPU dots are several times faster with the batch dimensions
-    # leading than with einsum's "bqhd" layout (133 ms -> 28 ms per ViT-B/16 layer, batch 8).
+    # leading than with einsum's "bqhd" layout.
     q, k, v = (rearrange(x, "b s h d -> b h s d") for x in (q, k, v))
-    # The scale goes on q (n*d values, folded into its transpose copy) rather than on the n*n
-    # logits: 5-8% faster ViT-B/16 forward on CPU. Measured and not faster, with jax's default
-    # YNNPACK fusions and with XLA's own dots (vit/inference/xla_cpu.py): normalising after the value
-    # product, a ones column on v for the row sums, query/head chunks under lax.map, k
-    # pre-transposed for a plain matmul.
+    # The scale goes on q (n*d values) rather than on the n*n logits: fewer multiplies.
     logits = jnp.einsum("bhqd,bhkd->bhqk", q * jnp.asarray(scale, q.dtype), k,
                         preferred_element_type=jnp.float32)
     if mask is not None:

@@ -1,7 +1,7 @@
 """Training checkpoints: orbax `CheckpointManager` in `WORKDIR/checkpoints/<step>/`.
 
-The layout is `vit.checkpoints.layout`'s, so `vit predict`, `vit eval` and `--init` read a step
-folder like any other orbax checkpoint. Saves are asynchronous; orbax writes each step into a
+The format is `vit.checkpoints.orbax_format`'s, so `vit predict`, `vit eval` and `--init` read a
+step folder like any other orbax checkpoint. Saves are asynchronous; orbax writes each step into a
 temporary folder and renames it when complete, so a crash (even SIGKILL) mid-save leaves the
 earlier checkpoints intact and the half-written one invisible. Kept: the last `keep` steps plus
 the best by validation accuracy; the latest is always among them, so a resume never loses it.
@@ -26,7 +26,7 @@ import jax
 import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as policies
 
-from vit.checkpoints import layout
+from vit.checkpoints import orbax_format
 from vit.errors import VitError
 
 METRIC = "val_accuracy"
@@ -34,7 +34,7 @@ METRIC = "val_accuracy"
 
 class TrainCheckpoints:
     def __init__(self, workdir: str | Path, keep: int = 2, async_save: bool = True):
-        self.directory = Path(workdir).absolute() / layout.CHECKPOINTS_DIR
+        self.directory = Path(workdir).absolute() / orbax_format.CHECKPOINTS_DIR
         keep_policy = policies.AnyPreservationPolicy([
             policies.LatestN(n=max(keep, 1)),
             policies.BestN(get_metric_fn=lambda m: m[METRIC], n=1,
@@ -52,14 +52,14 @@ class TrainCheckpoints:
              train_state: dict, meta: dict, val_accuracy: float | None = None) -> None:
         """Starts an asynchronous save; `wait()` (or the next save) finishes it."""
         items = {
-            layout.PARAMS: ocp.args.StandardSave(params),
-            layout.META: ocp.args.JsonSave(meta),
-            layout.OPT_STATE: ocp.args.StandardSave(opt_state),
-            layout.DATA_ITER: ocp.args.JsonSave(data_iter),
-            layout.TRAIN_STATE: ocp.args.JsonSave(train_state),
+            orbax_format.PARAMS: ocp.args.StandardSave(params),
+            orbax_format.META: ocp.args.JsonSave(meta),
+            orbax_format.OPT_STATE: ocp.args.StandardSave(opt_state),
+            orbax_format.DATA_ITER: ocp.args.JsonSave(data_iter),
+            orbax_format.TRAIN_STATE: ocp.args.JsonSave(train_state),
         }
         if ema_params is not None:
-            items[layout.EMA_PARAMS] = ocp.args.StandardSave(ema_params)
+            items[orbax_format.EMA_PARAMS] = ocp.args.StandardSave(ema_params)
         metrics = None if val_accuracy is None else {METRIC: float(val_accuracy)}
         self.manager.save(step, args=ocp.args.Composite(**items), metrics=metrics, force=True)
 
@@ -75,20 +75,20 @@ class TrainCheckpoints:
 
     def read_meta(self, step: int) -> dict:
         """`step`'s meta alone: enough to rebuild the model before restoring its arrays."""
-        args = ocp.args.Composite(**{layout.META: ocp.args.JsonRestore()})
-        return self.manager.restore(step, args=args)[layout.META]
+        args = ocp.args.Composite(**{orbax_format.META: ocp.args.JsonRestore()})
+        return self.manager.restore(step, args=args)[orbax_format.META]
 
     def restore(self, step: int, *, params, opt_state, ema_params) -> dict:
         """Restores `step` into the structure (and shardings) of the abstract trees given."""
         items = {
-            layout.PARAMS: ocp.args.StandardRestore(params),
-            layout.OPT_STATE: ocp.args.StandardRestore(opt_state),
-            layout.DATA_ITER: ocp.args.JsonRestore(),
-            layout.TRAIN_STATE: ocp.args.JsonRestore(),
-            layout.META: ocp.args.JsonRestore(),
+            orbax_format.PARAMS: ocp.args.StandardRestore(params),
+            orbax_format.OPT_STATE: ocp.args.StandardRestore(opt_state),
+            orbax_format.DATA_ITER: ocp.args.JsonRestore(),
+            orbax_format.TRAIN_STATE: ocp.args.JsonRestore(),
+            orbax_format.META: ocp.args.JsonRestore(),
         }
         if ema_params is not None:
-            items[layout.EMA_PARAMS] = ocp.args.StandardRestore(ema_params)
+            items[orbax_format.EMA_PARAMS] = ocp.args.StandardRestore(ema_params)
         restored = self.manager.restore(step, args=ocp.args.Composite(**items))
         return {name: restored[name] for name in items}
 
@@ -99,13 +99,13 @@ class TrainCheckpoints:
         """`checkpoints/best.json`, replaced atomically (by process 0 alone)."""
         if jax.process_index() != 0:
             return
-        path = self.directory / layout.BEST_FILE
+        path = self.directory / orbax_format.BEST_FILE
         tmp = path.with_suffix(".json.tmp")
         tmp.write_text(json.dumps({"step": int(step), METRIC: float(val_accuracy)}))
         os.replace(tmp, path)
 
     def read_best(self) -> dict | None:
-        path = self.directory / layout.BEST_FILE
+        path = self.directory / orbax_format.BEST_FILE
         return json.loads(path.read_text()) if path.is_file() else None
 
     def wait(self) -> None:

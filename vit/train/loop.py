@@ -20,7 +20,7 @@ from pathlib import Path
 import jax
 
 from vit import device_mesh
-from vit.checkpoints import layout
+from vit.checkpoints import orbax_format
 from vit.data import open_source, train_iterator
 from vit.errors import ConfigError
 from vit.inference.evaluate import evaluate_task, make_logits_fn, sharded_eval_batches
@@ -147,7 +147,7 @@ def _train(config, workdir: Path, ckpts: TrainCheckpoints, *, init: str | None,
     def save(step: int, val_acc: float | None) -> None:
         if primary:  # the recipe of the checkpoints: a run refused or crashed before its first
             write_config(workdir, config)  # save leaves the workdir's config.json as it was
-        meta = layout.make_meta(
+        meta = orbax_format.make_meta(
             model_config=model.config.to_dict(), preprocessing=model.preprocessing.to_dict(),
             labels=class_names, step=step,
             extra={"dataset": train_src.name, "val_accuracy": val_acc, "config": config.to_dict()})

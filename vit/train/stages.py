@@ -20,7 +20,7 @@ from pathlib import Path
 import jax
 import ml_collections
 
-from vit.checkpoints import layout
+from vit.checkpoints import orbax_format
 from vit.errors import ConfigError
 from vit.models.config import get_config
 from vit.train.checkpointing import TrainCheckpoints
@@ -89,7 +89,7 @@ def train_stages(config, workdir: str | Path, *, init: str | None = None,
 
 
 def _latest_step(workdir: Path) -> int | None:
-    if not (workdir / layout.CHECKPOINTS_DIR).is_dir():
+    if not (workdir / orbax_format.CHECKPOINTS_DIR).is_dir():
         return None
     ckpts = TrainCheckpoints(workdir)
     try:

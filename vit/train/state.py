@@ -21,7 +21,7 @@ import optax
 from flax import nnx
 
 from vit import device_mesh
-from vit.checkpoints import layout
+from vit.checkpoints import orbax_format
 from vit.data import Augment
 from vit.errors import CheckpointError, ConfigError
 from vit.models.config import ViTConfig, get_config
@@ -70,7 +70,7 @@ def abstract_params(model_config: ViTConfig):
 def start_from_init(init: str, config, num_classes: int):
     """(model config, params, preprocessing) from a pretrained checkpoint, adapted."""
     from vit.checkpoints import load_checkpoint
-    from vit.train.init import adapt_params
+    from vit.checkpoints.fit import adapt_params
 
     size = config.input.image_size
     # The recipe decides whether the model reads text: a plain checkpoint gets a freshly
@@ -142,17 +142,17 @@ def check_resume(config, ckpts: TrainCheckpoints, step: int, num_classes: int,
     count and `train.steps` is not below `step`. Each misfit is a one-line error naming the
     key or folder and the fix, raised before anything is built or written."""
     ema = config.train.ema_decay > 0
-    items = [layout.PARAMS, layout.META, layout.OPT_STATE, layout.DATA_ITER,
-             layout.TRAIN_STATE] + ([layout.EMA_PARAMS] if ema else [])
+    items = [orbax_format.PARAMS, orbax_format.META, orbax_format.OPT_STATE, orbax_format.DATA_ITER,
+             orbax_format.TRAIN_STATE] + ([orbax_format.EMA_PARAMS] if ema else [])
     damaged = ckpts.damaged_items(step, items)
     meta = {}
-    if layout.META not in damaged:
+    if orbax_format.META not in damaged:
         try:
             meta = ckpts.read_meta(step)
         except Exception:  # an unreadable meta: the folder is damaged like a missing one
-            damaged.append(layout.META)
+            damaged.append(orbax_format.META)
     recorded_ema = (meta.get("config") or {}).get("train", {}).get("ema_decay")
-    if layout.EMA_PARAMS in damaged and recorded_ema is not None and not recorded_ema > 0:
+    if orbax_format.EMA_PARAMS in damaged and recorded_ema is not None and not recorded_ema > 0:
         raise ConfigError(f"train.ema_decay={config.train.ema_decay}: the run in "
                           f"{ckpts.directory.parent} was saved without EMA (train.ema_decay="
                           f"{recorded_ema}); {_RESUME_FIX}")
@@ -266,11 +266,11 @@ def restore_state(ckpts: TrainCheckpoints, step: int, params, tx: optax.Gradient
             f"{ckpts.step_dir(step)} could not be restored ({what}); if the folder is damaged, "
             f"{_delete_fix(ckpts, step)}; if the recipe's optim section changed since, undo "
             "that") from None
-    iterator_state = iterator_state_of_process(restored[layout.DATA_ITER], step)
+    iterator_state = iterator_state_of_process(restored[orbax_format.DATA_ITER], step)
     if parallel.is_primary():
         print(f"resumed from step {step} ({ckpts.step_dir(step)})")
-    return TrainState(restored[layout.PARAMS], restored[layout.OPT_STATE],
-                      restored.get(layout.EMA_PARAMS), iterator_state)
+    return TrainState(restored[orbax_format.PARAMS], restored[orbax_format.OPT_STATE],
+                      restored.get(orbax_format.EMA_PARAMS), iterator_state)
 
 
 def iterator_states(local_state: dict) -> dict:
