@@ -78,29 +78,14 @@ def _train(config, workdir: Path, ckpts: TrainCheckpoints, *, init: str | None,
                           f"train.accum_steps={tc.accum_steps}")
     loss_name = tc.get("loss", DEFAULT_LOSS)
     loss_fn = get_loss(loss_name)
-
-    # Data.
-    data = config.data
-    train_src = open_source(data.name, data.train_split, data_dir=data.data_dir,
-                            strict=data.strict)
-    val_src = (open_source(data.name, data.val_split, data_dir=data.data_dir, strict=data.strict)
-               if data.val_split else None)
-    class_names = train_src.class_names
-    num_classes = len(class_names)
-    if getattr(train_src, "multi_label", False) and loss_name == "softmax_xent":
-        raise ConfigError(f"{data.name} has multi-hot labels; set train.loss=sigmoid_xent (or "
-                          "prompt_xent to train a text model on its prompts)")
-    if num_classes < 2 and loss_name == "softmax_xent":  # the loss is 0 from the first step
-        raise ConfigError(f"{data.name} has one class ({', '.join(class_names)}); a classifier "
-                          "needs at least two: add a folder per class")
-    if primary and tc.batch_size > len(train_src):
-        print(f"note: train.batch_size={tc.batch_size} is more than the {len(train_src)} "
-              f"training images of {data.name}; each batch repeats images", file=sys.stderr)
+    train_src, val_src = _open_sources(config, loss_name, primary)
+    num_classes = len(train_src.class_names)
 
     # Model and train state: from the latest checkpoint, else from --init, else fresh. A
     # resume that does not fit the checkpoint is refused here, before anything is written.
     start = ckpts.latest_step() or 0
-    resume_meta = check_resume(config, ckpts, start, num_classes, data.name) if start else None
+    resume_meta = (check_resume(config, ckpts, start, num_classes, config.data.name) if start
+                   else None)
     if start >= steps:  # finished earlier: nothing to train, nothing rewritten
         ckpts.close()
         if primary:
@@ -110,103 +95,151 @@ def _train(config, workdir: Path, ckpts: TrainCheckpoints, *, init: str | None,
                 "best_val_accuracy": (ckpts.read_best() or {}).get(METRIC, -1.0)}
     model, params = build_model(config, num_classes, resume_meta=resume_meta,
                                 init=init or config.init)
-    tokenize = prompt_tokenizer(model.config, loss_name)
+    tokenizer = prompt_tokenizer(model.config, loss_name)
     tx, lr_fn = make_optimizer(config.optim, params, model.config.depth, steps)
     place = Placement.of(mesh, params, tx, parallel.rules_from_config(config))
     use_ema = tc.ema_decay > 0
     state = (restore_state(ckpts, start, params, tx, place, ema=use_ema, config=config,
                            meta=resume_meta) if start
              else new_state(params, tx, place, ema=use_ema))
-    params, opt_state, ema = state.params, state.opt_state, state.ema
-
     iterator = train_iterator(train_src, model.preprocessing, augment_of(config),
                               batch_size=host_batch, seed=config.seed, num_classes=num_classes,
                               shard_index=jax.process_index(),
-                              shard_count=jax.process_count(), num_threads=data.num_threads,
-                              tokenize=tokenize)
+                              shard_count=jax.process_count(),
+                              num_threads=config.data.num_threads, tokenize=tokenizer)
     if state.iterator_state is not None:
         iterator.set_state(state.iterator_state)
     step_fn = make_train_step(model.graphdef, tx, place, accum_steps=tc.accum_steps,
                               ema_decay=tc.ema_decay, loss_fn=loss_fn)
-    logits_fn = make_logits_fn(model.graphdef, mesh, place.params)
-    log = MetricsLog(workdir, start, enabled=primary)
-    saver = CheckpointPolicy(ckpts, every=tc.checkpoint_every, resumed=bool(start))
-
-    def validate(step: int) -> float:
-        batches = sharded_eval_batches(val_src, model.preprocessing, batch_size=eval_host_batch,
-                                       num_threads=data.num_threads, tokenize=tokenize)
-        res = evaluate_task(loss_name, logits_fn, params, batches, num_classes, mesh)
-        log.write({"step": step, "split": "validation", "loss": res["loss"],
-                   "accuracy": res["accuracy"],
-                   **{k: res[k] for k in ("top5_accuracy", "label_accuracy") if k in res}})
-        if primary:
-            print(f"step {step}: validation accuracy {res['accuracy']:.4f} "
-                  f"loss {res['loss']:.4f}", flush=True)
-        return res["accuracy"]
-
-    def save(step: int, val_acc: float | None) -> None:
-        if primary:  # the recipe of the checkpoints: a run refused or crashed before its first
-            write_config(workdir, config)  # save leaves the workdir's config.json as it was
-        meta = orbax_format.make_meta(
-            model_config=model.config.to_dict(), preprocessing=model.preprocessing.to_dict(),
-            labels=class_names, step=step,
-            extra={"dataset": train_src.name, "val_accuracy": val_acc, "config": config.to_dict()})
-        saver.save(step, params=params, opt_state=opt_state, ema_params=ema,
-                   data_iter=iterator_states(iterator.get_state()),
-                   train_state={"step": step, "seed": config.seed},
-                   meta=json.loads(json.dumps(meta, default=list)), val_accuracy=val_acc)
-
-    # The loop: one step, validation and saving when due. The step's metrics stay on the
-    # device until a log or a save needs them, so the host never waits on a step in between.
-    last, pending = {}, []
+    run = _Run(config, workdir, ckpts, state, model=model, iterator=iterator,
+               sources=(train_src, val_src), tokenizer=tokenizer, loss_name=loss_name,
+               logits_fn=make_logits_fn(model.graphdef, mesh, place.params), mesh=mesh,
+               eval_batch_size=eval_host_batch, start=start, primary=primary)
     end = steps if stop_after is None else min(steps, start + stop_after)
-    meter, bar, stop = TrainMeter(), progress(start, steps, enabled=primary), StopSignals()
-
-    def drain() -> None:
-        """Reads the pending steps' metrics: raises `Diverged` at the first non-finite one."""
-        for s, metrics in jax.device_get(pending):  # one transfer for all of them
-            saver.check_finite(s, float(metrics["loss"]), bool(metrics["finite"]))
-            meter.add({k: float(v) for k, v in metrics.items() if k != "finite"})
-        pending.clear()
-
-    with stop.installed():
-        step = start
-        while step < end:
-            batch = device_mesh.to_global(next(iterator), mesh)
-            params, opt_state, ema, metrics = step_fn(params, opt_state, ema, batch,
-                                                      config.seed, step)
-            step += 1
-            pending.append((step, metrics))
-            bar.update(1)
-            stopping = stop.check(step)
-            if step % tc.log_every == 0 or step == end or stopping:
-                drain()
-                means, images_per_s = meter.flush(tc.batch_size)
-                last = {"step": step, "split": "train", **means, "lr": float(lr_fn(step - 1)),
-                        "images_per_s": images_per_s}
-                log.write(last)
-                bar.report(last)
-            validating = val_src is not None and (step % tc.eval_every == 0 or step == steps)
-            saving = saver.due(step, end, stopping=bool(stopping))
-            if validating or saving:
-                drain()  # waits for the step (training time); never saves non-finite weights
-            with meter.paused():  # images/s counts training steps only
-                val_acc = validate(step) if validating else None
-                if saving:
-                    save(step, val_acc)
-            if stopping:  # every process says so: each one's log shows where it stopped
-                who = f"process {jax.process_index()} " if jax.process_count() > 1 else ""
-                print(f"{stopping}: {who}saved step {step} to {ckpts.step_dir(step)}; run "
-                      "the same command to resume", file=sys.stderr, flush=True)
-                break
-    bar.close()
-    saver.close()
+    last, step, stopped_by = run.steps(step_fn, lr_fn, start, end)
     if primary and (workdir / "metrics.jsonl").exists():
         plot_curves(workdir / "metrics.jsonl", workdir / "curves.png")
     if step >= steps and primary:
         print(f"done: {steps} steps; checkpoints in {ckpts.directory}, metrics in "
               f"{workdir / 'metrics.jsonl'}, curves in {workdir / 'curves.png'}")
-    return {**last, "stopped_by": stop.received, "best_val_accuracy": saver.best_accuracy}
+    return {**last, "stopped_by": stopped_by, "best_val_accuracy": run.saver.best_accuracy}
+
+
+def _open_sources(config, loss_name: str, primary: bool):
+    """`(train, validation or None)`: the recipe's splits, refused when the loss cannot train
+    on them."""
+    data, batch_size = config.data, config.train.batch_size
+    train_src = open_source(data.name, data.train_split, data_dir=data.data_dir,
+                            strict=data.strict)
+    val_src = (open_source(data.name, data.val_split, data_dir=data.data_dir, strict=data.strict)
+               if data.val_split else None)
+    class_names = train_src.class_names
+    if getattr(train_src, "multi_label", False) and loss_name == "softmax_xent":
+        raise ConfigError(f"{data.name} has multi-hot labels; set train.loss=sigmoid_xent (or "
+                          "prompt_xent to train a text model on its prompts)")
+    if len(class_names) < 2 and loss_name == "softmax_xent":  # the loss is 0 from the first step
+        raise ConfigError(f"{data.name} has one class ({', '.join(class_names)}); a classifier "
+                          "needs at least two: add a folder per class")
+    if primary and batch_size > len(train_src):
+        print(f"note: train.batch_size={batch_size} is more than the {len(train_src)} "
+              f"training images of {data.name}; each batch repeats images", file=sys.stderr)
+    return train_src, val_src
+
+
+class _Run:
+    """The steps of one `train` call: the state they advance, and the validation, log and
+    checkpoints they feed. A step's metrics stay on the device until a log or a save needs
+    them, so the host never waits on a step in between."""
+
+    def __init__(self, config, workdir: Path, ckpts: TrainCheckpoints, state, *, model,
+                 iterator, sources, tokenizer, loss_name: str, logits_fn, mesh,
+                 eval_batch_size: int, start: int, primary: bool):
+        self.config, self.workdir, self.ckpts, self.model = config, workdir, ckpts, model
+        self.params, self.opt_state, self.ema = state.params, state.opt_state, state.ema
+        self.iterator, (self.train_src, self.val_src) = iterator, sources
+        self.tokenizer, self.loss_name, self.logits_fn = tokenizer, loss_name, logits_fn
+        self.mesh, self.eval_batch_size, self.primary = mesh, eval_batch_size, primary
+        self.log = MetricsLog(workdir, start, enabled=primary)
+        self.saver = CheckpointPolicy(ckpts, every=config.train.checkpoint_every,
+                                      resumed=bool(start))
+        self.meter, self.pending = TrainMeter(), []
+
+    def steps(self, step_fn, lr_fn, start: int, end: int) -> tuple[dict, int, str | None]:
+        """Trains from `start` to `end`, validating and saving when due; returns the last
+        train metrics, the step reached and the signal that stopped it (or None)."""
+        tc, steps = self.config.train, self.config.train.steps
+        last, bar, stop = {}, progress(start, steps, enabled=self.primary), StopSignals()
+        with stop.installed():
+            step = start
+            while step < end:
+                batch = device_mesh.to_global(next(self.iterator), self.mesh)
+                self.params, self.opt_state, self.ema, metrics = step_fn(
+                    self.params, self.opt_state, self.ema, batch, self.config.seed, step)
+                step += 1
+                self.pending.append((step, metrics))
+                bar.update(1)
+                stopping = stop.check(step)
+                if step % tc.log_every == 0 or step == end or stopping:
+                    self._drain()
+                    means, images_per_s = self.meter.flush(tc.batch_size)
+                    last = {"step": step, "split": "train", **means,
+                            "lr": float(lr_fn(step - 1)), "images_per_s": images_per_s}
+                    self.log.write(last)
+                    bar.report(last)
+                validating = self.val_src is not None and (step % tc.eval_every == 0
+                                                           or step == steps)
+                saving = self.saver.due(step, end, stopping=bool(stopping))
+                if validating or saving:
+                    self._drain()  # waits for the step (training time); never saves non-finite
+                with self.meter.paused():  # images/s counts training steps only
+                    val_acc = self.validate(step) if validating else None
+                    if saving:
+                        self.save(step, val_acc)
+                if stopping:  # every process says so: each one's log shows where it stopped
+                    who = f"process {jax.process_index()} " if jax.process_count() > 1 else ""
+                    print(f"{stopping}: {who}saved step {step} to {self.ckpts.step_dir(step)}; "
+                          "run the same command to resume", file=sys.stderr, flush=True)
+                    break
+        bar.close()
+        self.saver.close()
+        return last, step, stop.received
+
+    def _drain(self) -> None:
+        """Reads the pending steps' metrics: raises `Diverged` at the first non-finite one."""
+        for s, metrics in jax.device_get(self.pending):  # one transfer for all of them
+            self.saver.check_finite(s, float(metrics["loss"]), bool(metrics["finite"]))
+            self.meter.add({k: float(v) for k, v in metrics.items() if k != "finite"})
+        self.pending.clear()
+
+    def validate(self, step: int) -> float:
+        batches = sharded_eval_batches(self.val_src, self.model.preprocessing,
+                                       batch_size=self.eval_batch_size,
+                                       num_threads=self.config.data.num_threads,
+                                       tokenize=self.tokenizer)
+        res = evaluate_task(self.loss_name, self.logits_fn, self.params, batches,
+                            len(self.train_src.class_names), self.mesh)
+        self.log.write({"step": step, "split": "validation", "loss": res["loss"],
+                        "accuracy": res["accuracy"],
+                        **{k: res[k] for k in ("top5_accuracy", "label_accuracy") if k in res}})
+        if self.primary:
+            print(f"step {step}: validation accuracy {res['accuracy']:.4f} "
+                  f"loss {res['loss']:.4f}", flush=True)
+        return res["accuracy"]
+
+    def save(self, step: int, val_acc: float | None) -> None:
+        config = self.config
+        if self.primary:  # the recipe of the checkpoints: a run refused or crashed before its
+            write_config(self.workdir, config)  # first save leaves config.json as it was
+        meta = orbax_format.make_meta(
+            model_config=self.model.config.to_dict(),
+            preprocessing=self.model.preprocessing.to_dict(),
+            labels=self.train_src.class_names, step=step,
+            extra={"dataset": self.train_src.name, "val_accuracy": val_acc,
+                   "config": config.to_dict()})
+        self.saver.save(step, params=self.params, opt_state=self.opt_state,
+                        ema_params=self.ema, data_iter=iterator_states(self.iterator.get_state()),
+                        train_state={"step": step, "seed": config.seed},
+                        meta=json.loads(json.dumps(meta, default=list)), val_accuracy=val_acc)
 
 
 def write_config(workdir: Path, config, name: str = "config.json") -> None:
