@@ -1,12 +1,25 @@
-"""Training-step speed: our ViT-B/16 (JAX, jitted AdamW step) against transformers'
-PyTorch ViTForImageClassification doing the same step (AdamW, batch 8, 224 px, float32, CPU).
+"""Training-step speed: the step `vit train` runs against transformers' PyTorch ViT doing the
+same step, on the CPU, in float32.
 
-Each measurement runs in its own process, JAX and PyTorch alternating, so neither warms the
-other's caches or fights it for cores; torch uses as many threads as there are cores. Writes
-the per-run medians and the median ratio (torch time / our time: above 1 means we are faster)
-to benchmarks/bench_train.json.
+Ours is `vit train`'s own jitted step (scripts/train_step.py builds it from the recipe with the
+package's functions, as vit/train/loop.py does): `make_train_step` with the optimiser
+`make_optimizer` builds (global-norm clipping, then AdamW with weight decay on the weight
+matrices), the recipe's loss with its label smoothing, the accuracy metric and the check that
+the weights stayed finite. Theirs: `ViTForImageClassification` loaded from a Hugging Face folder
+that our writer made of the same initial weights, `torch.optim.AdamW` with the same rate, betas
+and decay mask, `clip_grad_norm_` at the same norm, cross-entropy with the same smoothing,
+accuracy and the same finiteness check. Both get the same batch (NHWC for us, NCHW for torch).
 
-    .venv/bin/python scripts/bench_train.py [--rounds 2] [--steps 3] [--note "..."]
+Every measurement runs in its own process, ours and theirs alternating (the order flips every
+round), so neither warms the other's caches or competes for cores; torch uses a thread per
+core. Per case: each run's median step time, each round's ratio (transformers' time / ours:
+above 1 means ours is faster) and their median, each process's peak memory, and each side's
+loss at its first and last step: from the same weights and batch the first agrees when the two
+steps compute the same thing. The recipe is configs/imagefolder.py with AdamW (train_step.ADAMW)
+in float32; `--set` changes it further, as it would `vit train`'s.
+
+    python scripts/bench_train.py [--case B/16:8 --case S/16:32] [--rounds 3] [--steps 3]
+        [--warmup 1] [--set KEY=VALUE ...] [--note TEXT] [--out benchmarks/bench_train.json]
 """
 
 from __future__ import annotations
@@ -14,128 +27,210 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
-import records  # scripts/, on the path as the script's own folder
+import memory
+import records
+import train_step
 
-BATCH, SIZE, CLASSES, LR = 8, 224, 1000, 1e-4
+CASES = ("B/16:8", "S/16:32")
+CLASSES = 1000
+# What transformers' side mirrors (the values it can run, the first being a key's default); a
+# recipe that needs more is refused rather than compared.
+MIRRORED = {"optim.name": ("adamw",), "optim.layer_decay": (1.0, 0.0, None),
+            "optim.trainable": (".*",), "optim.lr_mults": (None, []),
+            "optim.no_decay": (None, ""), "model.dtype": ("float32",),
+            "model.dropout": (0.0,), "model.attention_dropout": (0.0,),
+            "model.drop_path": (0.0,), "train.accum_steps": (1,), "train.ema_decay": (0.0,),
+            "input.mixup": (0.0,), "input.cutmix": (0.0,)}
 
 
-def worker_jax(steps: int, warmup: int) -> list[float]:
+def recipe(case: str, sets: list[str]):
+    model, batch = case.split(":")
+    return train_step.load_recipe([*train_step.ADAMW, "model.dtype=float32",
+                                   f"model.name={model}", f"train.batch_size={batch}", *sets])
+
+
+def spec_of(config) -> dict:
+    """What transformers' worker needs of the recipe, after checking it can mirror it."""
+    for key, allowed in MIRRORED.items():
+        section, name = key.split(".")
+        have = config[section].get(name, allowed[0])
+        if have not in allowed:
+            raise SystemExit(f"{key}={have!r}: transformers' side here runs {key}="
+                             f"{allowed[0]!r} only; leave it at that for this benchmark")
+    o = config.optim
+    return {"lr": o.lr, "b1": o.b1, "b2": o.b2, "weight_decay": o.weight_decay,
+            "clip_norm": o.clip_norm, "label_smoothing": config.input.label_smoothing,
+            "batch": config.train.batch_size, "image_size": config.input.image_size}
+
+
+def prepare(case: str, sets: list[str], folder: Path) -> None:
+    """The Hugging Face folder of our initial weights, the batch, and transformers' spec."""
+    import numpy as np
+
+    from vit.checkpoints import save_checkpoint
+
+    config = recipe(case, sets)
+    spec = spec_of(config)
+    save_checkpoint(train_step.initial_weights(config, CLASSES), folder / "hf", "hf")
+    rng = np.random.default_rng(0)
+    size = spec["image_size"]
+    np.savez(folder / "batch.npz", labels=rng.integers(0, CLASSES, spec["batch"]),
+             images=rng.normal(size=(spec["batch"], size, size, 3)).astype(np.float32))
+    (folder / "spec.json").write_text(json.dumps(spec))
+
+
+def worker_vit(case: str, sets: list[str], folder: Path, steps: int, warmup: int) -> dict:
     import jax
     import numpy as np
-    import optax
-    from flax import nnx
 
-    import vit
-
-    model = vit.create_model("B/16", num_classes=CLASSES, attention_impl="xla")
-    graphdef, params = nnx.split(model, nnx.Param)
-    tx = optax.adamw(LR, weight_decay=0.05)
-    opt_state = tx.init(params)
-
-    @jax.jit
-    def step(params, opt_state, images, labels):
-        def loss_fn(p):
-            logits = nnx.merge(graphdef, p)(images, train=True, rng=jax.random.key(0))
-            return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
-
-        loss, grads = jax.value_and_grad(loss_fn)(params)
-        updates, opt_state = tx.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, loss
-
-    rng = np.random.default_rng(0)
-    images = rng.normal(size=(BATCH, SIZE, SIZE, 3)).astype(np.float32)
-    labels = rng.integers(0, CLASSES, BATCH)
-    times = []
+    step = train_step.build(recipe(case, sets), CLASSES)
+    data = np.load(folder / "batch.npz")
+    batch = step.batch(data["images"], data["labels"])
+    times, losses = [], []
     for i in range(warmup + steps):
-        t = time.perf_counter()
-        params, opt_state, loss = step(params, opt_state, images, labels)
-        jax.block_until_ready(loss)
+        start = time.perf_counter()
+        metrics = jax.block_until_ready(step(batch))
         if i >= warmup:
-            times.append(time.perf_counter() - t)
-    return times
+            times.append(time.perf_counter() - start)
+        losses.append(float(metrics["loss"]))
+        assert bool(metrics["finite"]), "the weights became non-finite"
+    return {"times": times, "loss_first": losses[0], "loss_last": losses[-1], **memory.probe()}
 
 
-def worker_torch(steps: int, warmup: int) -> list[float]:
+def worker_transformers(folder: Path, steps: int, warmup: int) -> dict:
+    import numpy as np
     import torch
-    from transformers import ViTConfig, ViTForImageClassification
+    from transformers import ViTForImageClassification
 
     torch.set_num_threads(os.cpu_count())
-    torch.manual_seed(0)
-    model = ViTForImageClassification(ViTConfig(num_labels=CLASSES)).train()
-    opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.05)
-    images = torch.randn(BATCH, 3, SIZE, SIZE)
-    labels = torch.randint(0, CLASSES, (BATCH,))
-    times = []
+    spec = json.loads((folder / "spec.json").read_text())
+    model = ViTForImageClassification.from_pretrained(folder / "hf").train()
+    params = dict(model.named_parameters())
+    # Decay on the weight matrices only, as make_optimizer's mask (kernels, not biases,
+    # norms, position embeddings or the class token).
+    decayed = [p for n, p in params.items() if n.endswith(".weight") and p.ndim >= 2]
+    rest = [p for n, p in params.items() if not (n.endswith(".weight") and p.ndim >= 2)]
+    opt = torch.optim.AdamW([{"params": decayed, "weight_decay": spec["weight_decay"]},
+                             {"params": rest, "weight_decay": 0.0}],
+                            lr=spec["lr"], betas=(spec["b1"], spec["b2"]), eps=1e-8)
+    data = np.load(folder / "batch.npz")
+    images = torch.from_numpy(data["images"].transpose(0, 3, 1, 2).copy())
+    labels = torch.from_numpy(data["labels"])
+    times, losses = [], []
     for i in range(warmup + steps):
-        t = time.perf_counter()
+        start = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        loss = torch.nn.functional.cross_entropy(model(pixel_values=images).logits, labels)
+        logits = model(pixel_values=images).logits
+        loss = torch.nn.functional.cross_entropy(logits, labels,
+                                                 label_smoothing=spec["label_smoothing"])
         loss.backward()
+        if spec["clip_norm"]:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), spec["clip_norm"])
         opt.step()
+        with torch.no_grad():
+            accuracy = (logits.argmax(-1) == labels).float().mean()
+            finite = torch.stack([p.isfinite().all() for p in params.values()]).all()
+        loss, accuracy, finite = loss.item(), accuracy.item(), finite.item()
         if i >= warmup:
-            times.append(time.perf_counter() - t)
-    return times
+            times.append(time.perf_counter() - start)
+        losses.append(loss)
+        assert finite, "the weights became non-finite"
+    return {"times": times, "loss_first": losses[0], "loss_last": losses[-1], **memory.probe()}
 
 
-def versions() -> dict:
-    out = {"python": platform.python_version()}
-    for name in ("jax", "flax", "optax", "torch", "transformers"):
-        try:
-            out[name] = __import__(name).__version__
-        except ImportError:
-            out[name] = None
-    return out
+def run_worker(kind: str, case: str, folder: Path, args) -> dict:
+    cmd = [sys.executable, __file__, "--worker", kind, "--case", case, "--folder", str(folder),
+           "--steps", str(args.steps), "--warmup", str(args.warmup),
+           *(f"--set={s}" for s in args.set)]
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if proc.returncode:
+        raise SystemExit(f"{kind} worker for {case} failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def measure(case: str, folder: Path, args) -> dict:
+    runs = {"vit": [], "transformers": []}
+    for r in range(args.rounds):
+        for kind in ("vit", "transformers") if r % 2 == 0 else ("transformers", "vit"):
+            out = run_worker(kind, case, folder, args)
+            runs[kind].append({**out, "median_step_s": statistics.median(out["times"])})
+            print(f"{case} round {r}: {kind} median step {runs[kind][-1]['median_step_s']:.3f} s"
+                  f", peak RSS {out['peak_rss_bytes'] / 2**30:.2f} GiB", flush=True)
+    ratios = [t["median_step_s"] / v["median_step_s"]
+              for v, t in zip(runs["vit"], runs["transformers"], strict=True)]
+    return {"case": case, "model": case.split(":")[0], "batch": int(case.split(":")[1]),
+            "median_step_s": {k: [run["median_step_s"] for run in v] for k, v in runs.items()},
+            "step_times_s": {k: [run["times"] for run in v] for k, v in runs.items()},
+            "ratio_transformers_over_vit": ratios,
+            "median_ratio": statistics.median(ratios),
+            "peak_rss_bytes": {k: max(run["peak_rss_bytes"] for run in v)
+                               for k, v in runs.items()},
+            "loss_first": {k: v[0]["loss_first"] for k, v in runs.items()},
+            "loss_last": {k: v[0]["loss_last"] for k, v in runs.items()},
+            "loss_last_relative_difference": abs(
+                runs["vit"][0]["loss_last"] / runs["transformers"][0]["loss_last"] - 1)}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--case", action="append", metavar="MODEL:BATCH",
+                        help=f"model and batch size, repeatable (default: {' and '.join(CASES)})")
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=3, help="timed steps per run")
     parser.add_argument("--warmup", type=int, default=1, help="untimed steps (compile) per run")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a recipe override, as `vit train --set`")
     parser.add_argument("--note", default="", help="recorded with the results (e.g. load)")
-    parser.add_argument("--out", default="benchmarks/bench_train.json")
-    parser.add_argument("--worker", choices=("jax", "torch"), help=argparse.SUPPRESS)
+    parser.add_argument("--out", default=records.default_out("bench_train"))
+    parser.add_argument("--worker", choices=("prepare", "vit", "transformers"),
+                        help=argparse.SUPPRESS)
+    parser.add_argument("--folder", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    cases = args.case or list(CASES)
+    if args.worker == "prepare":
+        prepare(cases[0], args.set, args.folder)
+        return
     if args.worker:
-        fn = worker_jax if args.worker == "jax" else worker_torch
-        print(json.dumps(fn(args.steps, args.warmup)))
+        out = (worker_vit(cases[0], args.set, args.folder, args.steps, args.warmup)
+               if args.worker == "vit" else
+               worker_transformers(args.folder, args.steps, args.warmup))
+        print(json.dumps(out))
         return
 
-    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-    runs = {"jax": [], "torch": []}
     load_before = os.getloadavg()
-    for r in range(args.rounds):
-        for name in ("jax", "torch") if r % 2 == 0 else ("torch", "jax"):
-            proc = subprocess.run([sys.executable, __file__, "--worker", name, "--steps",
-                                   str(args.steps), "--warmup", str(args.warmup)],
-                                  env=env, capture_output=True, text=True, check=True)
-            times = json.loads(proc.stdout.strip().splitlines()[-1])
-            runs[name].append(statistics.median(times))
-            print(f"round {r}: {name} median step {runs[name][-1]:.3f} s", flush=True)
-    ratios = [t / j for t, j in zip(runs["torch"], runs["jax"], strict=True)]
-    result = {
-        "benchmark": "ViT-B/16 training step (AdamW), batch 8, 224 px, float32, CPU",
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count(),
-                    "processor": platform.processor(), "cpu": records.cpu(),
-                    "load_before": load_before, "load_after": os.getloadavg()},
-        "versions": versions(),
-        "rounds": args.rounds, "timed_steps_per_run": args.steps,
-        "median_step_s": {k: v for k, v in runs.items()},
-        "ratio_torch_over_ours": ratios,
-        "median_ratio": statistics.median(ratios),
+    results = []
+    for case in cases:
+        with tempfile.TemporaryDirectory() as tmp:
+            cmd = [sys.executable, __file__, "--worker", "prepare", "--case", case,
+                   "--folder", tmp, *(f"--set={s}" for s in args.set)]
+            proc = subprocess.run(cmd, env={**os.environ, "JAX_PLATFORMS": "cpu"},
+                                  capture_output=True, text=True)
+            if proc.returncode:
+                raise SystemExit(f"preparing {case} failed:\n{proc.stderr[-3000:]}")
+            spec = json.loads((Path(tmp) / "spec.json").read_text())
+            results.append({**measure(case, Path(tmp), args), "recipe": spec})
+        print(f"{case}: median ratio (transformers / vit) {results[-1]['median_ratio']:.2f}",
+              flush=True)
+    records.write(args.out, {
+        "benchmark": "training step, vit train's against transformers', float32, CPU",
+        "recipe": f"{os.path.relpath(train_step.RECIPE, records.ROOT)} with "
+                  f"{' '.join(train_step.ADAMW)} model.dtype=float32 {' '.join(args.set)}".strip(),
+        "peer": "transformers ViTForImageClassification (default attention) from our initial "
+                "weights, torch.optim.AdamW, clip_grad_norm_, threads = cores",
+        "rounds": args.rounds, "timed_steps_per_run": args.steps, "warmup_steps": args.warmup,
+        "load_average_before": [round(x, 2) for x in load_before],
+        "cases": results,
         "note": args.note,
-    }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
-    print(f"median ratio (torch / ours): {result['median_ratio']:.2f} -> {args.out}")
+    }, extra_packages=("torch", "transformers"))
+    print(f"-> {args.out}")
 
 
 if __name__ == "__main__":

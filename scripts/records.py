@@ -1,6 +1,9 @@
-"""What every recorded figure carries: the command that made it, the machine and the versions.
+"""The one writer of benchmark records: each carries the command that made it, the date, the
+machine (its CPU and devices), the package versions, then its figures.
 
-Imported by the record scripts in this folder (`python scripts/NAME.py` puts it on the path).
+A record lives at `benchmarks/<name>.json` (`default_out`), the latest run of each benchmark;
+earlier runs are in git's history. Imported by the scripts in this folder (`python
+scripts/NAME.py` puts this folder on the path).
 """
 
 from __future__ import annotations
@@ -14,13 +17,21 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+BENCHMARKS = ROOT / "benchmarks"
 PACKAGES = ("jax", "jaxlib", "flax", "optax", "numpy", "scipy")
 
 
-def command() -> str:
-    """The command line as typed, relative to the repository root."""
-    script = os.path.relpath(os.path.abspath(sys.argv[0]), ROOT)
-    return " ".join(["python", script, *sys.argv[1:]])
+def default_out(name: str) -> str:
+    """Where the record of benchmark `name` is written unless `--out` says otherwise."""
+    return str(BENCHMARKS / f"{name}.json")
+
+
+def command(argv: list[str] | None = None, script: str | None = None) -> str:
+    """The command line, the script relative to the repository root. `argv` and `script`
+    default to the running process's (a script whose `main(argv)` is called in-process passes
+    its own)."""
+    script = os.path.relpath(os.path.abspath(script or sys.argv[0]), ROOT)
+    return " ".join(["python", script, *(sys.argv[1:] if argv is None else argv)])
 
 
 # The instruction sets that decide which matrix-product kernels a CPU can run.
@@ -49,12 +60,13 @@ def machine() -> dict:
 
     return {"platform": platform.platform(), "processor": platform.processor(), "cpu": cpu(),
             "cpus": os.cpu_count(), "jax_backend": jax.default_backend(),
+            "device_kind": jax.devices()[0].device_kind,
             "devices": [str(d) for d in jax.devices()],
             "load_average": [round(x, 2) for x in os.getloadavg()]}
 
 
 def versions(extra: tuple[str, ...] = ()) -> dict:
-    out = {}
+    out = {"python": platform.python_version()}
     for name in (*PACKAGES, *extra):
         try:
             out[name] = md.version(name)
@@ -63,13 +75,16 @@ def versions(extra: tuple[str, ...] = ()) -> dict:
     return out
 
 
-def write(path: str | Path, record: dict, extra_packages: tuple[str, ...] = ()) -> Path:
-    """Writes `record` with the command, machine, versions and date in front of it."""
-    full = {"command": command(), "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+def write(path: str | Path, record: dict, extra_packages: tuple[str, ...] = (), *,
+          argv: list[str] | None = None, script: str | None = None) -> Path:
+    """Writes `record` with the command, date, machine and versions in front of it, atomically
+    (a reader never sees half a record; a script may rewrite it as sections finish)."""
+    full = {"command": command(argv, script),
+            "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "machine": machine(), "versions": versions(extra_packages), **record}
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(full, indent=2) + "\n")
+    tmp.write_text(json.dumps(full, indent=2, default=str) + "\n")
     tmp.replace(path)
     return path
