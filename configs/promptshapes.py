@@ -8,6 +8,13 @@ Three stages (vit/train/stages.py), one command, resumable across them:
 - `text`: the ViT frozen, the text encoder, the gated cross-attention and the prompt head learn
   to answer prompts (the Flamingo/LiT recipe); the gates get a 10x learning rate and no decay.
 - `tune`: the top two blocks unfrozen as well, at a lower learning rate.
+
+    vit train --config configs/promptshapes.py --workdir runs/demo_text
+    vit eval --workdir runs/demo_text --json
+
+Expect a test accuracy of about 0.99 on the prompts (0.996 after 220 s of training on a 2-core
+CPU, benchmarks/promptshapes.json); prompts about the held-out colour-shape pairs stay far
+lower (0.369).
 """
 
 import ml_collections
@@ -17,22 +24,16 @@ TEXT_PARTS = "(text_path|xattn|prompt_head)/.*"
 
 def get_config():
     c = ml_collections.ConfigDict()
-    c.seed = 0
-    c.init = ""
-    c.data = dict(name="promptshapes", data_dir=None, train_split="train", val_split="test",
-                  test_split="test", heldout_split="heldout", strict=False, num_threads=1)
+    c.data = dict(name="promptshapes", val_split="test", heldout_split="heldout",
+                  num_threads=1)
     c.model = dict(name="Ti/16", width=128, depth=4, mlp_dim=256, num_heads=4, patch_size=16,
                    classifier="gap", class_token=False, attention_impl="xla",
                    text=dict(source="bytes", max_len=32, width=64, depth=1, num_heads=2,
                              mlp_dim=128, xattn_start=2, xattn_every=1))
-    c.input = dict(image_size=64, resample="bilinear", crop_pct=None, mean=[0.5] * 3,
-                   std=[0.5] * 3, inception_crop=False, flip=False, shift=0.0, rotate=0.0,
-                   scale=0.0, mixup=0.0, cutmix=0.0, label_smoothing=0.0)
-    c.optim = dict(name="adamw", lr=3e-3, warmup_steps=100, schedule="cosine", weight_decay=0.05,
-                   b1=0.9, b2=0.999, momentum=0.9, clip_norm=1.0, layer_decay=1.0,
-                   trainable=".*", lr_mults=[], no_decay="")
-    c.train = dict(steps=600, batch_size=64, accum_steps=1, eval_every=300,
-                   checkpoint_every=300, keep_checkpoints=1, log_every=50, ema_decay=0.0,
+    c.input = dict(image_size=64, mean=[0.5] * 3, std=[0.5] * 3, inception_crop=False,
+                   flip=False)
+    c.optim = dict(name="adamw", lr=3e-3, weight_decay=0.05)
+    c.train = dict(steps=600, eval_every=300, checkpoint_every=300, keep_checkpoints=1,
                    eval_batch_size=250, loss="sigmoid_xent")
     c.stages = dict(
         vit=dict(order=0, text=False, skip_with_init=True,
@@ -45,4 +46,4 @@ def get_config():
                              trainable=f"{TEXT_PARTS}|blocks/[23]/.*|norm/.*",
                              lr_mults=[[r"xattn/\d+/\w+_gate", 10.0]], no_decay=r".*_gate")),
     )
-    return ml_collections.ConfigDict(c)
+    return c

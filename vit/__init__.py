@@ -15,7 +15,8 @@ _LAZY = {
     "ViTConfig": "vit.models.config",
     "TextConfig": "vit.models.config",
     "tokenize": "vit.models.text",
-    "get_config": "vit.models.config",
+    "variant_config": "vit.models.config",
+    "get_config": "vit.models.config",  # the name of variant_config in earlier releases
     "VARIANTS": "vit.models.config",
     "dot_product_attention": "vit.ops.attention",
     "model_info": "vit.models.info",

@@ -257,8 +257,10 @@ def _parse_spec(name: str) -> dict[str, Any] | None:
     return fields
 
 
-def get_config(name: str, **overrides: Any) -> ViTConfig:
-    """The config for a variant name, with keyword overrides applied (and checked)."""
+def variant_config(name: str, **overrides: Any) -> ViTConfig:
+    """The ViTConfig of a variant name ("B/16", "vit_b16", "vit_base_patch16_224"), with
+    keyword overrides applied (and checked). Not a recipe's `get_config()`, which returns a
+    training ConfigDict."""
     fields = _parse_spec(name)
     if fields is None:
         choices = list(VARIANTS) + ["<size>/<patch> such as 'B/16'"]
@@ -267,3 +269,7 @@ def get_config(name: str, **overrides: Any) -> ViTConfig:
         raise ConfigError(f"unknown model {name!r}{hint}; choose one of {', '.join(choices)}")
     check_fields(overrides)
     return ViTConfig(**{**fields, **overrides})
+
+
+# The name earlier releases exported (`vit.get_config`, `vit.models.get_config`).
+get_config = variant_config

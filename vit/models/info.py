@@ -44,9 +44,9 @@ def model_info(name: str | ViTConfig, **overrides: Any) -> dict[str, Any]:
     """Parameters, GMACs, tokens and a one-line summary for a variant name or config."""
     cfg = name if isinstance(name, ViTConfig) else None
     if cfg is None:
-        from vit.models.config import get_config
+        from vit.models.config import variant_config
 
-        cfg = get_config(name, **overrides)
+        cfg = variant_config(name, **overrides)
     elif overrides:
         cfg = cfg.replace(**overrides)
     params = count_params(cfg)

@@ -21,7 +21,7 @@ from flax import nnx
 
 from vit.models import posemb as posemb_lib
 from vit.models.blocks import Block, Keys, Mlp, dense, dropout, layer_norm, xavier
-from vit.models.config import ViTConfig, get_config
+from vit.models.config import ViTConfig, variant_config
 from vit.models.cross_attention import CrossAttentionBlock, PromptHead, SimilarityHead
 from vit.models.text import PAD, TextPath
 from vit.ops.attention import reference_attention
@@ -321,5 +321,5 @@ def create_model(name: str | ViTConfig = "vit_b16", *, num_classes: int | None =
     if isinstance(name, ViTConfig):
         cfg = name.replace(**overrides)
     else:
-        cfg = get_config(name, **overrides)
+        cfg = variant_config(name, **overrides)
     return VisionTransformer(cfg, rngs=rngs if rngs is not None else nnx.Rngs(0))

@@ -1,7 +1,8 @@
 """Recipe files: `configs/*.py` define `get_config()` returning an `ml_collections.ConfigDict`
-(big_vision style); `--set a.b=value` overrides any field, typed by the field's current value
-(the rules of `vit.recipes.overrides`, which model `--set` fields share). A key the code does
-not know, in the file or in a `--set`, is a one-line error suggesting the nearest known keys.
+(big_vision style) that sets only what differs from `vit.recipes.defaults`; loading merges it
+over them. `--set a.b=value` overrides any key, typed as the defaults type it (the rules of
+`vit.recipes.overrides`, which model `--set` fields share). A key the code does not know, in the
+file or in a `--set`, is a one-line error suggesting the nearest known keys.
 """
 
 from __future__ import annotations
@@ -17,28 +18,14 @@ from typing import Any
 import ml_collections
 
 from vit.errors import ConfigError
-from vit.recipes.overrides import expected_type, parse_value, split_item
+from vit.recipes.defaults import DEFAULTS, EXTRA_SECTIONS, default_tree, sections, type_of
+from vit.recipes.overrides import convert, expected_type, parse_value, split_item
 
-# The keys each recipe section may hold: what training and `vit eval` read. `model` holds
-# `name` and ViTConfig's fields (`load_config`'s `model_field_types`), `stages` is checked by
-# vit/train/stages.py, and a `stages.NAME.train` (`optim`, `input`) section may hold the keys
-# of its base section.
-SECTION_KEYS = {
-    "data": ("name", "data_dir", "train_split", "val_split", "test_split", "heldout_split",
-             "strict", "num_threads"),
-    "input": ("image_size", "resample", "crop_pct", "mean", "std", "inception_crop",
-              "crop_area", "flip", "shift", "rotate", "scale", "mixup", "cutmix",
-              "label_smoothing"),
-    "optim": ("name", "lr", "warmup_steps", "schedule", "weight_decay", "b1", "b2", "momentum",
-              "clip_norm", "layer_decay", "trainable", "lr_mults", "no_decay"),
-    "train": ("steps", "batch_size", "accum_steps", "eval_every", "checkpoint_every",
-              "keep_checkpoints", "log_every", "ema_decay", "eval_batch_size", "loss"),
-    "parallel": ("data", "fsdp", "rules"),
-}
-# Keys a recipe may leave out (the code then uses its default), with the type a `--set` of
-# one expects: `--set train.loss=sigmoid_xent` works on a recipe without `train.loss`.
-OPTIONAL_KEYS = {"train.loss": str, "optim.lr_mults": list, "optim.no_decay": str,
-                 "data.heldout_split": str | None, "input.crop_area": tuple[float, float]}
+# The keys each section may hold, from the defaults. `model` holds `name` and ViTConfig's
+# fields (`load_config`'s `model_field_types`); `stages` is checked by vit/train/stages.py, and
+# a `stages.NAME.train` (`optim`, `input`) section may hold the keys of its base section.
+SECTION_KEYS = {name: keys for name, keys in sections().items() if name}
+TOP_KEYS = (*sections().get("", ()), *SECTION_KEYS, *EXTRA_SECTIONS)
 # Model fields a recipe's `model` section may not hold: the data and `input` decide them.
 DERIVED_MODEL_FIELDS = {"num_classes": "the dataset's class count",
                         "image_size": "input.image_size"}
@@ -67,16 +54,64 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = (), *
     if not isinstance(config, ml_collections.ConfigDict):
         raise ConfigError(f"{path}: get_config() returned {type(config).__name__}; it must "
                           "return an ml_collections.ConfigDict")
-    add_parallel_section(config, path)
     check_keys(config, path)
+    config = with_defaults(config, path)
     apply_overrides(config, overrides, model_field_types=model_field_types)
+    if not config.data.name:
+        raise ConfigError(f"{path}: data.name is not set; name the dataset in the recipe or "
+                          "with --set data.name=digits (or tfds:NAME, or a folder of class "
+                          "folders)")
     check_train_numbers(config)
     check_ranges(config)
     check_patterns(config)
     if model_field_types is not None:
         fields = [f for f in model_field_types() if f not in DERIVED_MODEL_FIELDS]
-        _check_section(config.get("model"), "model", ("name", *fields), path)
+        _check_section(config.get("model"), "model", (*SECTION_KEYS["model"], *fields), path)
     return config
+
+
+def with_defaults(recipe: ml_collections.ConfigDict, path: Path | str = "the recipe") -> \
+        ml_collections.ConfigDict:
+    """The recipe merged over the defaults: every key the defaults list, each value typed as
+    they type it (an int learning rate becomes a float), so a later `--set` fits its field."""
+    tree = default_tree()
+    for key, value in recipe.items():
+        if isinstance(value, ml_collections.ConfigDict):
+            value = value.to_dict()
+        if key not in SECTION_KEYS:
+            tree[key] = value
+        elif not isinstance(value, dict):
+            raise ConfigError(f"{path}: {key}={value!r} must be a section, e.g. "
+                              f"c.{key} = dict({SECTION_KEYS[key][0]}=...)")
+        else:
+            tree[key].update(value)
+    for name, key, node, leaf in _typed_leaves(tree):
+        try:
+            node[leaf] = convert(node[leaf], type_of(key))
+        except TypeError as err:
+            raise ConfigError(f"{path}: {name}={node[leaf]!r}: {err}") from None
+    return ml_collections.ConfigDict(tree)
+
+
+def _typed_leaves(tree: dict) -> list[tuple[str, str, dict, str]]:
+    """(name, defaults key, parent dict, leaf) for each value the defaults type: the recipe's
+    own and those of each stage's sections."""
+    out = [(key, key, *_parent(tree, key)) for key in DEFAULTS]
+    stages = tree.get("stages")
+    for stage_name, stage in (stages.items() if isinstance(stages, dict) else ()):
+        for section, keys in SECTION_KEYS.items():
+            node = stage.get(section) if isinstance(stage, dict) else None
+            if isinstance(node, dict):
+                out += [(f"stages.{stage_name}.{section}.{leaf}", f"{section}.{leaf}", node, leaf)
+                        for leaf in keys if leaf in node]
+    return out
+
+
+def _parent(tree: dict, key: str) -> tuple[dict, str]:
+    *parents, leaf = key.split(".")
+    for part in parents:
+        tree = tree[part]
+    return tree, leaf
 
 
 _RECIPE = "a recipe is a Python file whose get_config() returns a ConfigDict (see configs/)"
@@ -210,7 +245,10 @@ def _compile(key: str, pattern) -> None:
 def check_keys(config: ml_collections.ConfigDict, path: Path) -> None:
     """A misspelt key in the recipe file is a one-line ConfigError suggesting the nearest
     known keys, as a misspelt `--set` is: otherwise it would be silently ignored."""
+    _check_section(config, "", TOP_KEYS, path)
     for section, known in SECTION_KEYS.items():
+        if section == "model":  # ViTConfig's fields: checked once the model package is loaded
+            continue
         _check_section(config.get(section), section, known, path)
         for name, stage in (config.get("stages") or {}).items():
             if isinstance(stage, ml_collections.ConfigDict):
@@ -224,34 +262,13 @@ def check_keys(config: ml_collections.ConfigDict, path: Path) -> None:
 def _check_section(section, prefix: str, known: tuple[str, ...], path: Path) -> None:
     if not isinstance(section, ml_collections.ConfigDict):
         return
+    dot = f"{prefix}." if prefix else ""
     for key in section:
         if key not in known:
             near = difflib.get_close_matches(key, known, n=3, cutoff=0.5)
-            hint = (f"did you mean {', '.join(f'{prefix}.{k}' for k in near)}?" if near else
+            hint = (f"did you mean {', '.join(f'{dot}{k}' for k in near)}?" if near else
                     f"known keys: {', '.join(known)}")
-            raise ConfigError(f"{path}: unknown key {prefix}.{key}; {hint}")
-
-
-# The device mesh every recipe gets unless it says otherwise (vit/train/parallel.py): data
-# parallel over all devices; `fsdp` > 1 shards parameters and optimiser state; `rules` map
-# parameter paths (regex) to a PartitionSpec, "auto" (largest divisible dim over fsdp) or
-# "replicated".
-PARALLEL_DEFAULTS = {"data": -1, "fsdp": 1, "rules": ((".*", "auto"),)}
-
-
-def add_parallel_section(config: ml_collections.ConfigDict, path: Path) -> None:
-    """Fills in `parallel` so old recipes and `--set parallel.fsdp=2` work unedited."""
-    if "train" in config and "num_devices" in config.train:
-        raise ConfigError(f"{path}: train.num_devices is gone; the mesh is parallel.data x "
-                          "parallel.fsdp (defaults data=-1: every device, fsdp=1), e.g. "
-                          "--set parallel.data=4 --set parallel.fsdp=2; remove "
-                          "train.num_devices from the file")
-    with config.unlocked():
-        if "parallel" not in config:
-            config.parallel = ml_collections.ConfigDict()
-        for key, value in PARALLEL_DEFAULTS.items():
-            if key not in config.parallel:
-                config.parallel[key] = value
+            raise ConfigError(f"{path}: unknown key {dot}{key}; {hint}")
 
 
 def _leaf_keys(config: ml_collections.ConfigDict, prefix: str = "") -> list[str]:
@@ -269,48 +286,50 @@ def apply_overrides(config: ml_collections.ConfigDict, overrides, *,
                     model_field_types: Callable[[], dict[str, Any]] | None = None) -> None:
     """`["train.steps=100", "model.depth=2"]`; an unknown key lists the nearest known ones.
 
-    A key the recipe leaves out may still be set when the code knows it (`OPTIONAL_KEYS`, and
-    a model field when `model_field_types` is given): it is typed by what that key expects.
+    A key is typed as the defaults type it (a stage's `optim.lr` as `optim.lr`), a model field
+    by ViTConfig (when `model_field_types` is given), any other key by its current value.
     """
     keys = _leaf_keys(config)
     for item in overrides:
         key, text = split_item(item)
         *parents, leaf = key.split(".")
-        if key in keys:
-            current = _node(config, parents)[leaf]
-            expected = expected_type(current)
-        else:
-            expected, current = _optional_type(config, key, model_field_types), None
-            if expected is None:
-                known = keys + [k for k in OPTIONAL_KEYS if k.split(".")[0] in config]
-                if model_field_types is not None and key.startswith("model."):
-                    known += [f"model.{name}" for name in model_field_types()
-                              if name not in DERIVED_MODEL_FIELDS]
-                near = difflib.get_close_matches(key, known, n=3, cutoff=0.5)
-                hint = f"; did you mean {', '.join(near)}?" if near else ""
-                raise ConfigError(f"--set {key}: no such config key{hint}")
-        value = parse_value(key, text, expected, current)
-        node = _node(config, parents)
+        expected = _expected(config, key, model_field_types)
+        if expected is None:
+            known = keys + [k for k in DEFAULTS if _section(config, k.split(".")[:-1])]
+            if model_field_types is not None and key.startswith("model."):
+                known += [f"model.{name}" for name in model_field_types()
+                          if name not in DERIVED_MODEL_FIELDS]
+            near = difflib.get_close_matches(key, known, n=3, cutoff=0.5)
+            hint = f"; did you mean {', '.join(near)}?" if near else ""
+            raise ConfigError(f"--set {key}: no such config key{hint}")
+        node = _section(config, parents)
+        value = parse_value(key, text, expected, node.get(leaf))
         with node.unlocked():
             node[leaf] = value
         if key not in keys:
             keys.append(key)
 
 
-def _node(config: ml_collections.ConfigDict, parents: list[str]) -> ml_collections.ConfigDict:
+def _section(config: ml_collections.ConfigDict, parents: list[str]):
+    """The ConfigDict at `parents`, or None when there is none."""
     node = config
     for part in parents:
-        node = node[part]
-    return node
+        node = node.get(part) if isinstance(node, ml_collections.ConfigDict) else None
+    return node if isinstance(node, ml_collections.ConfigDict) else None
 
 
-def _optional_type(config, key: str, model_field_types) -> Any:
-    """The type `key` expects when the recipe leaves it out but the code knows it; else None."""
-    section, _, leaf = key.partition(".")
-    if not isinstance(config.get(section), ml_collections.ConfigDict) or "." in leaf:
+def _expected(config, key: str, model_field_types) -> Any:
+    """The type `key` expects, or None when the code does not know the key."""
+    *parents, leaf = key.split(".")
+    node = _section(config, parents)
+    if node is None:
         return None
-    if key in OPTIONAL_KEYS:
-        return OPTIONAL_KEYS[key]
-    if section == "model" and model_field_types and leaf not in DERIVED_MODEL_FIELDS:
+    stage_key = ".".join(parents[2:] + [leaf]) if parents[:1] == ["stages"] else None
+    declared = type_of(key) or (type_of(stage_key) if stage_key else None)
+    if declared is not None:
+        return declared
+    if leaf in node and not isinstance(node[leaf], ml_collections.ConfigDict):
+        return expected_type(node[leaf])
+    if parents == ["model"] and model_field_types and leaf not in DERIVED_MODEL_FIELDS:
         return model_field_types().get(leaf)
     return None

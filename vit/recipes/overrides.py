@@ -3,8 +3,9 @@
 The text is read as a Python literal (ints, floats, quoted strings, tuples and lists, `1,2`
 without brackets), with `true`/`false`/`none`/`null` in any case and `384x512` for a pair;
 anything else is the text itself. The value is then checked against the type the key expects:
-the type of a recipe key's current value (`vit.recipes.load`) or a model field's annotation
-(`vit.recipes.model_fields`). An int passes where a float is expected (and becomes one), 0 and 1
+a recipe key's type in `vit.recipes.defaults` (else its current value's, `vit.recipes.load`) or a
+model field's annotation (`vit.recipes.model_fields`). A recipe file's own values pass the same
+check (`convert`). An int passes where a float is expected (and becomes one), 0 and 1
 where a bool is, a single value where a list is (a one-item list); where text is expected, the
 text is kept as typed. Anything else is a one-line ConfigError naming the key, the text and the
 expected type.
@@ -78,6 +79,15 @@ def parse_value(key: str, text: str, expected: Any, example: Any = None) -> Any:
     except _Mismatch:
         hint = "" if example is None else f", e.g. --set {key}={_as_text(example)}"
         raise ConfigError(f"--set {key}={text}: expected {describe(expected)}{hint}") from None
+
+
+def convert(value: Any, expected: Any) -> Any:
+    """A recipe file's `value` as `expected` (the rules above, for a value rather than text);
+    TypeError when it does not fit."""
+    try:
+        return _convert(value, expected)
+    except _Mismatch:
+        raise TypeError(f"expected {describe(expected)}") from None
 
 
 def split_item(item: str, form: str = "KEY=VALUE", example: str = "train.steps=100"

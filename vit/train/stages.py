@@ -22,7 +22,7 @@ import ml_collections
 
 from vit.checkpoints import orbax_format
 from vit.errors import ConfigError
-from vit.models.config import get_config
+from vit.models.config import variant_config
 from vit.train.checkpointing import TrainCheckpoints
 from vit.train.state import model_fields
 
@@ -59,7 +59,7 @@ def train_stages(config, workdir: str | Path, *, init: str | None = None,
 
     stages = stage_configs(config)
     for _, cfg in stages:  # a mistake in a later stage's model fails now, not after stage 0
-        get_config(cfg.model.name, image_size=cfg.input.image_size, **model_fields(cfg))
+        variant_config(cfg.model.name, image_size=cfg.input.image_size, **model_fields(cfg))
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     primary = jax.process_index() == 0  # process 0 alone writes files

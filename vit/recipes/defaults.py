@@ -1,0 +1,135 @@
+"""Every recipe key, its default and what it means: the one list the loader, its checks and
+`--set` read. A recipe (`configs/*.py`) sets only what differs from these.
+
+The defaults are a fine-tuning run in the style of big_vision's transfer recipe: SGD with
+momentum, a cosine schedule, inception crop and flips at 224 px, from `--init CHECKPOINT`.
+The `model` section holds `name` and any `ViTConfig` field (vit/models/config.py, whose own
+defaults apply to the fields a recipe leaves out); `stages` (vit/train/stages.py) has no
+defaults. Standard library only.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Key:
+    default: Any
+    meaning: str
+    # What `--set` expects where the default does not say (None, a pair, a list of pairs);
+    # otherwise the default's own type.
+    type: Any = None
+
+
+DEFAULTS: dict[str, Key] = {
+    "seed": Key(0, "seeds the initial weights, dropout and the data order"),
+    "init": Key("", "a pretrained checkpoint to start from ('' for none; --init wins)"),
+
+    "data.name": Key("", "the dataset: 'digits', 'promptshapes', 'tfds:NAME' or a folder of "
+                         "class folders (required)"),
+    "data.data_dir": Key(None, "where TFDS finds its prepared datasets (None: its default)",
+                         str | None),
+    "data.train_split": Key("train", "the split trained on (TFDS slicing such as "
+                                     "'train[:90%]' works)"),
+    "data.val_split": Key("validation", "the split validated on, which picks the best "
+                                        "checkpoint ('' for none)", str | None),
+    "data.test_split": Key("test", "the split `vit eval --workdir` reports"),
+    "data.heldout_split": Key(None, "a further split `vit eval --workdir` reports, e.g. "
+                                    "prompts about unseen pairs", str | None),
+    "data.strict": Key(False, "an unreadable image stops the run (else it is skipped with a "
+                              "warning)"),
+    "data.num_threads": Key(4, "threads decoding images (0: the main thread)"),
+
+    "model.name": Key("B/16", "the variant: 'B/16', 'Ti/16', 'vit_b16', ...; further keys "
+                              "are ViTConfig fields"),
+
+    "input.image_size": Key(224, "the side of the square image the model sees, in pixels"),
+    "input.resample": Key("bilinear", "the resize filter"),
+    "input.crop_pct": Key(None, "evaluation's centre crop (None: resize, no crop)",
+                          float | None),
+    "input.mean": Key(None, "per-channel normalisation mean (None: the checkpoint's, else "
+                            "0.5 for [-1, 1])", list[float] | None),
+    "input.std": Key(None, "per-channel normalisation std (None as for mean)",
+                     list[float] | None),
+    "input.inception_crop": Key(True, "train on random-resized crops (else the evaluation "
+                                      "resize)"),
+    "input.crop_area": Key((0.05, 1.0), "the area range of the inception crop",
+                           tuple[float, float]),
+    "input.flip": Key(True, "random horizontal flips"),
+    "input.shift": Key(0.0, "random shifts of up to this many pixels (for tiny images)"),
+    "input.rotate": Key(0.0, "random rotations of up to this many degrees"),
+    "input.scale": Key(0.0, "random zoom over this log-scale range"),
+    "input.mixup": Key(0.0, "mixup's Beta alpha (0: off)"),
+    "input.cutmix": Key(0.0, "cutmix's Beta alpha (0: off)"),
+    "input.label_smoothing": Key(0.0, "label smoothing, in [0, 1)"),
+
+    "optim.name": Key("sgd", "sgd (with momentum) or adamw"),
+    "optim.lr": Key(0.01, "the peak learning rate"),
+    "optim.warmup_steps": Key(100, "steps of linear warmup from 0 to lr"),
+    "optim.schedule": Key("cosine", "the decay after warmup: cosine, linear or constant"),
+    "optim.weight_decay": Key(0.0, "adamw's decoupled weight decay"),
+    "optim.b1": Key(0.9, "adamw's first-moment decay"),
+    "optim.b2": Key(0.999, "adamw's second-moment decay"),
+    "optim.momentum": Key(0.9, "sgd's momentum"),
+    "optim.clip_norm": Key(1.0, "clip gradients to this global norm (0: no clipping)"),
+    "optim.layer_decay": Key(1.0, "layer-wise lr decay: block i gets lr * decay**(depth - i)"),
+    "optim.trainable": Key(".*", "regex of the parameter paths that train; others are frozen"),
+    "optim.lr_mults": Key([], "[[regex, factor], ...]: the matching parameters' lr times "
+                              "factor", list),
+    "optim.no_decay": Key("", "regex of parameter paths spared weight decay ('' for none)"),
+
+    "train.steps": Key(1000, "optimiser steps in all"),
+    "train.batch_size": Key(64, "images per step, over all devices and hosts"),
+    "train.accum_steps": Key(1, "micro-batches a step's batch is split into"),
+    "train.eval_every": Key(200, "validate every this many steps"),
+    "train.checkpoint_every": Key(200, "save every this many steps"),
+    "train.keep_checkpoints": Key(2, "the latest checkpoints kept (the best one is kept too)"),
+    "train.log_every": Key(50, "write training metrics every this many steps"),
+    "train.ema_decay": Key(0.0, "decay of an exponential moving average of the weights (0: "
+                                "none)"),
+    "train.eval_batch_size": Key(128, "images per validation batch, over all devices"),
+    "train.loss": Key("softmax_xent", "softmax_xent (one label), sigmoid_xent (multi-hot) or "
+                                      "prompt_xent (answers to prompts)"),
+
+    "parallel.data": Key(-1, "the mesh's data axis (-1: the devices fsdp leaves)"),
+    "parallel.fsdp": Key(1, "the mesh's fsdp axis: > 1 shards parameters and optimiser state"),
+    "parallel.rules": Key(((".*", "auto"),), "(regex, spec) pairs sharding parameters: a "
+                                             "PartitionSpec, 'auto' or 'replicated'", tuple),
+}
+
+# Sections a recipe may hold besides those above: stages (vit/train/stages.py).
+EXTRA_SECTIONS = ("stages",)
+
+
+def sections() -> dict[str, tuple[str, ...]]:
+    """{section: its keys} for the sectioned keys; top-level keys under ''."""
+    out: dict[str, list[str]] = {}
+    for key in DEFAULTS:
+        section, _, leaf = key.rpartition(".")
+        out.setdefault(section, []).append(leaf)
+    return {section: tuple(keys) for section, keys in out.items()}
+
+
+def default_tree() -> dict[str, Any]:
+    """The defaults as nested dicts, fresh copies (a recipe's changes never reach them)."""
+    tree: dict[str, Any] = {}
+    for key, entry in DEFAULTS.items():
+        *parents, leaf = key.split(".")
+        node = tree
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = copy.deepcopy(entry.default)
+    return tree
+
+
+def type_of(key: str) -> Any:
+    """The type `--set KEY=...` expects for a key listed here, or None for any other key."""
+    entry = DEFAULTS.get(key)
+    if entry is None:
+        return None
+    if entry.type is not None:
+        return entry.type
+    return type(entry.default)
