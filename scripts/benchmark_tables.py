@@ -1,0 +1,368 @@
+"""Writes the benchmark tables of docs/benchmarks.md, and the demo's result in README.md, from
+the records in benchmarks/*.json, so a figure in the docs is always the latest record's.
+
+Each table sits between `<!-- table NAME -->` and `<!-- /table NAME -->`, NAME being its record
+(benchmarks/NAME.json); the text around the markers is written by hand.
+
+    python scripts/benchmark_tables.py            # rewrite the tables from the records
+    python scripts/benchmark_tables.py --check    # exit 1 when a table differs from its record
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RECORDS = ROOT / "benchmarks"
+# The files that hold tables; the demo's result is in the README alone.
+DOCS = ("README.md", "docs/benchmarks.md")
+
+BLOCK = re.compile(r"(<!-- table (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /table (?P=name) -->)",
+                   re.DOTALL)
+
+
+# ---------------------------------------------------------------------------- formatting
+
+
+def num(x: float, digits: int = 2) -> str:
+    return f"{x:,.{digits}f}"
+
+
+def pct(x: float) -> str:
+    return f"{100 * x:.1f}%"
+
+
+def signed(x: float) -> str:
+    return f"{x:+.3f}"
+
+
+def interval(ci: list[float], fmt: Callable[[float], str] = lambda x: f"{x:.3f}") -> str:
+    return f"[{fmt(ci[0])}, {fmt(ci[1])}]"
+
+
+def row(*cells) -> str:
+    return "| " + " | ".join(str(c) for c in cells) + " |"
+
+
+def table(header: list[str], rows: list[list]) -> list[str]:
+    return [row(*header), row(*["---"] * len(header)), *(row(*r) for r in rows)]
+
+
+def command(record: dict) -> str:
+    """The record's command from `scripts/` on, without `--out` (the script's default writes
+    the record): the interpreter's path and a scratch output say nothing."""
+    text = re.sub(r" --out \S+", "", record.get("command", ""))
+    at = text.find("scripts/")
+    return f"python {text[at:]}" if at >= 0 else text
+
+
+def source(name: str, record: dict) -> str:
+    """The line under each table: which record, when, on what, made by which command."""
+    parts = [f"`benchmarks/{name}.json`"]
+    date = record.get("date_utc")
+    parts.append(date[:10] if date else "undated")
+    machine = record.get("machine") or {}
+    cpu = (machine.get("cpu") or {}).get("model_name")
+    if cpu:
+        parts.append(f"{cpu}, {machine.get('cpus')} cores")
+    elif machine.get("cpus"):
+        parts.append(f"{machine['cpus']} cores")
+    parts.append(f"`{command(record)}`")
+    return "Record: " + ", ".join(parts) + "."
+
+
+# ------------------------------------------------------------------------------ renderers
+
+
+def demo(r: dict) -> list[str]:
+    right = round(r["test_accuracy"] * r["num_test_examples"])
+    machine = r.get("machine") or {}
+    cpu = (machine.get("cpu") or {}).get("model_name") or "CPU"
+    return [f"Measured {r['date_utc'][:10]} (`benchmarks/demo.json`): **{pct(r['test_accuracy'])} "
+            f"test accuracy** ({right} of {r['num_test_examples']} held-out digits) after "
+            f"{r['train_seconds']:.0f} s of training on {machine.get('cpus')} {cpu} cores."]
+
+
+def inference(r: dict) -> list[str]:
+    s, speed, ratio, agree = r["setup"], r["img_s_median"], r["ratio_to_transformers_median"], \
+        r["agreement"]
+    rows = [[f"vit, {dtype}", num(speed[f"ours_{dtype}"]), num(ratio[f"ours_{dtype}"]),
+             pct(agree[f"ours_{dtype}"]["top1_agreement_with_transformers"]),
+             f"{agree[f'ours_{dtype}']['max_prob_error']:.1e}"]
+            for dtype in ("float32", "bfloat16") if f"ours_{dtype}" in speed]
+    rows.append(["transformers, float32", num(speed["hf"]), "1.00", "", ""])
+    return [f"`{s['model']}`, batch {s['batch']}, {s['image_size']} px, "
+            f"median of {s['rounds']} rounds:", "",
+            *table(["model", "images/s", "vs transformers", "top-1 = transformers'",
+                    "largest probability difference"], rows)]
+
+
+def predict(r: dict) -> list[str]:
+    speed, median, agree = r["images_per_s"], r["ratio_median_of_rounds"], \
+        r["top1_agreement_with_transformers"]
+    rows = [[f"`vit predict`, {d}", num(speed[f"vit_{d}"]), num(median[f"vit_{d}"]),
+             pct(agree[f"vit_{d}"])] for d in ("float32", "bfloat16")]
+    rows.append(["transformers pipeline, float32", num(speed["transformers"]), "1.00", ""])
+    lines = [f"{r['task']}:", "",
+             *table(["", "images/s (best pass)", "vs transformers (median of rounds)",
+                     "top-1 = transformers'"], rows)]
+    start = r.get("start_up_one_image")
+    if start:
+        ready = start["vit_ready_lines"]
+        lines += ["", "One image, process start to exit, median of "
+                  f"{len(start['rounds']['vit_cold_s'])} rounds:", "",
+                  *table(["", "seconds", "`ready` line"], [
+                      ["`vit predict`, cold (empty cache)", num(start["vit_cold_s"], 1),
+                       f"`{ready['vit_cold']}`"],
+                      ["`vit predict`, JAX's compile cache only",
+                       num(start["vit_compile_cache_only_s"], 1),
+                       f"`{ready['vit_compile_cache_only']}`"],
+                      ["`vit predict`, warm (prepared classifier)", num(start["vit_warm_s"], 1),
+                       f"`{ready['vit_warm']}`"],
+                      ["transformers, first prediction", num(start["transformers_s"], 1), ""]])]
+    return lines
+
+
+GEMM_CONTESTANTS = {
+    "xla_ynn_off": "XLA's own dots, float32 (what inference compiles with on CPU)",
+    "xla_default": "XLA, jax's default dots (YNNPACK), float32",
+    "xla_onednn": "XLA's oneDNN dot fusion, float32",
+    "torch_float32": "torch, float32",
+    "xla_bfloat16": "XLA, bfloat16",
+    "torch_bfloat16": "torch, bfloat16",
+}
+
+
+def gemm(r: dict) -> list[str]:
+    res = r["results"]
+    rows = [[label, num(res["threads_2"]["ms_all_four"][k], 0),
+             num(res["threads_1"]["ms_all_four"][k], 0)]
+            for k, label in GEMM_CONTESTANTS.items() if k in res["threads_2"]["ms_all_four"]]
+    ceiling, peak = res["ceiling"], res["peak"]
+    return ["ViT-B/16's four dense layers (qkv, proj, fc1 + GELU, fc2) at batch 8, ms for one "
+            "block's four:", "",
+            *table(["contestant", "2 threads", "1 thread"], rows), "",
+            "The whole float32 forward beside them, in the same processes:", "",
+            *table(["", "vit", "transformers"], [
+                ["forward, ms", num(ceiling["ours_forward_ms"], 0),
+                 num(ceiling["transformers_forward_ms"], 0)],
+                ["matrix-product GFLOP", num(peak["ours_forward_gflop"], 0),
+                 num(peak["transformers_forward_gflop"], 0)],
+                ["share of the machine's float32 peak "
+                 f"({num(peak['peak_gflop_s'], 0)} GFLOP/s)", pct(peak["ours_fraction_of_peak"]),
+                 pct(peak["transformers_fraction_of_peak"])],
+            ]), "",
+            f"vit's forward is {num(ceiling['ratio_measured'])}x transformers' here."]
+
+
+def train(r: dict) -> list[str]:
+    steps = r["median_step_s"]
+    rounds = zip(steps["jax"], steps["torch"], r["ratio_torch_over_ours"], strict=True)
+    rows = [[i + 1, num(ours), num(theirs), num(ratio)]
+            for i, (ours, theirs, ratio) in enumerate(rounds)]
+    return [f"{r['benchmark']}, seconds a step:", "",
+            *table(["round", "vit", "transformers (torch)", "speed vs transformers"], rows), "",
+            f"Median speed vs transformers: {num(r['median_ratio'])}."]
+
+
+def scaling(r: dict) -> list[str]:
+    rows = [[run["devices"], f"{run['mesh']['data']} x {run['mesh']['fsdp']}",
+             num(run["steps_per_s"]), num(run["images_per_s"], 1),
+             num(run["images_per_s_vs_1_device"]), num(run["param_bytes_per_device"] / 2**20, 1),
+             f"{run['loss']:.4f}"] for run in r["runs"]]
+    return [f"{r['benchmark']}, forced host devices:", "",
+            *table(["devices", "data x fsdp", "steps/s", "images/s", "vs 1 device",
+                    "parameter MiB per device", "loss"], rows)]
+
+
+def bfloat16_agreement(r: dict) -> list[str]:
+    rows = []
+    for res in r["results"]:
+        lay, acc, vs = res["layout"], res["test_accuracy"], res["bfloat16_vs_float32"]
+        agree = round(vs["top1_agreement"] * res["images"])
+        peer = res["transformers_float32"]
+        peer_cell = (f"top-1 {pct(peer['float32_vs_transformers']['top1_agreement'])}, largest "
+                     f"{peer['float32_vs_transformers']['max_prob_error']:.1e}"
+                     if "skipped" not in peer else "not measured: " + peer["skipped"].split(":")[0])
+        # A checkpoint the script was given is named by its path; one it trained, by its name.
+        name = res["name"] if res["checkpoint"].startswith("(") else f"`{res['checkpoint']}`"
+        rows.append([f"{name} (width {lay['width']}, {lay['depth']} blocks, "
+                     f"`{lay['classifier']}` head)",
+                     f"{acc['float32']:.3f} / {acc['bfloat16']:.3f}",
+                     f"{agree} of {res['images']}",
+                     f"{vs['max_prob_error']:.3f} (mean {vs['mean_prob_error']:.4f})", peer_cell])
+    return table(["model", "test accuracy, float32 / bfloat16", "bfloat16 top-1 = float32's",
+                  "largest probability difference", "float32 vs transformers"], rows)
+
+
+def promptshapes(r: dict) -> list[str]:
+    ev, stages = r["eval"], r["stages"]
+    steps = sum(s["steps"] for s in stages.values())
+    rows = [["`accuracy` (test split, image-prompt pairs)", f"{ev['accuracy']:.3f}",
+             "at least 0.95"],
+            *([f"`controls.{k}`", f"{v:.3f}", "0.50 ± 0.05"] for k, v in ev["controls"].items()),
+            ["`heldout_accuracy` (unseen colour-shape prompts)", f"{ev['heldout_accuracy']:.3f}",
+             "0.80: not reached"],
+            [f"training, all {len(stages)} stages", f"{r['train_seconds']:.0f} s ({steps:,} steps)",
+             "under 10 minutes"]]
+    return table(["figure", "value", "target"], rows)
+
+
+METHODS = ("attention", "rollout", "grad-rollout", "relevancy")
+
+
+def auc_cells(result: dict) -> list[str]:
+    """The area with its interval, and the difference from random with its interval."""
+    vs = result["vs_random"]
+    return [f"{result['auc']:.3f} {interval(result['ci95'])}",
+            f"{signed(vs['mean'])} {interval(vs['ci95'], signed)}"]
+
+
+def faithfulness(r: dict) -> list[str]:
+    runs = {(run["metric"], run["substrate"], run["steps"]): run["results"] for run in r["runs"]}
+    dele, ins = runs[("deletion", "mean", 16)], runs[("insertion", "mean", 16)]
+    rows = [[m, *auc_cells(dele[m]), *auc_cells(ins[m])] for m in METHODS]
+    rows.append(["random", auc_cells(dele["random"])[0], "", auc_cells(ins["random"])[0], ""])
+    by_substrate = []
+    for sub in ("mean", "zero", "blur"):
+        d, i = runs.get(("deletion", sub, 16)), runs.get(("insertion", sub, 16))
+        if d and i:
+            by_substrate.append([f"`{sub}`", *(f"{signed(d[m]['vs_random']['mean'])} / "
+                                               f"{signed(i[m]['vs_random']['mean'])}"
+                                               for m in METHODS)])
+    return [f"{r['images']} test digits, model test accuracy {r['model_test_accuracy']:.3f}, "
+            "16 steps, `mean` substrate; area under the curve with its 95% bootstrap interval, "
+            "and the paired difference from the random ranking on the same images:", "",
+            *table(["method", "deletion AUC (lower is better)", "vs random",
+                    "insertion AUC (higher is better)", "vs random"], rows), "",
+            "Difference from random, deletion / insertion, by substrate (16 steps):", "",
+            *table(["substrate", *METHODS], by_substrate)]
+
+
+def explain_memory(r: dict) -> list[str]:
+    res = r["results"]
+    batches = [c["batch"] for c in next(iter(res.values()))["compiled"]]
+    rows = [[f"`{name}`" if name != "keep-every-layer" else "every layer's attention kept",
+             *(num(c["total_gb"]) for c in v["compiled"])] for name, v in res.items()]
+    return [f"ViT-{r['model']} at {r['image_size']} px ({r['tokens']} tokens), XLA's compiled "
+            "memory in GB, the weights excluded:", "",
+            *table(["method", *(f"batch {b}" for b in batches)], rows)]
+
+
+KERNELS = {"flash_attention_fwd": "forward", "flash_attention_dkv": "dK/dV",
+           "flash_attention_dq": "dQ"}
+
+
+def kernel_resources(r: dict) -> list[str]:
+    cells: dict = {}
+    for k in r["kernels"]:
+        if k["dtype"] == "bfloat16" and not k["kv_len"] and k["head_dim"] in (64, 128):
+            tile = "x".join(map(str, k["tile"]))
+            spill = f", {k['spill_bytes']} B spill" if k["spill_bytes"] else ""
+            cells.setdefault((k["head_dim"], k["seq"]), {})[k["kernel"]] = (
+                f"{tile}, {k['warps']}w: {k['registers']} regs, "
+                f"{k['shared_bytes'] // 1024} KiB{spill}")
+    rows = [[hd, seq, *(cell.get(k, "-") for k in KERNELS)]
+            for (hd, seq), cell in sorted(cells.items())]
+    fit = sum(k["ok"] for k in r["kernels"])
+    bf16 = [k for k in r["kernels"] if k["dtype"] == "bfloat16"]
+    return [f"{r['target']}, bfloat16; each cell is the tile (queries x keys), warps, registers "
+            "per thread and shared memory:", "",
+            *table(["head_dim", "tokens", *KERNELS.values()], rows), "",
+            f"{fit} of {len(r['kernels'])} kernels fit (head_dim "
+            f"{min(k['head_dim'] for k in r['kernels'])}-"
+            f"{max(k['head_dim'] for k in r['kernels'])}, bfloat16 and float32, with and "
+            f"without `kv_len`); {sum(k['spill_bytes'] > 0 for k in bf16)} bfloat16 kernels "
+            f"spill; {sum(k['wgmma'] for k in bf16)} of {len(bf16)} bfloat16 kernels use "
+            "`wgmma`."]
+
+
+# Record name (benchmarks/NAME.json) -> what its table shows.
+RENDERERS: dict[str, Callable[[dict], list[str]]] = {
+    "demo": demo,
+    "bench_inference": inference,
+    "bench_predict": predict,
+    "bench_gemm": gemm,
+    "bench_train": train,
+    "bench_scaling": scaling,
+    "bfloat16_agreement": bfloat16_agreement,
+    "promptshapes": promptshapes,
+    "faithfulness": faithfulness,
+    "explain_memory": explain_memory,
+    "kernel_resources": kernel_resources,
+}
+
+
+# ------------------------------------------------------------------------------- the docs
+
+
+def records(folder: Path = RECORDS) -> dict[str, dict]:
+    return {p.stem: json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))}
+
+
+def render(name: str, record: dict) -> str:
+    """A block's text: the table, then the record it came from (the demo's sentence names it)."""
+    lines = RENDERERS[name](record)
+    if name != "demo":
+        lines = [*lines, "", source(name, record)]
+    return "\n".join(lines) + "\n"
+
+
+def blocks(text: str) -> dict[str, str]:
+    """NAME -> body of each `<!-- table NAME -->` block in `text`."""
+    return {m["name"]: m["body"] for m in BLOCK.finditer(text)}
+
+
+def regenerate(text: str, recs: dict[str, dict]) -> str:
+    """`text` with each block's body replaced by what its record gives."""
+    def fill(m: re.Match) -> str:
+        name = m["name"]
+        if name not in recs:
+            raise KeyError(f"a table names benchmarks/{name}.json, which does not exist")
+        return m.group(1) + render(name, recs[name]) + m.group(4)
+
+    return BLOCK.sub(fill, text)
+
+
+def stale(root: Path = ROOT) -> list[str]:
+    """The docs whose tables differ from what the records give."""
+    recs = records(root / "benchmarks")
+    return [doc for doc in DOCS
+            if regenerate((root / doc).read_text(), recs) != (root / doc).read_text()]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true",
+                        help="change nothing; exit 1 when a table differs from its record")
+    args = parser.parse_args(argv)
+    recs = records()
+    missing = sorted(set(recs) - set(RENDERERS))
+    if missing:
+        print(f"benchmark_tables: no table for {', '.join(missing)}: add a renderer",
+              file=sys.stderr)
+        return 1
+    changed = []
+    for doc in DOCS:
+        path = ROOT / doc
+        text = path.read_text()
+        new = regenerate(text, recs)
+        if new != text:
+            changed.append(doc)
+            if not args.check:
+                path.write_text(new)
+    if args.check and changed:
+        print(f"benchmark_tables: stale tables in {', '.join(changed)}: run "
+              "python scripts/benchmark_tables.py", file=sys.stderr)
+        return 1
+    print(f"benchmark_tables: {'checked' if args.check else 'wrote'} {', '.join(DOCS)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
