@@ -11,35 +11,37 @@ written (each writer's `cannot_hold`).
 This file only re-exports; each thing lives in its own module:
 
 - `api`: `load_checkpoint`, `save_checkpoint`, `WRITE_FORMATS`;
-- `loaded`: `LoadedCheckpoint`, `expected_shapes`, `check_fits`, `load_params`,
-  `zero_head_warning`, and text conditioning across formats: `TEXT_SUBTREES`, `fit_text`
-  (fresh text weights for a plain checkpoint, dropped ones for a plain model);
+- `fit`: fitting parameters to a config, the one place it is done: `adapt_params` (head,
+  pre-logits, position embeddings, text conditioning), `check_fits`, `expected_shapes`,
+  `load_params`, and text conditioning across formats: `TEXT_SUBTREES`, `fit_text` (fresh text
+  weights for a plain checkpoint, dropped ones for a plain model);
+- `loaded`: `LoadedCheckpoint`, `zero_head_warning`;
 - `tree`: `flatten`, `nest`, `path_name`, `as_jax`;
-- `torch_tensors`: `torch_writers` (PyTorch-layout tensors for the timm and HF writers);
+- `torch_tensors`: PyTorch's tensor layout, `torch_readers` and `torch_writers` (timm and HF);
 - `safetensors_io`: the numpy safetensors reader (sizes checked against the file) and writer;
 - `files`: JSON files read as one-line errors; destinations checked before any work and written
   through a temporary sibling, so nothing is left half-written;
-- one module per format (`npz`, `hf`, `timm`, `orbax_io`; `layout` is our orbax layout),
+- one module per format (`npz`, `hf`, `timm`, `orbax_io`; `orbax_format` names our items),
   `resolve` (format detection, hub cache) and `labels` (class names).
 
 Modules inside this package import from each other, never from this file.
 """
 
 from vit.checkpoints.api import WRITE_FORMATS, load_checkpoint, save_checkpoint
-from vit.checkpoints.loaded import (
+from vit.checkpoints.fit import (
     TEXT_SUBTREES,
-    LoadedCheckpoint,
+    adapt_params,
     check_fits,
     expected_shapes,
     fit_text,
     load_params,
-    zero_head_warning,
 )
+from vit.checkpoints.loaded import LoadedCheckpoint, zero_head_warning
 from vit.checkpoints.orbax_io import save_orbax
-from vit.checkpoints.torch_tensors import torch_writers
+from vit.checkpoints.torch_tensors import torch_readers, torch_writers
 from vit.checkpoints.tree import as_jax, flatten, nest, path_name
 
-__all__ = ["TEXT_SUBTREES", "WRITE_FORMATS", "LoadedCheckpoint", "as_jax", "check_fits",
-           "expected_shapes", "fit_text", "flatten", "load_checkpoint", "load_params", "nest",
-           "path_name",
-           "save_checkpoint", "save_orbax", "torch_writers", "zero_head_warning"]
+__all__ = ["TEXT_SUBTREES", "WRITE_FORMATS", "LoadedCheckpoint", "adapt_params", "as_jax",
+           "check_fits", "expected_shapes", "fit_text", "flatten", "load_checkpoint",
+           "load_params", "nest", "path_name", "save_checkpoint", "save_orbax", "torch_readers",
+           "torch_writers", "zero_head_warning"]

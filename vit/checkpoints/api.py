@@ -5,18 +5,17 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
 import vit.checkpoints.hf as hf
 import vit.checkpoints.npz as npz
 import vit.checkpoints.orbax_io as orbax_io
 import vit.checkpoints.resolve as resolve
 import vit.checkpoints.timm as timm
 from vit.checkpoints.files import check_destination
-from vit.checkpoints.loaded import LoadedCheckpoint, check_fits
+from vit.checkpoints.fit import adapt_params
+from vit.checkpoints.loaded import LoadedCheckpoint, zero_head_warning
 from vit.errors import CheckpointError
 from vit.models.config import ViTConfig
-from vit.models.posemb import METHOD_OF_SOURCE, resize_posemb
+from vit.models.posemb import METHOD_OF_SOURCE
 from vit.preprocess import Preprocessing
 
 WRITE_FORMATS = ("npz", "hf", "timm", "orbax")
@@ -36,40 +35,26 @@ def load_checkpoint(path, *, image_size: int | tuple[int, int] | None = None,
     `image_size` resizes the position embeddings as the source's library would (the
     checkpoint's `config.posemb_resize`; the patch size stays). Other keywords override config
     fields that do not change weight shapes (such as `attention_impl`, `dtype`, `dropout`,
-    `dynamic_image_size`); a different `num_classes` drops the head for fine-tuning (a fresh
-    zero head is built). `text=TextConfig(...)` loads a plain ViT into a text-conditioned model
-    (the text weights are a fresh seeded init; the image weights are the file's) and `text=None`
-    loads only the image model of a text checkpoint; either way a warning says what changed.
+    `dynamic_image_size`); a different `num_classes` replaces the head with a zero one for
+    fine-tuning, and `representation_size=None` drops a pre-logits layer. `text=TextConfig(...)`
+    loads a plain ViT into a text-conditioned model (the text weights are a fresh seeded init;
+    the image weights are the file's) and `text=None` loads only the image model of a text
+    checkpoint; either way a warning says what changed. The fitting is `fit.adapt_params`,
+    which `vit train --init` goes through too.
     """
     loaded = resolve.read(path)
-    cfg = loaded.config
-    num_classes = model_overrides.get("num_classes")
-    if num_classes is not None and num_classes != cfg.num_classes:
-        if "head" in loaded.params:
-            loaded.params = {k: v for k, v in loaded.params.items() if k != "head"}
-            loaded.warnings.append(f"head of {cfg.num_classes} classes dropped; a new zero head "
-                                   f"of {num_classes} classes is built")
-            loaded.warnings = [w for w in loaded.warnings if "head is all zeros" not in w]
-        loaded.labels = None
+    src = cfg = loaded.config
     if image_size is not None:
         size = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
-        grid = (size[0] // cfg.patch_size[0], size[1] // cfg.patch_size[1])
         cfg = cfg.replace(image_size=size)  # checks divisibility by the patch size
-        if "pos_embed" in loaded.params:
-            loaded.params["pos_embed"] = resize_posemb(
-                loaded.params["pos_embed"], loaded.config.grid, grid, int(cfg.class_token),
-                cfg.posemb_resize)
         loaded.preprocessing = loaded.preprocessing.with_size(size)
-    loaded.config = cfg = cfg.replace(**model_overrides)
-    if "head" not in loaded.params and cfg.num_classes:
-        # A dropped head is rebuilt zero-initialised, as the model itself would.
-        width = cfg.representation_size or cfg.width
-        loaded.params["head"] = {"kernel": np.zeros((width, cfg.num_classes), np.float32),
-                                 "bias": np.zeros((cfg.num_classes,), np.float32)}
-    # `text=TextConfig(...)` on a plain checkpoint: fresh text weights; `text=None` on a text
-    # checkpoint: its text weights dropped. Without `text`, the checkpoint's own config stands.
-    loaded.adapt_text()
-    check_fits(loaded.params, cfg, loaded.source)
+    cfg = cfg.replace(**model_overrides)
+    if cfg.num_classes != src.num_classes:  # the file's class names and head warning go too
+        loaded.labels = None
+        loaded.warnings = [w for w in loaded.warnings if w != zero_head_warning(loaded.params)]
+    loaded.params = adapt_params(loaded.params, src, cfg, notes=loaded.warnings,
+                                 where=loaded.source)
+    loaded.config = cfg
     return loaded
 
 

@@ -26,9 +26,9 @@ from vit.checkpoints.files import (
 )
 from vit.checkpoints.labels import default_labels
 from vit.checkpoints.loaded import LoadedCheckpoint, refuse_text, zero_head_warning
+from vit.checkpoints.named_arrays import NamedArrays
 from vit.checkpoints.safetensors_io import read_safetensors_folder, write_safetensors
-from vit.checkpoints.torch_tensors import torch_writers
-from vit.checkpoints.tree import transposed
+from vit.checkpoints.torch_tensors import conv_of, patch_kernel_of, torch_readers, torch_writers
 from vit.errors import CheckpointError, ConfigError, DataError
 from vit.models.config import ViTConfig
 from vit.models.posemb import METHOD_OF_SOURCE
@@ -46,17 +46,6 @@ def is_hf_keys(keys) -> bool:
     return any(k.startswith(("vit.embeddings.", "embeddings.patch_embeddings")) for k in keys)
 
 
-def _linear(w: np.ndarray, b: np.ndarray | None = None) -> dict[str, np.ndarray]:
-    out = {"kernel": transposed(w)}
-    if b is not None:
-        out["bias"] = b
-    return out
-
-
-def _norm(get, name: str) -> dict[str, np.ndarray]:
-    return {"scale": get(f"{name}.weight"), "bias": get(f"{name}.bias")}
-
-
 def read(folder: Path) -> LoadedCheckpoint:
     folder = Path(folder)
     config_file = folder / "config.json"
@@ -68,75 +57,18 @@ def read(folder: Path) -> LoadedCheckpoint:
         raise CheckpointError(f"{config_file}: model_type {hc.get('model_type')!r} is not a "
                               "ViT; only model_type 'vit' folders are read")
     arrays = read_safetensors_folder(folder)
-    prefix = "vit." if "vit.embeddings.cls_token" in arrays else ""
-    missing = []
-
-    def get(key):
-        if prefix + key not in arrays and key not in arrays:
-            missing.append(prefix + key)
-            return np.zeros((0,), np.float32)
-        return arrays.get(prefix + key, arrays.get(key))
-
-    act = hc.get("hidden_act", "gelu")
-    if not isinstance(act, str) or act not in ACTS:
-        raise CheckpointError(f"{config_file}: hidden_act {act!r} is not supported; "
-                              f"supported: {', '.join(ACTS)}")
-    # transformers' ViTConfig defaults for absent fields.
-    depth = json_int(config_file, "num_hidden_layers", hc.get("num_hidden_layers", 12))
-    heads = json_int(config_file, "num_attention_heads", hc.get("num_attention_heads", 12))
-    qkv_bias = hc.get("qkv_bias", True)
-    if not isinstance(qkv_bias, bool):
-        raise field_error(config_file, "qkv_bias", qkv_bias, "true or false")
-    image = json_size(config_file, "image_size", hc.get("image_size", 224))
-    eps = json_number(config_file, "layer_norm_eps", hc.get("layer_norm_eps", 1e-12),
-                      positive=True)
+    fields = _config_fields(hc, config_file)
+    # ViTForImageClassification keeps the encoder under `vit.`, its classifier outside it.
+    get = NamedArrays(arrays, ("vit." if "vit.embeddings.cls_token" in arrays else "", ""))
+    params = _encoder(get, fields["depth"], fields["qkv_bias"])
+    representation, num_classes = _pooler_and_classifier(get, params, hc, config_file)
+    get.check(str(folder), "Hugging Face ViT")
     proj = get("embeddings.patch_embeddings.projection.weight")  # (D, C, ph, pw)
-    params = {"patch_kernel": np.ascontiguousarray(proj.transpose(2, 3, 1, 0)),
-              "patch_bias": get("embeddings.patch_embeddings.projection.bias"),
-              "cls_token": get("embeddings.cls_token"),
-              "pos_embed": get("embeddings.position_embeddings")}
-    blocks = {}
-    for i in range(depth):
-        layer = f"encoder.layer.{i}"
-        sa = f"{layer}.attention.attention"
-        qkv_w = np.concatenate([get(f"{sa}.{n}.weight") for n in ("query", "key", "value")])
-        qkv = _linear(qkv_w, np.concatenate([get(f"{sa}.{n}.bias") for n in ("query", "key",
-                                                                             "value")])
-                      if qkv_bias else None)
-        blocks[i] = {
-            "norm1": _norm(get, f"{layer}.layernorm_before"),
-            "attn": {"qkv": qkv, "proj": _linear(get(f"{layer}.attention.output.dense.weight"),
-                                                 get(f"{layer}.attention.output.dense.bias"))},
-            "norm2": _norm(get, f"{layer}.layernorm_after"),
-            "mlp": {"fc1": _linear(get(f"{layer}.intermediate.dense.weight"),
-                                   get(f"{layer}.intermediate.dense.bias")),
-                    "fc2": _linear(get(f"{layer}.output.dense.weight"),
-                                   get(f"{layer}.output.dense.bias"))},
-        }
-    params["blocks"] = blocks
-    params["norm"] = _norm(get, "layernorm")
-    representation, num_classes = None, 0
-    if "pooler.dense.weight" in arrays and "classifier.weight" not in arrays:
-        if hc.get("pooler_act", "tanh") != "tanh":
-            raise CheckpointError(f"{config_file}: pooler_act {hc['pooler_act']!r} is not "
-                                  "supported (only tanh)")
-        params["pre_logits"] = _linear(arrays["pooler.dense.weight"], arrays["pooler.dense.bias"])
-        representation = params["pre_logits"]["kernel"].shape[1]
-    if "classifier.weight" in arrays:
-        params["head"] = _linear(arrays["classifier.weight"], arrays["classifier.bias"])
-        num_classes = params["head"]["kernel"].shape[1]
-    if missing:
-        more = f" and {len(missing) - 6} more" if len(missing) > 6 else ""
-        raise CheckpointError(f"{folder}: unknown Hugging Face ViT layout: expected keys missing: "
-                              f"{', '.join(missing[:6])}{more}")
-
-    d, ph, pw = proj.shape[0], proj.shape[2], proj.shape[3]
     try:
         config = ViTConfig(
-            width=d, depth=depth, mlp_dim=blocks[0]["mlp"]["fc1"]["kernel"].shape[1],
-            num_heads=heads, patch_size=(ph, pw), image_size=image, in_channels=proj.shape[1],
-            num_classes=num_classes, representation_size=representation, qkv_bias=qkv_bias,
-            layer_norm_eps=eps, gelu=ACTS[act], posemb_resize=METHOD_OF_SOURCE["hf"])
+            width=proj.shape[0], mlp_dim=params["blocks"][0]["mlp"]["fc1"]["kernel"].shape[1],
+            patch_size=proj.shape[2:], in_channels=proj.shape[1], num_classes=num_classes,
+            representation_size=representation, posemb_resize=METHOD_OF_SOURCE["hf"], **fields)
     except ConfigError as err:  # the weights and config.json disagree
         assumed = ("" if "num_attention_heads" in hc else
                    " (num_attention_heads is not in it: 12 was assumed, as transformers does)")
@@ -144,9 +76,81 @@ def read(folder: Path) -> LoadedCheckpoint:
                               "config.json") from None
     warning = zero_head_warning(params)
     return LoadedCheckpoint(
-        config=config, params=params, preprocessing=_preprocessing(folder, image),
+        config=config, params=params,
+        preprocessing=_preprocessing(folder, config.image_size),
         labels=_labels(hc, num_classes, config_file), source=f"{folder} (Hugging Face ViT)",
         warnings=[warning] if warning else [], family="hf")
+
+
+def _config_fields(hc: dict, config_file: Path) -> dict:
+    """The ViTConfig fields `config.json` sets, with transformers' defaults for absent ones."""
+    act = hc.get("hidden_act", "gelu")
+    if not isinstance(act, str) or act not in ACTS:
+        raise CheckpointError(f"{config_file}: hidden_act {act!r} is not supported; "
+                              f"supported: {', '.join(ACTS)}")
+    qkv_bias = hc.get("qkv_bias", True)
+    if not isinstance(qkv_bias, bool):
+        raise field_error(config_file, "qkv_bias", qkv_bias, "true or false")
+    return {
+        "depth": json_int(config_file, "num_hidden_layers", hc.get("num_hidden_layers", 12)),
+        "num_heads": json_int(config_file, "num_attention_heads",
+                              hc.get("num_attention_heads", 12)),
+        "qkv_bias": qkv_bias,
+        "image_size": json_size(config_file, "image_size", hc.get("image_size", 224)),
+        "layer_norm_eps": json_number(config_file, "layer_norm_eps",
+                                      hc.get("layer_norm_eps", 1e-12), positive=True),
+        "gelu": ACTS[act]}
+
+
+def _encoder(get: NamedArrays, depth: int, qkv_bias: bool) -> dict:
+    """The embeddings, the `depth` blocks and the final norm, in our names."""
+    linear, norm = torch_readers(get)
+    params = {"patch_kernel": patch_kernel_of(get("embeddings.patch_embeddings.projection.weight")),
+              "patch_bias": get("embeddings.patch_embeddings.projection.bias"),
+              "cls_token": get("embeddings.cls_token"),
+              "pos_embed": get("embeddings.position_embeddings")}
+    blocks = {}
+    for i in range(depth):
+        layer = f"encoder.layer.{i}"
+        sa = f"{layer}.attention.attention"
+        qkv = [linear(f"{sa}.{n}", qkv_bias) for n in ("query", "key", "value")]
+        blocks[i] = {
+            "norm1": norm(f"{layer}.layernorm_before"),
+            "attn": {"qkv": {k: _fused([part[k] for part in qkv]) for k in qkv[0]},
+                     "proj": linear(f"{layer}.attention.output.dense")},
+            "norm2": norm(f"{layer}.layernorm_after"),
+            "mlp": {"fc1": linear(f"{layer}.intermediate.dense"),
+                    "fc2": linear(f"{layer}.output.dense")},
+        }
+    params["blocks"] = blocks
+    params["norm"] = norm("layernorm")
+    return params
+
+
+def _fused(parts: list[np.ndarray]) -> np.ndarray:
+    """Separate query, key and value parameters as one fused `qkv` (outputs side by side);
+    empty when one is missing, for the missing-keys error to name it."""
+    if not all(part.size for part in parts):
+        return np.zeros((0,), np.float32)
+    return np.concatenate(parts, axis=-1)
+
+
+def _pooler_and_classifier(get: NamedArrays, params: dict, hc: dict,
+                           config_file: Path) -> tuple[int | None, int]:
+    """Adds `ViTModel`'s pooler (our `pre_logits`) or the classifier (our `head`) to `params`;
+    returns (representation size, number of classes)."""
+    linear, _ = torch_readers(get)
+    representation, num_classes = None, 0
+    if get.has("pooler.dense.weight") and not get.has("classifier.weight"):
+        if hc.get("pooler_act", "tanh") != "tanh":
+            raise CheckpointError(f"{config_file}: pooler_act {hc['pooler_act']!r} is not "
+                                  "supported (only tanh)")
+        params["pre_logits"] = linear("pooler.dense")
+        representation = params["pre_logits"]["kernel"].shape[1]
+    if get.has("classifier.weight"):
+        params["head"] = linear("classifier")
+        num_classes = params["head"]["kernel"].shape[1]
+    return representation, num_classes
 
 
 def _labels(hc: dict, num_classes: int, config_file: Path) -> list[str] | None:
@@ -272,8 +276,7 @@ def write(loaded: LoadedCheckpoint, dst) -> list[str]:
     put_linear, put_norm = torch_writers(out, prefix)
     out[f"{prefix}embeddings.cls_token"] = p["cls_token"]
     out[f"{prefix}embeddings.position_embeddings"] = p["pos_embed"]
-    out[f"{prefix}embeddings.patch_embeddings.projection.weight"] = (
-        np.asarray(p["patch_kernel"]).transpose(3, 2, 0, 1))
+    out[f"{prefix}embeddings.patch_embeddings.projection.weight"] = conv_of(p["patch_kernel"])
     out[f"{prefix}embeddings.patch_embeddings.projection.bias"] = p["patch_bias"]
     for i in range(cfg.depth):
         b, layer = p["blocks"][i], f"encoder.layer.{i}"

@@ -27,6 +27,7 @@ from vit.checkpoints.loaded import (
     refuse_text,
     zero_head_warning,
 )
+from vit.checkpoints.named_arrays import NamedArrays
 from vit.errors import CheckpointError
 from vit.models.config import ViTConfig
 from vit.models.posemb import METHOD_OF_SOURCE
@@ -76,29 +77,6 @@ def read_arrays(path: Path) -> dict[str, np.ndarray]:
                               "short or not an .npz file: download or copy it again") from None
 
 
-class _Keys:
-    """Reads arrays under a prefix and collects every expected key that is missing."""
-
-    def __init__(self, arrays: dict[str, np.ndarray], prefix: str, where: str):
-        self.arrays, self.prefix, self.where, self.missing = arrays, prefix, where, []
-
-    def has(self, key: str) -> bool:
-        return self.prefix + key in self.arrays
-
-    def __call__(self, key: str) -> np.ndarray:
-        value = self.arrays.get(self.prefix + key)
-        if value is None:
-            self.missing.append(self.prefix + key)
-            return np.zeros((0,), np.float32)
-        return np.asarray(value, np.float32)
-
-    def check(self, layout: str) -> None:
-        if self.missing:
-            more = f" and {len(self.missing) - 6} more" if len(self.missing) > 6 else ""
-            raise CheckpointError(f"{self.where}: unknown {layout} npz layout: expected keys "
-                                  f"missing: {', '.join(self.missing[:6])}{more}")
-
-
 def _find_prefix(arrays: dict[str, np.ndarray], where: str) -> str:
     for prefix in PREFIXES:
         if prefix + "embedding/kernel" in arrays:
@@ -109,8 +87,8 @@ def _find_prefix(arrays: dict[str, np.ndarray], where: str) -> str:
                           f"with: {found}")
 
 
-def _layout(keys: _Keys) -> str:
-    if keys.prefix.startswith("params") or keys.has("pos_embedding"):
+def _layout(keys: NamedArrays) -> str:
+    if keys.prefixes[0].startswith("params") or keys.has("pos_embedding"):
         return "big_vision"
     if keys.has("Transformer/encoderblock/LayerNorm_0/scale") or keys.has(
             "Transformer/encoderblock_0/MultiHeadDotProductAttention_0/query/kernel"):
@@ -118,9 +96,9 @@ def _layout(keys: _Keys) -> str:
     return "vit_jax"
 
 
-def _depth(keys: _Keys) -> tuple[int, bool]:
+def _depth(keys: NamedArrays) -> tuple[int, bool]:
     """(number of blocks, whether they are stacked on a leading axis)."""
-    stacked = keys.prefix + "Transformer/encoderblock/"
+    stacked = keys.prefixes[0] + "Transformer/encoderblock/"
     if any(k.startswith(stacked) for k in keys.arrays):
         return keys("Transformer/encoderblock/LayerNorm_0/scale").shape[0], True
     depth = 0
@@ -150,17 +128,44 @@ def _norm(get, root: str) -> dict[str, np.ndarray]:
 def read(path: Path) -> LoadedCheckpoint:
     path = Path(path)
     arrays = read_arrays(path)
-    keys = _Keys(arrays, _find_prefix(arrays, str(path)), str(path))
+    keys = NamedArrays(arrays, (_find_prefix(arrays, str(path)),), dtype=np.float32)
     layout = _layout(keys)
-    attn_name, norm1, norm2, mlp_name = NAMES[layout]
-    depth, stacked = _depth(keys)
     patch_kernel = keys("embedding/kernel")
     ph, pw, channels, d = patch_kernel.shape
     params = {"patch_kernel": patch_kernel, "patch_bias": keys("embedding/bias")}
     class_token = keys.has("cls")
     if class_token:
         params["cls_token"] = keys("cls")
+    params["blocks"], block_fields = _blocks(keys, layout, d)
+    params["norm"] = _norm(keys, "Transformer/encoder_norm")
+    keys.check(str(path), f"{layout} npz")
+    if not params["blocks"]:
+        raise CheckpointError(f"{path}: no encoder blocks found (expected "
+                              f"'{keys.prefixes[0]}Transformer/encoderblock_0/...')")
+    posemb, grid, warnings = _posemb(keys, params, layout, class_token, (ph, pw), path)
+    classifier, representation, num_classes = _head_layers(keys, params, class_token, d)
+    keys.check(str(path), f"{layout} npz")
+    if classifier == "map" and (params["map_head"]["mlp"]["fc1"]["kernel"].shape[1]
+                                != block_fields["mlp_dim"]):
+        raise CheckpointError(f"{path}: MAPHead MLP width differs from the blocks' "
+                              "(not supported)")
+    config = ViTConfig(
+        width=d, patch_size=(ph, pw), image_size=(grid[0] * ph, grid[1] * pw),
+        in_channels=channels, num_classes=num_classes, class_token=class_token,
+        classifier=classifier, representation_size=representation, posemb=posemb,
+        layer_norm_eps=1e-6, gelu="tanh", posemb_resize=METHOD_OF_SOURCE[layout], **block_fields)
+    warning = zero_head_warning(params)
+    return LoadedCheckpoint(
+        config=config, params=params, preprocessing=INCEPTION.with_size(config.image_size),
+        labels=default_labels(num_classes), source=f"{path} ({layout} npz)",
+        warnings=warnings + ([warning] if warning else []), family=layout)
 
+
+def _blocks(keys: NamedArrays, layout: str, d: int) -> tuple[dict, dict]:
+    """(the encoder blocks in our names, the ViTConfig fields they decide). Blocks stop at the
+    first without attention; its expected key is recorded as missing."""
+    attn_name, norm1, norm2, mlp_name = NAMES[layout]
+    depth, stacked = _depth(keys)
     blocks, heads, mlp_dim, qkv_bias = {}, None, None, True
     for i in range(depth):
         root = "Transformer/encoderblock" + ("" if stacked else f"_{i}")
@@ -183,34 +188,36 @@ def read(path: Path) -> LoadedCheckpoint:
             attn["qkv"]["bias"] = np.concatenate([a["qb"], a["kb"], a["vb"]])
         blocks[i] = {"norm1": _norm(get, norm1), "attn": attn, "norm2": _norm(get, norm2),
                      "mlp": mlp}
-    params["blocks"] = blocks
-    params["norm"] = _norm(keys, "Transformer/encoder_norm")
-    keys.check(layout)
-    if not depth:
-        raise CheckpointError(f"{path}: no encoder blocks found (expected "
-                              f"'{keys.prefix}Transformer/encoderblock_0/...')")
+    return blocks, {"depth": depth, "num_heads": heads, "mlp_dim": mlp_dim,
+                    "qkv_bias": qkv_bias}
 
+
+def _posemb(keys: NamedArrays, params: dict, layout: str, class_token: bool,
+            patch: tuple[int, int], path: Path) -> tuple[str, tuple[int, int], list[str]]:
+    """(posemb kind, patch grid, warnings); a learned position embedding joins `params`, with
+    a zero class row where big_vision gives the class token no position."""
     posemb_key = VIT_JAX_POSEMB if layout == "vit_jax" else "pos_embedding"
-    posemb, warnings = "learn", []
-    if keys.has(posemb_key):
-        pe = keys(posemb_key)
-        n_class_rows = int(class_token) if layout == "vit_jax" else 0
-        grid = _square_grid(pe.shape[1] - n_class_rows, str(path))
-        if class_token and not n_class_rows:  # big_vision: the class token gets no position
-            pe = np.concatenate([np.zeros((1, 1, d), np.float32), pe], axis=1)
-        params["pos_embed"] = pe
-    else:
-        posemb, grid = "sincos2d", (224 // ph, 224 // pw)
-        warnings.append("no position embedding in the file (sin-cos): image size 224 assumed; "
-                        "pass image_size to change it")
+    if not keys.has(posemb_key):
+        return "sincos2d", (224 // patch[0], 224 // patch[1]), [
+            "no position embedding in the file (sin-cos): image size 224 assumed; pass "
+            "image_size to change it"]
+    pe = keys(posemb_key)
+    n_class_rows = int(class_token) if layout == "vit_jax" else 0
+    grid = _square_grid(pe.shape[1] - n_class_rows, str(path))
+    if class_token and not n_class_rows:
+        pe = np.concatenate([np.zeros((1, 1, pe.shape[-1]), np.float32), pe], axis=1)
+    params["pos_embed"] = pe
+    return "learn", grid, []
 
+
+def _head_layers(keys: NamedArrays, params: dict, class_token: bool,
+                 d: int) -> tuple[str, int | None, int]:
+    """(classifier, representation size, number of classes); the MAP head, pre-logits layer
+    and classification head the file has join `params`."""
     classifier = "token" if class_token else "gap"
     if keys.has("MAPHead_0/probe"):
         classifier = "map"
         params["map_head"] = _map_head(keys, d)
-        if params["map_head"]["mlp"]["fc1"]["kernel"].shape[1] != mlp_dim:
-            raise CheckpointError(f"{path}: MAPHead MLP width differs from the blocks' "
-                                  "(not supported)")
     representation = None
     if keys.has("pre_logits/kernel"):
         params["pre_logits"] = _dense(keys, "pre_logits")
@@ -219,22 +226,10 @@ def read(path: Path) -> LoadedCheckpoint:
     if keys.has("head/kernel"):
         params["head"] = _dense(keys, "head")
         num_classes = params["head"]["kernel"].shape[1]
-    keys.check(layout)
-
-    config = ViTConfig(
-        width=d, depth=depth, mlp_dim=mlp_dim, num_heads=heads, patch_size=(ph, pw),
-        image_size=(grid[0] * ph, grid[1] * pw), in_channels=channels, num_classes=num_classes,
-        class_token=class_token, classifier=classifier, representation_size=representation,
-        posemb=posemb, qkv_bias=qkv_bias, layer_norm_eps=1e-6, gelu="tanh",
-        posemb_resize=METHOD_OF_SOURCE[layout])
-    warning = zero_head_warning(params)
-    return LoadedCheckpoint(
-        config=config, params=params, preprocessing=INCEPTION.with_size(config.image_size),
-        labels=default_labels(num_classes), source=f"{path} ({layout} npz)",
-        warnings=warnings + ([warning] if warning else []), family=layout)
+    return classifier, representation, num_classes
 
 
-def _map_head(keys: _Keys, d: int) -> dict:
+def _map_head(keys: NamedArrays, d: int) -> dict:
     a = _attention(keys, "MAPHead_0/MultiHeadDotProductAttention_0", d)
     return {
         "probe": keys("MAPHead_0/probe"),

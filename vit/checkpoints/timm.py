@@ -32,11 +32,11 @@ from vit.checkpoints.files import (
 )
 from vit.checkpoints.labels import default_labels
 from vit.checkpoints.loaded import LoadedCheckpoint, refuse_text, zero_head_warning
+from vit.checkpoints.named_arrays import NamedArrays
 from vit.checkpoints.safetensors_io import read_safetensors, write_safetensors
-from vit.checkpoints.torch_tensors import torch_writers
-from vit.checkpoints.tree import transposed
+from vit.checkpoints.torch_tensors import conv_of, patch_kernel_of, torch_readers, torch_writers
 from vit.errors import CheckpointError, ConfigError, DataError
-from vit.models.config import WIDTHS, ViTConfig, get_config
+from vit.models.config import WIDTHS, ViTConfig, variant_config
 from vit.models.posemb import METHOD_OF_SOURCE
 from vit.preprocess import RESAMPLE, Preprocessing
 
@@ -93,7 +93,7 @@ def _heads(tc: dict, width: int, arrays: dict, warnings: list[str], file: Path) 
     arch = tc.get("architecture", "")
     if isinstance(arch, str) and is_timm_name(arch):
         try:
-            cfg = get_config(arch.split(".")[0])
+            cfg = variant_config(arch.split(".")[0])
         except ConfigError:  # a timm name we have no variant for: the width decides below
             cfg = None
         if cfg is not None and cfg.width == width:
@@ -112,43 +112,70 @@ def read(path: Path) -> LoadedCheckpoint:
     arrays = read_safetensors(file)
     tc, config_file = _timm_config(path), _config_file(path)
     args = tc.get("model_args", {})
-    used, missing, warnings = set(), [], []
-
-    def get(key):
-        if key not in arrays:
-            missing.append(key)
-            return np.zeros((0,), np.float32)
-        used.add(key)
-        return arrays[key]
-
-    def linear(name, bias=True):
-        out = {"kernel": transposed(get(f"{name}.weight"))}
-        if bias:
-            out["bias"] = get(f"{name}.bias")
-        return out
-
-    def norm(name):
-        return {"scale": get(f"{name}.weight"), "bias": get(f"{name}.bias")}
-
-    proj = get("patch_embed.proj.weight")
-    if not proj.size:
+    get, warnings = NamedArrays(arrays), []
+    linear, norm = torch_readers(get)
+    if not get.has("patch_embed.proj.weight"):
         raise CheckpointError(f"{file}: unknown timm layout: expected keys missing: "
                               f"patch_embed.proj.weight, blocks.0.attn.qkv.weight")
-    d, channels, ph, pw = proj.shape
-    params = {"patch_kernel": np.ascontiguousarray(proj.transpose(2, 3, 1, 0)),
-              "patch_bias": get("patch_embed.proj.bias")}
-    class_token = "cls_token" in arrays
+    proj = get("patch_embed.proj.weight")  # (D, C, ph, pw)
+    params = {"patch_kernel": patch_kernel_of(proj), "patch_bias": get("patch_embed.proj.bias")}
+    class_token = get.has("cls_token")
     if class_token:
         params["cls_token"] = get("cls_token")
-    registers = arrays["reg_token"].shape[1] if "reg_token" in arrays else 0
+    registers = arrays["reg_token"].shape[1] if get.has("reg_token") else 0
     if registers:
         params["reg_tokens"] = get("reg_token")
+    params["blocks"], block_fields = _blocks(get)
+    params["norm"] = norm("norm")
+    grid = _grid(tc, arrays, proj.shape[2:], int(class_token) + registers, str(file), config_file)
+    if get.has("pos_embed"):
+        params.update(_split_posemb(get("pos_embed"), grid, class_token, registers,
+                                    params.get("reg_tokens")))
+    classifier = _pooling(get, params, args, tc, class_token, registers, file)
+    num_classes = 0
+    if get.has("head.weight"):
+        params["head"] = linear("head")
+        num_classes = params["head"]["kernel"].shape[1]
+    get.check(str(file), "timm")
+    if get.unused():  # fc_norm, norm_pre, attn_pool.q_norm, ...: a different model than ours
+        raise CheckpointError(f"{file}: timm keys not supported by this ViT: "
+                              f"{', '.join(get.unused()[:6])}")
+    heads = _heads(tc, proj.shape[0], arrays, warnings, config_file)
+    layer_scale = None
+    if get.has("blocks.0.ls1.gamma"):
+        layer_scale = json_number(config_file, "model_args.init_values",
+                                  args.get("init_values") or LAYER_SCALE_INIT)
+    try:
+        config = ViTConfig(
+            width=proj.shape[0], num_heads=heads, patch_size=proj.shape[2:],
+            image_size=(grid[0] * proj.shape[2], grid[1] * proj.shape[3]),
+            in_channels=proj.shape[1], num_classes=num_classes, class_token=class_token,
+            classifier=classifier, num_registers=registers,
+            posemb="learn" if get.has("pos_embed") else "sincos2d", layer_norm_eps=1e-6,
+            gelu="tanh" if args.get("act_layer") == "gelu_tanh" else "exact",
+            dynamic_image_size=bool(args.get("dynamic_img_size", False)),
+            layer_scale=layer_scale, posemb_resize=METHOD_OF_SOURCE["timm"], **block_fields)
+    except ConfigError as err:  # the weights and config.json disagree
+        raise CheckpointError(f"{file}: does not fit {config_file}: {err}; fix config.json"
+                              ) from None
+    warning = zero_head_warning(params)
+    labels = _label_names(tc, num_classes, file) or default_labels(num_classes)
+    return LoadedCheckpoint(
+        config=config, params=params,
+        preprocessing=_preprocessing(tc, config.image_size, config_file),
+        labels=list(labels) if labels else None, source=f"{path} (timm safetensors)",
+        warnings=warnings + ([warning] if warning else []), family="timm")
+
+
+def _blocks(get: NamedArrays) -> tuple[dict, dict]:
+    """(the blocks in our names, the ViTConfig fields their keys decide)."""
+    linear, norm = torch_readers(get)
     depth = 0
-    while f"blocks.{depth}.norm1.weight" in arrays:
+    while get.has(f"blocks.{depth}.norm1.weight"):
         depth += 1
-    qkv_bias = "blocks.0.attn.qkv.bias" in arrays
-    qk_norm = "blocks.0.attn.q_norm.weight" in arrays
-    layer_scale = "blocks.0.ls1.gamma" in arrays
+    qkv_bias = get.has("blocks.0.attn.qkv.bias")
+    qk_norm = get.has("blocks.0.attn.q_norm.weight")
+    layer_scale = get.has("blocks.0.ls1.gamma")
     blocks = {}
     for i in range(depth):
         b = f"blocks.{i}"
@@ -160,22 +187,24 @@ def read(path: Path) -> LoadedCheckpoint:
         if layer_scale:
             blocks[i]["ls1"] = {"gamma": get(f"{b}.ls1.gamma")}
             blocks[i]["ls2"] = {"gamma": get(f"{b}.ls2.gamma")}
-    params["blocks"] = blocks
-    params["norm"] = norm("norm")
+    mlp_dim = blocks[0]["mlp"]["fc1"]["kernel"].shape[1] if depth else 0
+    return blocks, {"depth": depth, "mlp_dim": mlp_dim, "qkv_bias": qkv_bias, "qk_norm": qk_norm}
 
-    grid = _grid(tc, arrays, (ph, pw), int(class_token) + registers, str(file), config_file)
-    if "pos_embed" in arrays:
-        params.update(_split_posemb(get("pos_embed"), grid, class_token, registers,
-                                    params.get("reg_tokens")))
+
+def _pooling(get: NamedArrays, params: dict, args: dict, tc: dict, class_token: bool,
+             registers: int, file: Path) -> str:
+    """The classifier (`token`, `gap` or `map`, whose attention-pool head joins `params`)."""
+    linear, norm = torch_readers(get)
     classifier = "token" if class_token else "gap"
     if tc.get("global_pool", args.get("global_pool")) == "avg":
         classifier = "gap"
-    if "attn_pool.latent" in arrays:
+    if get.has("attn_pool.latent"):
         classifier = "map"
-        if arrays["attn_pool.latent"].shape[1] != 1:
-            raise CheckpointError(f"{file}: attn_pool with {arrays['attn_pool.latent'].shape[1]} "
-                                  "latents is not supported (only 1)")
-        params["map_head"] = {"probe": get("attn_pool.latent"), "q": linear("attn_pool.q"),
+        probe = get("attn_pool.latent")
+        if probe.shape[1] != 1:
+            raise CheckpointError(f"{file}: attn_pool with {probe.shape[1]} latents is not "
+                                  "supported (only 1)")
+        params["map_head"] = {"probe": probe, "q": linear("attn_pool.q"),
                               "kv": linear("attn_pool.kv"), "proj": linear("attn_pool.proj"),
                               "norm": norm("attn_pool.norm"),
                               "mlp": {"fc1": linear("attn_pool.mlp.fc1"),
@@ -189,44 +218,7 @@ def read(path: Path) -> LoadedCheckpoint:
                               f"differently from this ViT's '{classifier}' head (its 'map' "
                               "attends to the class and register tokens too, its 'gap' "
                               "averages the patches only)")
-    num_classes = 0
-    if "head.weight" in arrays:
-        params["head"] = linear("head")
-        num_classes = params["head"]["kernel"].shape[1]
-    if missing:
-        raise CheckpointError(f"{file}: unknown timm layout: expected keys missing: "
-                              f"{', '.join(missing[:6])}")
-    extra = sorted(set(arrays) - used)
-    if extra:  # fc_norm, norm_pre, attn_pool.q_norm, ...: a different model than ours
-        raise CheckpointError(f"{file}: timm keys not supported by this ViT: "
-                              f"{', '.join(extra[:6])}")
-
-    heads = _heads(tc, d, arrays, warnings, config_file)
-    init_values = args.get("init_values") or LAYER_SCALE_INIT
-    try:
-        config = ViTConfig(
-            width=d, depth=depth,
-            mlp_dim=blocks[0]["mlp"]["fc1"]["kernel"].shape[1] if depth else 0,
-            num_heads=heads, patch_size=(ph, pw),
-            image_size=(grid[0] * ph, grid[1] * pw), in_channels=channels,
-            num_classes=num_classes, class_token=class_token, classifier=classifier,
-            num_registers=registers, posemb="learn" if "pos_embed" in arrays else "sincos2d",
-            qkv_bias=qkv_bias, qk_norm=qk_norm,
-            layer_scale=json_number(config_file, "model_args.init_values", init_values)
-            if layer_scale else None,
-            layer_norm_eps=1e-6, gelu="tanh" if args.get("act_layer") == "gelu_tanh" else "exact",
-            dynamic_image_size=bool(args.get("dynamic_img_size", False)),
-            posemb_resize=METHOD_OF_SOURCE["timm"])
-    except ConfigError as err:  # the weights and config.json disagree
-        raise CheckpointError(f"{file}: does not fit {config_file}: {err}; fix config.json"
-                              ) from None
-    warning = zero_head_warning(params)
-    labels = _label_names(tc, num_classes, file) or default_labels(num_classes)
-    return LoadedCheckpoint(
-        config=config, params=params,
-        preprocessing=_preprocessing(tc, config.image_size, config_file),
-        labels=list(labels) if labels else None, source=f"{path} (timm safetensors)",
-        warnings=warnings + ([warning] if warning else []), family="timm")
+    return classifier
 
 
 def _label_names(tc: dict, num_classes: int, where) -> list[str] | None:
@@ -338,7 +330,7 @@ def write(loaded: LoadedCheckpoint, dst) -> list[str]:
                               "orbax, which keeps everything")
     out = {}
     put_linear, put_norm = torch_writers(out)
-    out["patch_embed.proj.weight"] = np.asarray(p["patch_kernel"]).transpose(3, 2, 0, 1)
+    out["patch_embed.proj.weight"] = conv_of(p["patch_kernel"])
     out["patch_embed.proj.bias"] = p["patch_bias"]
     if cfg.class_token:
         out["cls_token"] = p["cls_token"]

@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import Any
 
 import jax.numpy as jnp
-import numpy as np
 
 
 def flatten(tree: dict, prefix: tuple = ()) -> dict[tuple, Any]:
@@ -29,16 +28,6 @@ def nest(flat: dict[tuple, Any]) -> dict:
         for key in path[:-1]:
             node = node.setdefault(key, {})
         node[path[-1]] = value
-    return out
-
-
-def transposed(w: np.ndarray, rows: int = 256) -> np.ndarray:
-    """`w.T` of a torch-layout `[out, in]` matrix as a contiguous `[in, out]` copy, made a band
-    of rows at a time: numpy's own strided copy of a whole ViT-B MLP matrix is 2-3x slower, and
-    a checkpoint load transposes every linear layer."""
-    out = np.empty(w.shape[::-1], w.dtype)
-    for i in range(0, w.shape[0], rows):
-        out[:, i:i + rows] = w[i:i + rows].T
     return out
 
 

@@ -68,32 +68,29 @@ def abstract_params(model_config: ViTConfig):
 
 
 def start_from_init(init: str, config, num_classes: int):
-    """(model config, params, preprocessing) from a pretrained checkpoint, adapted."""
+    """(model config, params, preprocessing) from a pretrained checkpoint, fitted to the recipe
+    by `load_checkpoint`: the recipe's image size, class count, text path (a plain checkpoint
+    gets a freshly initialised one, gates at 0; a text checkpoint loses it in a plain recipe)
+    and training fields; the checkpoint's architecture otherwise."""
     from vit.checkpoints import load_checkpoint
-    from vit.checkpoints.fit import adapt_params
 
     size = config.input.image_size
-    # The recipe decides whether the model reads text: a plain checkpoint gets a freshly
-    # initialised text path (gates at 0), a text checkpoint loses it in a plain recipe.
+    fields = model_fields(config)
+    overrides = {k: v for k, v in fields.items() if k in TRAINING_FIELDS}
     try:
-        loaded = load_checkpoint(init, image_size=size, text=model_fields(config).get("text"))
-        overrides = {k: v for k, v in model_fields(config).items() if k in TRAINING_FIELDS}
-        model_config = loaded.config.replace(num_classes=num_classes, image_size=(size, size),
-                                             **overrides)
+        loaded = load_checkpoint(init, image_size=size, num_classes=num_classes,
+                                 text=fields.get("text"), **overrides)
     except ConfigError as err:  # the recipe's size or fields do not fit this checkpoint
         raise ConfigError(f"--init {init} with input.image_size={size}: {err}; set "
                           "input.image_size (and model fields) to fit the checkpoint") from None
     for message in loaded.warnings:
         print(f"note: {message}", file=sys.stderr)
-    _, template = abstract_params(model_config)
-    params = adapt_params(loaded.params, loaded.config, model_config, dst_template=template)
-    pre = loaded.preprocessing.with_size(size)
+    pre = loaded.preprocessing
     if config.input.mean is not None:  # an explicit normalisation in the config wins
         pre = Preprocessing(**{**pre.to_dict(), "mean": tuple(config.input.mean),
                                "std": tuple(config.input.std)})
-    print(f"initialised from {init} ({loaded.source}); head "
-          f"{'kept' if loaded.config.num_classes == num_classes else 'replaced (zeros)'}")
-    return model_config, jax.tree.map(jnp.asarray, params), pre
+    print(f"initialised from {init} ({loaded.source})")
+    return loaded.config, jax.tree.map(jnp.asarray, loaded.params), pre
 
 
 @dataclass(frozen=True)
@@ -284,8 +281,6 @@ def iterator_state_of_process(saved: dict, step: int) -> dict:
     """This process's iterator state from `iterator_states`' record. Each process reads its
     own shard of the data, so another process count would read other data from this point:
     refused rather than silently replaying or skipping examples."""
-    if "per_process" not in saved:  # written by one process before the record had this form
-        saved = {"process_count": 1, "per_process": [saved]}
     count, now = saved["process_count"], jax.process_count()
     if count != now:
         raise ConfigError(
