@@ -202,7 +202,7 @@ def test_broken_npz_checkpoints_are_one_line(files, tmp_path, monkeypatch, capsy
 
 
 def test_broken_text_embeddings_are_a_data_error(tmp_path):
-    from vit.inference.predictor import load_text_embeddings
+    from vit.inference.prompts import load_text_embeddings
 
     config = types.SimpleNamespace(text=types.SimpleNamespace(
         source="embeddings", embed_dim=4, similarity_dim=0))

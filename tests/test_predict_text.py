@@ -186,7 +186,7 @@ def test_text_embeddings_match_reference(ckpts, images, tmp_path, capsys):
         np.testing.assert_allclose([p["prob"] for p in row["prompts"]], expect, atol=1e-5)
         assert np.ptp(expect) > 1e-3
 
-    from vit.inference.predictor import load_text_embeddings  # optional texts label the prompts
+    from vit.inference.prompts import load_text_embeddings  # optional texts label the prompts
 
     np.savez(tmp_path / "t.npz", tokens=tokens, mask=mask, texts=np.array(["a cat", "a dog"]))
     assert load_text_embeddings(loaded.config, tmp_path / "t.npz").labels == ["a cat", "a dog"]

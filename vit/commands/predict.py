@@ -65,7 +65,7 @@ def _line(result: dict) -> str:
 def _text_inputs(args, config):
     """`(prompts, zero_shot)` for the Predictor; tokenizer warnings (a truncated prompt) are
     printed as ours rather than as Python warnings with a source line."""
-    from vit.inference.predictor import (
+    from vit.inference.prompts import (
         encode_prompts,
         load_text_embeddings,
         read_names,
@@ -122,14 +122,31 @@ def _check_warnings(warnings_: list[str], checkpoint, text_flags: list[str]) -> 
 def run(args) -> int:
     started = time.perf_counter()
     cache_root = inference_options.start(args)  # before anything compiles
-    from tqdm import tqdm
+    from vit.errors import DataError
 
+    text_flags = _check_flags(args)
+    paths = _image_paths(args.inputs)
+    # One image is not padded to a batch of 32: the batch is at most the number of images.
+    opened, predictor = _open(args, min(args.batch_size, len(paths)), text_flags,
+                              cache_root=None if text_flags else cache_root)
+    compiling = time.perf_counter()
+    predictor.compile(export=opened.caching)
+    ready = time.perf_counter()
+    print(f"vit predict: ready in {ready - started:.1f} s (compile {ready - compiling:.1f} s, "
+          f"batch {predictor.batch_size}, {opened.dtype})", file=sys.stderr)
+    done, failed, first_failed = _print_results(args, predictor, paths)
+    opened.store(predictor)  # after the answers
+    if done == failed:  # every image unreadable: the user's input to fix, as in `vit rollout`
+        more = f" and {failed - 1} more" if failed > 1 else ""
+        raise DataError(f"none of the {failed} images could be read: {first_failed}{more} "
+                        "(each listed above with its reason); give readable image files")
+    return 0
+
+
+def _check_flags(args) -> list[str]:
+    """Refuses flags that do not go together; returns the text flags given (at most one)."""
     from vit.commands.checks import require_positive
     from vit.errors import DataError
-    from vit.images import list_images
-    from vit.inference import prepared as predict_cache
-    from vit.inference.predictor import Predictor
-    from vit.preprocess import Preprocessing
 
     if args.top_k < 1 or args.batch_size < 1:
         raise DataError("--top-k and --batch-size must be at least 1")
@@ -144,46 +161,46 @@ def run(args) -> int:
     if args.labels and text_flags:
         raise DataError(f"--labels names a classifier's classes; {text_flags[0]} is labelled by "
                         "its own texts")
-    paths = list_images(args.inputs)
+    return text_flags
+
+
+def _image_paths(inputs: list[str]) -> list:
+    """The image files of `inputs`; refused when there are none, or when none exists."""
+    from vit.errors import DataError
+    from vit.images import list_images
+
+    paths = list_images(inputs)
     if not paths:
-        raise DataError(f"no image files found in {' '.join(args.inputs)}")
+        raise DataError(f"no image files found in {' '.join(inputs)}")
     missing = [p for p in paths if not p.exists()]
     if len(missing) == len(paths):  # a typo, not a few bad files: say so before the model loads
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
         raise DataError(f"{missing[0]}: no such file or folder{more}")
-    overrides = inference_options.with_dtype(args, _model_overrides(args.set))
-    batch_size = min(args.batch_size, len(paths))
-    # A classifier run with the cache on: a prepared entry skips the checkpoint and the model.
-    cache = None if cache_root is None or text_flags else dict(
-        root=cache_root, checkpoint=args.checkpoint, batch_size=batch_size, top_k=args.top_k,
-        load_options={"image_size": args.image_size, **overrides})
-    warm = predict_cache.load(**cache) if cache else None
-    if warm is not None:
-        meta = warm.meta
-        print(f"vit predict: {meta['source']} (prepared: {warm.folder})", file=sys.stderr)
-        _check_warnings(meta["warnings"], args.checkpoint, text_flags)
-        labels = _labels(args, meta["num_classes"]) or meta["labels"]
-        predictor = Predictor.prepared(warm.leaves, warm.exported,
-                                       Preprocessing.from_dict(meta["preprocessing"]), labels)
-        dtype = meta["dtype"]
-    else:
-        from vit.checkpoints import load_checkpoint
+    return paths
 
-        loaded = load_checkpoint(args.checkpoint, image_size=args.image_size, **overrides)
-        print(f"vit predict: {loaded.source}", file=sys.stderr)
-        _check_warnings(loaded.warnings, args.checkpoint, text_flags)
-        prompts, zero_shot = _text_inputs(args, loaded.config)
-        labels = _labels(args, loaded.config.num_classes) or loaded.labels
-        # One image is not padded to a batch of 32: the batch is at most the number of images.
-        predictor = Predictor(loaded.build_model(), loaded.preprocessing, labels,
-                              top_k=args.top_k, batch_size=batch_size,
-                              prompts=prompts, zero_shot=zero_shot)
-        dtype = loaded.config.dtype
-    compiling = time.perf_counter()
-    predictor.compile(export=cache is not None)
-    ready = time.perf_counter()
-    print(f"vit predict: ready in {ready - started:.1f} s (compile {ready - compiling:.1f} s, "
-          f"batch {predictor.batch_size}, {dtype})", file=sys.stderr)
+
+def _open(args, batch_size: int, text_flags: list[str], cache_root):
+    """`(opened checkpoint, Predictor)`: from a prepared classifier when one is stored, else
+    from the checkpoint."""
+    from vit.inference.warm_start import open_checkpoint
+
+    overrides = inference_options.with_dtype(args, _model_overrides(args.set))
+    opened = open_checkpoint(args.checkpoint, image_size=args.image_size, overrides=overrides,
+                             batch_size=batch_size, top_k=args.top_k, cache_root=cache_root)
+    prepared = f" (prepared: {opened.entry})" if opened.entry is not None else ""
+    print(f"vit predict: {opened.source}{prepared}", file=sys.stderr)
+    _check_warnings(opened.warnings, args.checkpoint, text_flags)
+    prompts, zero_shot = _text_inputs(args, opened.loaded.config) if text_flags else (None, None)
+    labels = _labels(args, opened.num_classes) or opened.labels
+    return opened, opened.predictor(labels, top_k=args.top_k, batch_size=batch_size,
+                                    prompts=prompts, zero_shot=zero_shot)
+
+
+def _print_results(args, predictor, paths: list) -> tuple[int, int, str | None]:
+    """Prints a line (or JSON line) per image and the closing count; returns the images done,
+    those that failed, and the first that failed."""
+    from tqdm import tqdm
+
     verb = "scored" if predictor.mode == "prompts" else "classified"
     start, done, failed, first_failed = time.perf_counter(), 0, 0, None
     with tqdm(total=len(paths), unit="img", file=sys.stderr, dynamic_ncols=True) as bar:
@@ -196,21 +213,4 @@ def run(args) -> int:
     seconds = time.perf_counter() - start
     print(f"vit predict: {done - failed} images {verb}, {failed} failed, {seconds:.1f} s "
           f"({(done - failed) / seconds:.1f} images/s)", file=sys.stderr)
-    if cache and warm is None and predictor.exported is not None:  # after the answers
-        from pathlib import Path
-
-        from vit.checkpoints.resolve import detect
-
-        # A hub id or timm name is stored under the snapshot folder it resolved to.
-        resolved = None if Path(args.checkpoint).exists() else detect(args.checkpoint)[1]
-        predict_cache.store(**cache, leaves=predictor.leaves, exported=predictor.exported,
-                            resolved=resolved,
-                            meta={"source": loaded.source, "warnings": loaded.warnings,
-                                  "labels": loaded.labels, "dtype": dtype,
-                                  "num_classes": loaded.config.num_classes,
-                                  "preprocessing": loaded.preprocessing.to_dict()})
-    if done == failed:  # every image unreadable: the user's input to fix, as in `vit rollout`
-        more = f" and {failed - 1} more" if failed > 1 else ""
-        raise DataError(f"none of the {failed} images could be read: {first_failed}{more} "
-                        "(each listed above with its reason); give readable image files")
-    return 0
+    return done, failed, first_failed

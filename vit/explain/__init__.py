@@ -1,6 +1,7 @@
 """Explanations for ViT predictions: attention maps, faithfulness scores, rendering.
 
-- `layout`: where tokens sit and what the classifier reads out;
+- `inputs`: the images to explain, from files, folders or a dataset, batched;
+- `tokens`: where tokens sit and what the classifier reads out;
 - `rules`: per-layer rollout, grad-rollout and relevancy rules (self- and cross-attention);
 - `capture`: explain mode that keeps every layer's attention and gradient (reference, analysis);
 - `maps`: `explain(model, images, method)`, batched, jitted, memory flat in depth;

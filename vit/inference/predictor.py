@@ -14,7 +14,6 @@ carry on. Its three modes share that machinery and differ only in the forward an
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import warnings
 from collections.abc import Iterator, Sequence
@@ -26,6 +25,7 @@ import numpy as np
 from vit.device_mesh import on_local_devices
 from vit.errors import CheckpointError, DataError
 from vit.images import open_image
+from vit.inference.prompts import Prompts, encode_prompts, require_text, zero_shot_prompts
 from vit.inference.xla_cpu import compile_for_inference
 from vit.preprocess import Preprocessing
 
@@ -49,118 +49,6 @@ def load_pretrained(path, *, image_size: int | None = None, labels=None, **overr
     return loaded.build_model(), loaded.preprocessing, names
 
 
-# -- text for a text model -------------------------------------------------------------------
-@dataclasses.dataclass(frozen=True)
-class Prompts:
-    """Texts ready for a text model: display `labels`, `text` (token ids `[P, T]`, or supplied
-    embeddings `[P, T, D]`) and its left-aligned `mask [P, T]`."""
-
-    labels: list[str]
-    text: np.ndarray
-    mask: np.ndarray
-
-
-def require_text(config, flag: str, *, source: str | None = None,
-                 similarity: bool = False) -> None:
-    """Refuses (one line, naming `flag`) a model that cannot take what `flag` gives it."""
-    t = config.text
-    if t is None:
-        raise CheckpointError(f"{flag}: this model has no text path (it was not built with "
-                              "text conditioning), so it cannot score text")
-    if similarity and not t.similarity_dim:
-        raise CheckpointError(f"{flag}: this model has no similarity head "
-                              "(text.similarity_dim=0), which zero-shot scoring needs")
-    if source == "bytes" and t.source == "embeddings":
-        raise CheckpointError(
-            f"{flag}: this model was trained on embeddings from an outside text model "
-            f"(text.source='embeddings'), so it cannot read text itself; give "
-            f"--text-embeddings FILE.npz (tokens [P, T, {t.embed_dim}], mask [P, T]) made with "
-            "that text model")
-    if source == "embeddings" and t.source == "bytes":
-        raise CheckpointError(f"{flag}: this model reads text itself (text.source='bytes'), "
-                              "not embeddings; give --prompt TEXT")
-
-
-def encode_prompts(config, texts: Sequence[str], *, labels: Sequence[str] | None = None,
-                   flag: str = "--prompt") -> Prompts:
-    """Tokenizes once at the model's fixed `max_len` (so a new prompt never recompiles).
-
-    The empty string is the null prompt; a too-long prompt is truncated with a UserWarning.
-    """
-    from vit.models.text import tokenize
-
-    require_text(config, flag, source="bytes")
-    texts = list(texts)
-    if not texts:
-        raise DataError(f"{flag}: no texts given")
-    tokens, mask = tokenize(texts, config.text.max_len)
-    return Prompts(list(labels) if labels is not None else texts, tokens, mask)
-
-
-def load_text_embeddings(config, path) -> Prompts:
-    """`--text-embeddings`: an .npz of `tokens [P, T, D]` float and `mask [P, T]` bool (True
-    first), optionally `texts [P]` (a unicode array) to label them; P prompts per image."""
-    from vit.checkpoints.npz import NotNpzError, load_npz
-    from vit.models.text import check_prefix_mask
-
-    flag = f"--text-embeddings {path}"
-    require_text(config, flag, source="embeddings")
-    dim = config.text.embed_dim
-    want = f"tokens [P, T, {dim}] float and mask [P, T] bool"
-    try:
-        arrays = load_npz(path)
-    except FileNotFoundError:
-        raise DataError(f"{flag}: no such file") from None
-    except NotNpzError as err:  # empty, cut short, not a zip, or a pickled array inside
-        raise DataError(f"{flag}: not a readable .npz of arrays ({err}); write it with "
-                        "np.savez(path, tokens=..., mask=...)") from None
-    if "tokens" not in arrays or "mask" not in arrays:
-        raise DataError(f"{flag}: has {sorted(arrays)}; wanted {want} (and optionally texts [P])")
-    tokens, mask, texts = arrays["tokens"], arrays["mask"], arrays.get("texts")
-    if (tokens.ndim != 3 or tokens.shape[2] != dim or tokens.shape[0] < 1
-            or not np.issubdtype(tokens.dtype, np.floating)):
-        raise DataError(f"{flag}: tokens has shape {list(tokens.shape)} {tokens.dtype}; wanted "
-                        f"[P, T, {dim}] float (D = the model's text.embed_dim)")
-    if mask.shape != tokens.shape[:2] or mask.dtype != bool:
-        raise DataError(f"{flag}: mask has shape {list(mask.shape)} {mask.dtype}; wanted "
-                        f"[{tokens.shape[0]}, {tokens.shape[1]}] bool (one row per prompt)")
-    try:
-        check_prefix_mask(mask, flag)
-    except ValueError as err:
-        raise DataError(str(err)) from None
-    if not np.isfinite(tokens).all():
-        raise DataError(f"{flag}: tokens hold NaN or infinite values")
-    if texts is None:
-        labels = [f"embedding {i}" for i in range(len(tokens))]
-    elif texts.shape != (len(tokens),) or texts.dtype.kind != "U":
-        raise DataError(f"{flag}: texts has shape {list(texts.shape)} {texts.dtype}; wanted "
-                        f"[{len(tokens)}] strings (a numpy unicode array)")
-    else:
-        labels = [str(s) for s in texts]
-    return Prompts(labels, tokens.astype(np.float32), mask)
-
-
-def read_names(path) -> list[str]:
-    """A zero-shot names file: one name a line; blank lines are skipped."""
-    try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as err:
-        raise DataError(f"--zero-shot {path}: cannot read ({err})") from None
-    names = [line.strip() for line in lines if line.strip()]
-    if not names:
-        raise DataError(f"--zero-shot {path}: no names in it; give one name per line")
-    return names
-
-
-def zero_shot_prompts(config, names: Sequence[str], template: str = "{}") -> Prompts:
-    """Names written into `template` ("a photo of a {}") and tokenized; labelled by the names."""
-    require_text(config, "--zero-shot", source="bytes", similarity=True)
-    if "{}" not in template:
-        raise DataError(f"--template {template!r}: has no {{}} where the name goes")
-    return encode_prompts(config, [template.replace("{}", n) for n in names], labels=names,
-                          flag="--zero-shot")
-
-
 class Predictor:
     """Images -> top-k classes, prompt probabilities, or zero-shot top-k, one compiled forward.
 
@@ -174,7 +62,6 @@ class Predictor:
                  prompts: Prompts | Sequence[str] | None = None,
                  zero_shot: Prompts | Sequence[str] | None = None):
         import jax
-        import jax.numpy as jnp
         from flax import nnx
 
         cfg = model.config
@@ -198,32 +85,12 @@ class Predictor:
         if prompts is not None:
             require_text(cfg, "prompts")
             self.mode, self.labels, self.top_k = "prompts", None, None
-
-            @jax.jit
-            def forward(state, images, text, mask):
-                b = images.shape[0]
-                logits = merged(state)(
-                    images, text=jnp.broadcast_to(text, (b, *text.shape)),
-                    text_mask=jnp.broadcast_to(mask, (b, *mask.shape)))
-                return (jax.nn.sigmoid(logits.reshape(b, -1)),)  # [b] when there is one prompt
-
-            # Arguments, not constants: other prompts of the same count reuse the compile.
-            extra = (jnp.asarray(prompts.text), jnp.asarray(prompts.mask))
+            forward, extra = _prompts_forward(merged, prompts)
         elif zero_shot is not None:
             require_text(cfg, "--zero-shot", similarity=True)
             self.mode, self.labels = "zero_shot", zero_shot.labels
-            self.top_k = k = min(top_k, len(zero_shot.labels))
-            # The names' embeddings do not depend on the image: computed once, here.
-            txt = jax.jit(lambda state, t, m: merged(state).text_embedding(t, m))(
-                state, zero_shot.text, zero_shot.mask)
-
-            @jax.jit
-            def forward(state, images, txt):
-                m = merged(state)
-                logits = m.similarity.logits(m.image_embedding(images), txt)
-                return jax.lax.top_k(jax.nn.sigmoid(logits), k)
-
-            extra = (txt,)
+            self.top_k = min(top_k, len(zero_shot.labels))
+            forward, extra = _zero_shot_forward(merged, state, zero_shot, self.top_k)
         else:
             if not cfg.num_classes:
                 raise CheckpointError("this checkpoint has no classification head "
@@ -233,14 +100,8 @@ class Predictor:
                 raise DataError(f"{len(labels)} labels for {cfg.num_classes} classes; give one "
                                 "name per class")
             self.mode, self.labels = "classes", labels
-            self.top_k = k = min(top_k, cfg.num_classes)
-
-            @jax.jit
-            def forward(state, images):
-                logits = merged(state)(images)
-                return jax.lax.top_k(jax.nn.softmax(logits, axis=-1), k)
-
-            extra = ()
+            self.top_k = min(top_k, cfg.num_classes)
+            forward, extra = _classes_forward(merged, self.top_k), ()
         # Every local device: the batch split over them (rounded up to fit), weights copied.
         self.batch_size, forward = on_local_devices(forward, batch_size, 2 + len(extra))
         self._state, self._forward, self._extra = state, forward, extra
@@ -347,3 +208,50 @@ class Predictor:
         return {"top_k": [{"index": int(i), "label": self.labels[int(i)] if self.labels else None,
                            "prob": float(p)} for p, i in zip(probs[row], idx[row], strict=True)]}
 
+
+# The three forwards take the parameter leaves first (`merged(leaves)` is the model), then the
+# images, then their mode's extra arguments.
+def _classes_forward(merged, k: int):
+    """Softmax top-k of the class head."""
+    import jax
+
+    @jax.jit
+    def forward(state, images):
+        logits = merged(state)(images)
+        return jax.lax.top_k(jax.nn.softmax(logits, axis=-1), k)
+
+    return forward
+
+
+def _prompts_forward(merged, prompts: Prompts):
+    """`(forward, (text, mask))`: every image against every prompt, the sigmoid of each match."""
+    import jax
+    import jax.numpy as jnp
+
+    @jax.jit
+    def forward(state, images, text, mask):
+        b = images.shape[0]
+        logits = merged(state)(
+            images, text=jnp.broadcast_to(text, (b, *text.shape)),
+            text_mask=jnp.broadcast_to(mask, (b, *mask.shape)))
+        return (jax.nn.sigmoid(logits.reshape(b, -1)),)  # [b] when there is one prompt
+
+    # Arguments, not constants: other prompts of the same count reuse the compile.
+    return forward, (jnp.asarray(prompts.text), jnp.asarray(prompts.mask))
+
+
+def _zero_shot_forward(merged, state, names: Prompts, k: int):
+    """`(forward, (names' embeddings,))`: top-k of the similarity head's sigmoid."""
+    import jax
+
+    # The names' embeddings do not depend on the image: computed once, here.
+    txt = jax.jit(lambda state, t, m: merged(state).text_embedding(t, m))(
+        state, names.text, names.mask)
+
+    @jax.jit
+    def forward(state, images, txt):
+        m = merged(state)
+        logits = m.similarity.logits(m.image_embedding(images), txt)
+        return jax.lax.top_k(jax.nn.sigmoid(logits), k)
+
+    return forward, (txt,)

@@ -38,7 +38,7 @@ import numpy as np
 
 FORMAT = 1
 KEEP = 3  # prepared checkpoints kept (each holds a copy of the weights), least recent dropped
-_PACKAGE = Path(__file__).resolve().parent
+_PACKAGE = Path(__file__).resolve().parents[1]  # vit/, not vit/inference/
 
 
 @dataclass

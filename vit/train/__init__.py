@@ -1,4 +1,4 @@
-"""Training: the loop, optax recipes, mesh and shardings, checkpoints, metrics, init adaptation.
+"""Training: the loop, the step and its losses, optax recipes, shardings, checkpoints, metrics.
 
 Import submodules directly (`from vit.train.loop import train`); this package imports nothing
 heavy by itself.

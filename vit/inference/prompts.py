@@ -1,0 +1,125 @@
+"""Texts for a text model: `--prompt` texts, `--text-embeddings` files and `--zero-shot` names,
+each made into `Prompts` (labels, tokens or embeddings, mask) after checking that the model can
+read them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from vit.errors import CheckpointError, DataError
+
+
+@dataclasses.dataclass(frozen=True)
+class Prompts:
+    """Texts ready for a text model: display `labels`, `text` (token ids `[P, T]`, or supplied
+    embeddings `[P, T, D]`) and its left-aligned `mask [P, T]`."""
+
+    labels: list[str]
+    text: np.ndarray
+    mask: np.ndarray
+
+
+def require_text(config, flag: str, *, source: str | None = None,
+                 similarity: bool = False) -> None:
+    """Refuses (one line, naming `flag`) a model that cannot take what `flag` gives it."""
+    t = config.text
+    if t is None:
+        raise CheckpointError(f"{flag}: this model has no text path (it was not built with "
+                              "text conditioning), so it cannot score text")
+    if similarity and not t.similarity_dim:
+        raise CheckpointError(f"{flag}: this model has no similarity head "
+                              "(text.similarity_dim=0), which zero-shot scoring needs")
+    if source == "bytes" and t.source == "embeddings":
+        raise CheckpointError(
+            f"{flag}: this model was trained on embeddings from an outside text model "
+            f"(text.source='embeddings'), so it cannot read text itself; give "
+            f"--text-embeddings FILE.npz (tokens [P, T, {t.embed_dim}], mask [P, T]) made with "
+            "that text model")
+    if source == "embeddings" and t.source == "bytes":
+        raise CheckpointError(f"{flag}: this model reads text itself (text.source='bytes'), "
+                              "not embeddings; give --prompt TEXT")
+
+
+def encode_prompts(config, texts: Sequence[str], *, labels: Sequence[str] | None = None,
+                   flag: str = "--prompt") -> Prompts:
+    """Tokenizes once at the model's fixed `max_len` (so a new prompt never recompiles).
+
+    The empty string is the null prompt; a too-long prompt is truncated with a UserWarning.
+    """
+    from vit.models.text import tokenize
+
+    require_text(config, flag, source="bytes")
+    texts = list(texts)
+    if not texts:
+        raise DataError(f"{flag}: no texts given")
+    tokens, mask = tokenize(texts, config.text.max_len)
+    return Prompts(list(labels) if labels is not None else texts, tokens, mask)
+
+
+def load_text_embeddings(config, path) -> Prompts:
+    """`--text-embeddings`: an .npz of `tokens [P, T, D]` float and `mask [P, T]` bool (True
+    first), optionally `texts [P]` (a unicode array) to label them; P prompts per image."""
+    from vit.checkpoints.npz import NotNpzError, load_npz
+    from vit.models.text import check_prefix_mask
+
+    flag = f"--text-embeddings {path}"
+    require_text(config, flag, source="embeddings")
+    dim = config.text.embed_dim
+    want = f"tokens [P, T, {dim}] float and mask [P, T] bool"
+    try:
+        arrays = load_npz(path)
+    except FileNotFoundError:
+        raise DataError(f"{flag}: no such file") from None
+    except NotNpzError as err:  # empty, cut short, not a zip, or a pickled array inside
+        raise DataError(f"{flag}: not a readable .npz of arrays ({err}); write it with "
+                        "np.savez(path, tokens=..., mask=...)") from None
+    if "tokens" not in arrays or "mask" not in arrays:
+        raise DataError(f"{flag}: has {sorted(arrays)}; wanted {want} (and optionally texts [P])")
+    tokens, mask, texts = arrays["tokens"], arrays["mask"], arrays.get("texts")
+    if (tokens.ndim != 3 or tokens.shape[2] != dim or tokens.shape[0] < 1
+            or not np.issubdtype(tokens.dtype, np.floating)):
+        raise DataError(f"{flag}: tokens has shape {list(tokens.shape)} {tokens.dtype}; wanted "
+                        f"[P, T, {dim}] float (D = the model's text.embed_dim)")
+    if mask.shape != tokens.shape[:2] or mask.dtype != bool:
+        raise DataError(f"{flag}: mask has shape {list(mask.shape)} {mask.dtype}; wanted "
+                        f"[{tokens.shape[0]}, {tokens.shape[1]}] bool (one row per prompt)")
+    try:
+        check_prefix_mask(mask, flag)
+    except ValueError as err:
+        raise DataError(str(err)) from None
+    if not np.isfinite(tokens).all():
+        raise DataError(f"{flag}: tokens hold NaN or infinite values")
+    if texts is None:
+        labels = [f"embedding {i}" for i in range(len(tokens))]
+    elif texts.shape != (len(tokens),) or texts.dtype.kind != "U":
+        raise DataError(f"{flag}: texts has shape {list(texts.shape)} {texts.dtype}; wanted "
+                        f"[{len(tokens)}] strings (a numpy unicode array)")
+    else:
+        labels = [str(s) for s in texts]
+    return Prompts(labels, tokens.astype(np.float32), mask)
+
+
+def read_names(path) -> list[str]:
+    """A zero-shot names file: one name a line; blank lines are skipped."""
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as err:
+        raise DataError(f"--zero-shot {path}: cannot read ({err})") from None
+    names = [line.strip() for line in lines if line.strip()]
+    if not names:
+        raise DataError(f"--zero-shot {path}: no names in it; give one name per line")
+    return names
+
+
+def zero_shot_prompts(config, names: Sequence[str], template: str = "{}") -> Prompts:
+    """Names written into `template` ("a photo of a {}") and tokenized; labelled by the names."""
+    require_text(config, "--zero-shot", source="bytes", similarity=True)
+    if "{}" not in template:
+        raise DataError(f"--template {template!r}: has no {{}} where the name goes")
+    return encode_prompts(config, [template.replace("{}", n) for n in names], labels=names,
+                          flag="--zero-shot")
