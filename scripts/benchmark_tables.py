@@ -91,8 +91,9 @@ def demo(r: dict) -> list[str]:
 def inference(r: dict) -> list[str]:
     s, speed, ratio, agree = r["setup"], r["img_s_median"], r["ratio_to_transformers_median"], \
         r["agreement"]
+    n = agree["images"]
     rows = [[f"vit, {dtype}", num(speed[f"ours_{dtype}"]), num(ratio[f"ours_{dtype}"]),
-             pct(agree[f"ours_{dtype}"]["top1_agreement_with_transformers"]),
+             f"{round(agree[f'ours_{dtype}']['top1_agreement_with_transformers'] * n)} of {n}",
              f"{agree[f'ours_{dtype}']['max_prob_error']:.1e}"]
             for dtype in ("float32", "bfloat16") if f"ours_{dtype}" in speed]
     rows.append(["transformers, float32", num(speed["hf"]), "1.00", "", ""])
@@ -106,7 +107,7 @@ def predict(r: dict) -> list[str]:
     speed, median, agree = r["images_per_s"], r["ratio_median_of_rounds"], \
         r["top1_agreement_with_transformers"]
     rows = [[f"`vit predict`, {d}", num(speed[f"vit_{d}"]), num(median[f"vit_{d}"]),
-             pct(agree[f"vit_{d}"])] for d in ("float32", "bfloat16")]
+             num(agree[f"vit_{d}"])] for d in ("float32", "bfloat16")]
     rows.append(["transformers pipeline, float32", num(speed["transformers"]), "1.00", ""])
     lines = [f"{r['task']}:", "",
              *table(["", "images/s (best pass)", "vs transformers (median of rounds)",
