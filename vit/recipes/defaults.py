@@ -97,7 +97,8 @@ DEFAULTS: dict[str, Key] = {
     "parallel.data": Key(-1, "the mesh's data axis (-1: the devices fsdp leaves)"),
     "parallel.fsdp": Key(1, "the mesh's fsdp axis: > 1 shards parameters and optimiser state"),
     "parallel.rules": Key(((".*", "auto"),), "(regex, spec) pairs sharding parameters: a "
-                                             "PartitionSpec, 'auto' or 'replicated'", tuple),
+                                             "PartitionSpec, 'auto' or 'replicated'",
+                          tuple[tuple[str, Any], ...]),
 }
 
 # Sections a recipe may hold besides those above: stages (vit/train/stages.py).
