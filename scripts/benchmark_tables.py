@@ -85,7 +85,7 @@ def demo(r: dict) -> list[str]:
     cpu = (machine.get("cpu") or {}).get("model_name") or "CPU"
     return [f"Measured {r['date_utc'][:10]} (`benchmarks/demo.json`): **{pct(r['test_accuracy'])} "
             f"test accuracy** ({right} of {r['num_test_examples']} held-out digits) after "
-            f"{r['train_seconds']:.0f} s of training on {machine.get('cpus')} {cpu} cores."]
+            f"{r['train_seconds']:.0f} s of training on a {machine.get('cpus')}-core {cpu}."]
 
 
 def inference(r: dict) -> list[str]:
@@ -109,7 +109,7 @@ def predict(r: dict) -> list[str]:
     rows = [[f"`vit predict`, {d}", num(speed[f"vit_{d}"]), num(median[f"vit_{d}"]),
              num(agree[f"vit_{d}"])] for d in ("float32", "bfloat16")]
     rows.append(["transformers pipeline, float32", num(speed["transformers"]), "1.00", ""])
-    lines = [f"{r['task']}:", "",
+    lines = [f"{r['task'][0].upper()}{r['task'][1:]}:", "",
              *table(["", "images/s (best pass)", "vs transformers (median of rounds)",
                      "top-1 = transformers'"], rows)]
     start = r.get("start_up_one_image")
