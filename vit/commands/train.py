@@ -1,6 +1,9 @@
 """`vit train --config FILE --workdir DIR [--set KEY=VALUE ...] [--init CHECKPOINT]
 [--coordinator HOST:PORT --num-processes N --process-id I]`.
 
+FILE is a recipe: what differs from the defaults in vit/recipes/defaults.py, where every key
+has its meaning; `--set` changes any key, one the recipe leaves out included.
+
 Running the same command again resumes from the workdir's latest checkpoint. With the three
 process flags (or under SLURM / Open MPI / a multi-host TPU, detected) every process runs the
 same command and `jax.distributed` joins them; the mesh is `parallel.data` x `parallel.fsdp`.
@@ -10,7 +13,9 @@ from __future__ import annotations
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--config", required=True, help="a recipe file such as configs/digits.py")
+    parser.add_argument("--config", required=True,
+                        help="a recipe file such as configs/digits.py; it sets what differs "
+                             "from vit/recipes/defaults.py")
     parser.add_argument("--workdir", required=True,
                         help="where checkpoints, metrics.jsonl and curves.png go (resumes)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
