@@ -59,7 +59,7 @@ NOISE = 12
 SHAPE_SIZES = (11, 14)  # bounding-box side in pixels, inclusive
 # Shapes sit in distinct cells of a 4x4 grid of 16 px cells, 1 px inside the cell, so they never
 # touch, and each lies within one 16x16 patch: the benchmark tests reading the text, and a
-# from-scratch ViT on 2 CPU cores learns the scenes in minutes rather than hours.
+# small ViT trained from scratch on a CPU learns the scenes in minutes.
 _GRID = 4
 _CELL_STARTS = (0, 16, 32, 48)
 _CELL_ENDS = (16, 32, 48, 64)

@@ -15,8 +15,8 @@ wanted, so no method keeps `layers x tokens^2` per image:
   (`_chain_tap`, a `custom_vjp`): each layer's backward turns its attention and gradient into
   `M_l` and applies it on the spot. The blocks run as a rematerialised `lax.scan`, so the
   backward pass keeps each block's input (`tokens x width`), not its attention, and recomputes
-  one layer's attention at a time. (Per-block `jax.checkpoint` in a Python loop was not enough:
-  XLA hoisted the recomputations and kept them all alive.) The price, for every method: the
+  one layer's attention at a time (a per-block `jax.checkpoint` in a Python loop would not do:
+  XLA may hoist the recomputations and keep them all alive). The price, for every method: the
   scan reads one stacked copy of the block parameters (the model's size again, whatever the
   batch size).
 
@@ -55,10 +55,10 @@ def _encode(model, images, tap, carry, backward: bool):
     """The encoder with `tap(probs, carry) -> (probs, carry)` at every attention.
 
     Mirrors `VisionTransformer.features`. The blocks run as a `lax.scan` over their stacked
-    parameters, so one layer's attention is alive at a time: unrolled in a Python loop, XLA's
-    CPU scheduler kept every layer's attention of the forward-only rollout (ViT-L/14 at 518 px,
-    batch 4: 12.3 GB instead of 0.4 GB per image). Passes that will be differentiated
-    (`backward`) also rematerialise each layer, so the backward pass is one layer at a time.
+    parameters, so one layer's attention is alive at a time (unrolled in a Python loop, XLA's
+    CPU scheduler may keep every layer's attention alive at once). Passes that will be
+    differentiated (`backward`) also rematerialise each layer, so the backward pass is one layer
+    at a time.
     (Blocks differ only in their drop-path rate, a static attribute that is inert without a
     key, so the first block's graph serves them all.)
     """

@@ -2,10 +2,10 @@
 and batch shape loads the compiled forward from disk instead of compiling it again.
 
 The cache root is `$VIT_CACHE_DIR` when set, else `$XDG_CACHE_HOME/vit` (`~/.cache/vit`); JAX's
-compiles go in its `jax/` folder and `vit predict`'s prepared classifiers (`vit.inference.prepared`)
-in `prepared/`.
-JAX keys each entry on the program, the devices and the jax/XLA versions, so a stale entry is
-never used; deleting the folder is always safe. Standard library and jax only.
+compiles go in its `jax/` folder and `vit predict`'s prepared classifiers
+(`vit.inference.prepared`) in `prepared/`. JAX keys each entry on the program, the devices and
+the jax/XLA versions, so a stale entry is never used; deleting the folder is always safe.
+Standard library and jax only.
 """
 
 from __future__ import annotations

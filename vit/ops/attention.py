@@ -107,8 +107,8 @@ def reference_attention(q, k, v, *, mask=None, kv_len=None, scale=None, dropout_
         # Padded K/V rows may hold anything (NaN included): p == 0 times NaN is still NaN.
         real = keys[:, 0, 0, :, None, None]
         k, v = jnp.where(real, k, 0), jnp.where(real, v, 0)
-    # Heads before sequence: XLA's CPU dots are several times faster with the batch dimensions
-    # leading than with einsum's "bqhd" layout.
+    # Heads before sequence: XLA's CPU dots are much faster with the batch dimensions leading
+    # than in einsum's "bqhd" layout.
     q, k, v = (rearrange(x, "b s h d -> b h s d") for x in (q, k, v))
     # The scale goes on q (n*d values) rather than on the n*n logits: fewer multiplies.
     logits = jnp.einsum("bhqd,bhkd->bhqk", q * jnp.asarray(scale, q.dtype), k,

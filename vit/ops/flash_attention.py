@@ -5,12 +5,9 @@ Arrays are `[batch, seq, heads, head_dim]`, as in `jax.nn.dot_product_attention`
 Why this lowering. On NVIDIA GPUs the kernel is written in the Triton style of Pallas: a grid
 over (query block, batch, head), each program holding one query block and looping over key
 blocks with `lax.fori_loop`, like jax's own `pallas/ops/gpu/attention.py`. It lowers through
-Pallas' Triton backend on Ampere and Hopper (deprecated from jax 0.11, but still working). We
-chose it over Mosaic GPU because the very same kernel also runs in Pallas' generic interpret
-mode on CPU, where it is tested every day, and lowers for TPU; a Mosaic GPU kernel (warpgroup
-MMAs, TMA, barriers) targets Hopper-class hardware and its interpreter handles a single-block
-grid only, so CPU tests would check a different program from the one that ships. Mosaic GPU
-would likely be faster on Hopper; this kernel is the portable, testable one. On TPU the same
+Pallas' Triton backend on Ampere and Hopper (deprecated from jax 0.11, but still working), not
+Mosaic GPU, because the very same kernel also runs in Pallas' interpret mode on CPU, where it is
+tested, and lowers for TPU: the program the tests check is the one that ships. On TPU the same
 kernel body lowers through Mosaic: the wrapper moves heads before sequence so the last two
 block dimensions are `(block, head_dim)`, and `kv_len` arrives by scalar prefetch.
 
@@ -92,8 +89,7 @@ def default_block_sizes(platform: str, head_dim: int, seq_q: int | None = None,
 
     With `seq_q`/`seq_k` (GPU), each tile is fitted to its length (`_fit_tile`): 197 tokens keep
     128-query forward tiles (256 rows, unavoidable at >= 64) but stream 32 keys (224 rows, not
-    256), which takes the forward's padded work from 1.69x to 1.48x the real work; 577 tokens
-    stream 32 keys (608 rows, not 640): 1.23x -> 1.17x.
+    256), so less of the forward's work is padding.
     """
     if platform == "tpu":
         blocks = BlockSizes(fwd=(128, 128), dkv=(128, 128), dq=(128, 128))
