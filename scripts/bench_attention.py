@@ -5,17 +5,19 @@
         [--dry-run]
 
 Sections, in this order, each written to DIR/bench_attention.json as soon as it finishes:
-  correctness  our kernel (compiled where there is an accelerator) against a float32 softmax
-               reference: outputs and dq/dk/dv at ragged ViT lengths, head dims, dtypes, kv_len,
-               per element within atol + rtol * |reference|.
+  correctness  our kernel (compiled where there is an accelerator) against the package's XLA
+               reference attention in float32 at full matmul precision: outputs and
+               dq/dk/dv at ragged ViT lengths, head dims, dtypes, kv_len, per element within
+               atol + rtol * |reference|.
   attention    forward and forward+backward TFLOP/s at ViT shapes for our kernel,
                jax.nn.dot_product_attention (cudnn, xla) and jax's Pallas GPU `mha`.
   block_sweep  each of our kernels (forward, dK/dV, dQ) over tiles and warps, per head_dim (64,
                128) and sequence (197, 577), the default (fitted) tiles first: data for tuning.
   inference    ViT-B/16 forward (eval mode, the attention path the dispatcher picks) in float32
-               and bfloat16 at batch 8 (issue 16's shape) and 256: images/s, and bfloat16's
-               speed-up over float32 with the share of top-1 labels the two agree on.
-  train_step   ViT-B/16 training step (bfloat16) in images/s and MFU with each attention path.
+               and bfloat16 at batch 8 and 256: images/s, and bfloat16's speed-up over
+               float32 with the share of top-1 labels the two agree on.
+  train_step   `vit train`'s step (scripts/train_step.py: configs/imagefolder.py with AdamW) on
+               ViT-B/16 in bfloat16, in images/s and MFU, with each attention path.
 Each timed section has its own share of --budget-s. Every row has a status: "ok", "failed" (it
 raised, or a correctness check missed) or "skipped" (the time budget ran out before it started).
 The exit code keeps them apart: 1 if any row failed, else 3 if any was skipped, else 0.
@@ -27,14 +29,10 @@ on a CPU proves the script runs.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import functools
-import importlib.metadata
-import json
 import math
 import pathlib
-import platform
 import statistics
 import sys
 import time
@@ -42,6 +40,11 @@ import traceback
 
 import jax
 import jax.numpy as jnp
+
+# This folder's modules, also when a test imports this file by its path.
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import records  # noqa: E402
+import train_step  # noqa: E402
 
 FLOP_CONVENTION = (
     "attention forward = 4*B*H*Sq*Sk*D (QK^T and PV, unpadded lengths); backward = 2.5x "
@@ -51,11 +54,13 @@ FLOP_CONVENTION = (
     "dense bf16 peak)."
 )
 TRAIN_FLOP_PER_IMAGE = 105e9
+TRAIN_CLASSES = 1000
 PEAK_FLOP_S = 989e12
 # Per element: |ours - reference| <= ATOL + RTOL * |reference| (as tests/test_flash_attention.py).
 ATOL = {"float32": 1e-5, "bfloat16": 2e-2, "float16": 2e-3}
 RTOL = {"float32": 5e-5, "bfloat16": 2e-2, "float16": 2e-3}
 SKIPPED = {"status": "skipped", "reason": "time budget"}
+PLUGINS = ("jax-cuda12-plugin", "jax-cuda13-plugin")
 
 
 def _error(exc: BaseException) -> str:
@@ -90,14 +95,12 @@ def _time(fn, *args, iters: int, reps: int = 3) -> float:
 
 
 def reference_attention(q, k, v, kv_len=None):
-    """Float32 materialised softmax attention, the yardstick for correctness."""
-    q, k, v = (x.astype(jnp.float32) for x in (q, k, v))
-    logits = jnp.einsum("bqhd,bkhd->bhqk", q, k, precision="highest") / math.sqrt(q.shape[-1])
-    if kv_len is not None:
-        valid = jnp.arange(k.shape[1]) < kv_len[:, None]
-        logits = jnp.where(valid[:, None, None, :], logits, -jnp.inf)
-    probs = jax.nn.softmax(logits, axis=-1)
-    return jnp.einsum("bhqk,bkhd->bqhd", probs, v, precision="highest")
+    """The yardstick for correctness: the package's XLA path (`vit.ops.attention`) in float32,
+    its products at full precision (a GPU's default float32 dots round through TF32)."""
+    from vit.ops.attention import reference_attention as xla_reference
+
+    with jax.default_matmul_precision("highest"):
+        return xla_reference(*(x.astype(jnp.float32) for x in (q, k, v)), kv_len=kv_len)
 
 
 def _jax_pallas_mha(q, k, v, *, interpret):
@@ -167,7 +170,7 @@ def correctness(dry_run: bool) -> list[dict]:
             ref = jax.jit(functools.partial(
                 _with_grads, functools.partial(reference_attention, kv_len=lens)))(
                 *(x.astype(jnp.float32) for x in (q, k, v, do)))
-            # Rows with no valid key: ours are zeros, the reference's are NaN.
+            # Rows with no valid key: both give zeros; compared where a key is valid.
             rows = True if lens is None else (lens > 0)[:, None, None, None]
             worst = {}
             for name, a, b, mask in zip(("out", "dq", "dk", "dv"), ours, ref,
@@ -327,39 +330,25 @@ def block_sweep(dry_run: bool, iters: int, deadline: Deadline, per_case: int) ->
 
 
 def _train_step_time(impl: str, batch: int, image_size: int, overrides: dict, iters: int):
-    """Seconds per ViT-B/16 training step (AdamW) and the first step's compile+run seconds."""
-    import optax
-    from flax import nnx
+    """Seconds per `vit train` step on ViT-B/16 (bfloat16, AdamW) and the first step's
+    compile+run seconds; the batch is put on the devices once."""
+    import numpy as np
 
-    import vit
-
-    model = vit.create_model("vit_b16", attention_impl=impl, dtype="bfloat16",
-                             image_size=image_size, **overrides)
-    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-    tx = optax.adamw(1e-4)
-
-    def loss_fn(params, rest, images, labels):
-        logits = nnx.merge(graphdef, params, rest)(images, train=True)
-        return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
-
-    @functools.partial(jax.jit, donate_argnums=(0, 2))
-    def step(params, rest, opt_state, images, labels):
-        loss, grads = jax.value_and_grad(loss_fn)(params, rest, images, labels)
-        updates, opt_state = tx.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, loss
-
-    opt_state = tx.init(params)
-    images = jax.random.normal(jax.random.PRNGKey(1), (batch, image_size, image_size, 3))
-    labels = jax.random.randint(jax.random.PRNGKey(2), (batch,), 0, model.config.num_classes)
+    sets = [*train_step.ADAMW, "model.name=B/16", "model.dtype=bfloat16",
+            f"model.attention_impl={impl}", f"train.batch_size={batch}",
+            f"input.image_size={image_size}", *(f"model.{k}={v}" for k, v in overrides.items())]
+    step = train_step.build(train_step.load_recipe(sets), TRAIN_CLASSES)
+    rng = np.random.default_rng(1)
+    images = step.put(step.batch(rng.normal(size=(batch, image_size, image_size, 3)),
+                                 rng.integers(0, TRAIN_CLASSES, batch)))
     start = time.perf_counter()
-    params, opt_state, loss = step(params, rest, opt_state, images, labels)
-    jax.block_until_ready(loss)
+    jax.block_until_ready(step(images))
     first_step_s = time.perf_counter() - start
     start = time.perf_counter()
     for _ in range(iters):
-        params, opt_state, loss = step(params, rest, opt_state, images, labels)
-    jax.block_until_ready(loss)
-    return (time.perf_counter() - start) / iters, first_step_s, model.config
+        metrics = step(images)
+    jax.block_until_ready(metrics)
+    return (time.perf_counter() - start) / iters, first_step_s, step.model.config
 
 
 def train_bench(dry_run: bool, iters: int, deadline: Deadline, min_left_s: float) -> dict:
@@ -387,7 +376,8 @@ def train_bench(dry_run: bool, iters: int, deadline: Deadline, min_left_s: float
                 traceback.print_exc()
         runs.append(row)
         print(f"train_step {row}", flush=True)
-    return dict(model="vit_b16", dtype="bfloat16", dry_run_overrides=overrides, runs=runs)
+    return dict(model="vit_b16", dtype="bfloat16", recipe=f"{train_step.RECIPE.name} with "
+                f"{' '.join(train_step.ADAMW)}", dry_run_overrides=overrides, runs=runs)
 
 
 def _forward_time(dtype: str, batch: int, image_size: int, overrides: dict, iters: int):
@@ -460,7 +450,7 @@ def _figure(r: dict, width: int = 10) -> str:
 
 
 def _summary(result: dict) -> None:
-    print(f"\n== {result['machine']['device_kind']} jax {result['versions']['jax']}")
+    print(f"\n== {jax.devices()[0].device_kind} jax {jax.__version__}")
     checks = result.get("correctness", [])
     if checks:
         print(f"correctness: {sum(c['ok'] for c in checks)}/{len(checks)} ok")
@@ -518,18 +508,9 @@ def exit_code(status: dict) -> int:
     return 1 if status["failed"] else 3 if status["skipped"] else 0
 
 
-def _versions() -> dict:
-    out = {"python": platform.python_version()}
-    for name in ("jax", "jaxlib", "jax-cuda12-plugin", "jax-cuda13-plugin", "flax", "optax"):
-        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
-            out[name] = importlib.metadata.version(name)
-    out["jax"] = jax.__version__
-    return out
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="benchmarks", help="results directory")
+    parser.add_argument("--out", default=str(records.BENCHMARKS), help="results directory")
     parser.add_argument("--dry-run", action="store_true",
                         help="tiny shapes in interpret mode (CPU CI)")
     parser.add_argument("--quick", action="store_true", help="the seq-577 attention rows only")
@@ -547,21 +528,17 @@ def main(argv=None) -> int:
     out_dir = pathlib.Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / "bench_attention.json"
-    device = jax.devices()[0]
     result = {
-        "command": " ".join([sys.executable, *sys.argv]),
         "dry_run": args.dry_run,
         "quick": args.quick,
-        "machine": dict(platform=jax.default_backend(), device_kind=device.device_kind,
-                        device_count=jax.device_count(), host=platform.node()),
-        "versions": _versions(),
         "flop_convention": FLOP_CONVENTION,
         "budget_s": args.budget_s,
     }
 
     def save():
         result["status"] = _status(result)
-        path.write_text(json.dumps(result, indent=1, default=str))
+        records.write(path, result, PLUGINS, script=__file__,
+                      argv=sys.argv[1:] if argv is None else argv)
 
     sweep = not (args.quick or args.skip_sweep)
     train = not (args.quick or args.skip_train)

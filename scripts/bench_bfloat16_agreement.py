@@ -144,7 +144,7 @@ def main() -> None:
                         help="training steps of the Ti-layout model (about 5 minutes here)")
     parser.add_argument("--workdir", help="where to train it (default: a temporary folder)")
     parser.add_argument("--no-train", action="store_true", help="measure --checkpoint only")
-    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "bfloat16_agreement.json"))
+    parser.add_argument("--out", default=records.default_out("bfloat16_agreement"))
     args = parser.parse_args()
     if args.no_train and not args.checkpoint:
         parser.error("--no-train leaves nothing to measure without --checkpoint")

@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """Records the explain memory figures: XLA's compiled memory (temporaries + outputs, from
-`compiled.memory_analysis()`; nothing is run, no weights are allocated) of `explain` for
+`memory.compiled_bytes`; nothing is run, no weights are allocated) of `explain` for
 `rollout` and `relevancy` on ViT-L/14 at 518 px, against the keep-every-layer capture
 (`vit.explain.capture.attention_grads`, every layer's attention and its gradient), at several
 batch sizes, so the per-image cost and the batch-independent part can be told apart. Writes
@@ -14,9 +14,9 @@ from __future__ import annotations
 import argparse
 import time
 
+import memory
 import records
 
-ROOT = records.ROOT
 GB = 1e9
 
 
@@ -39,11 +39,9 @@ def compiled_bytes(model, batch: int, size: int, what: str) -> dict:
         return explain_core(m, x, cls, method=what, head_fusion="mean", discard_ratio=0.0)
 
     start = time.time()
-    stats = jax.jit(run).lower(state, x, cls).compile().memory_analysis()
-    return {"batch": batch, "temp_bytes": int(stats.temp_size_in_bytes),
-            "output_bytes": int(stats.output_size_in_bytes),
-            "argument_bytes": int(stats.argument_size_in_bytes),
-            "total_gb": round((stats.temp_size_in_bytes + stats.output_size_in_bytes) / GB, 3),
+    sizes = memory.compiled_bytes(jax.jit(run).lower(state, x, cls).compile())
+    return {"batch": batch, **sizes,
+            "total_gb": round((sizes["temp_bytes"] + sizes["output_bytes"]) / GB, 3),
             "compile_seconds": round(time.time() - start, 1)}
 
 
@@ -52,7 +50,7 @@ def main() -> None:
     parser.add_argument("--model", default="L/14")
     parser.add_argument("--image-size", type=int, default=518)
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 2, 4])
-    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "explain_memory.json"))
+    parser.add_argument("--out", default=records.default_out("explain_memory"))
     args = parser.parse_args()
     import jax
     import numpy as np

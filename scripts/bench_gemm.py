@@ -41,9 +41,10 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+import records
+
+ROOT = records.ROOT
 TOKENS = 8 * 197
 ONEDNN_DOTS = {"xla_cpu_experimental_ynn_fusion_type": "", "xla_cpu_use_onednn": True,
                "xla_cpu_experimental_onednn_fusion_type": "LIBRARY_FUSION_TYPE_DOT"}
@@ -269,7 +270,7 @@ def main() -> None:
     parser.add_argument("--forward", action="store_true", help="worker: the whole forward too")
     parser.add_argument("--peak-size", type=int, default=2048,
                         help="side of the square product that measures the peak rate")
-    parser.add_argument("--out", default="benchmarks/bench_gemm.json")
+    parser.add_argument("--out", default=records.default_out("bench_gemm"))
     args = parser.parse_args()
     if args.worker == "jax":
         print(json.dumps(worker_jax(args.iters, args.forward, args.peak_size)))
@@ -277,9 +278,6 @@ def main() -> None:
     if args.worker == "torch":
         print(json.dumps(worker_torch(args.iters, args.threads, args.forward, args.peak_size)))
         return
-
-    sys.path.insert(0, str(ROOT / "scripts"))
-    import records
 
     results = {}
     for threads in (os.cpu_count(), 1):

@@ -25,16 +25,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-import records  # noqa: E402  (scripts/, on the path as the script's own folder)
+import records
 
 
 def inputs(n: int, size: int, seed: int):
@@ -54,10 +51,15 @@ def worker_ours(args, dtype: str):
     graphdef, state = nnx.split(model)
     forward = jax.jit(lambda s, x: jax.nn.softmax(nnx.merge(graphdef, s)(x), -1))
     x = inputs(args.batch, args.image_size, 0)
-    try:  # compiled as `vit predict` compiles it (XLA:CPU options: vit/inference/xla_cpu.py)
+    # Compiled as `vit predict` compiles it (XLA:CPU options: vit/inference/xla_cpu.py); a
+    # --baseline copy of the package may keep that module elsewhere, or not have it.
+    try:
         from vit.inference.xla_cpu import compile_for_inference
-    except ImportError:  # a --baseline copy from before vit/inference/xla_cpu.py
-        compile_for_inference = lambda lowered: lowered.compile()  # noqa: E731
+    except ImportError:
+        try:
+            from vit.xla_cpu import compile_for_inference
+        except ImportError:
+            compile_for_inference = lambda lowered: lowered.compile()  # noqa: E731
     forward = compile_for_inference(forward.lower(state, x))
     forward(state, x).block_until_ready()
     times = []
@@ -137,12 +139,6 @@ def run_worker(kind: str, args, folder: str, agree: bool):
     return args.batch / statistics.median(times)
 
 
-def versions() -> dict:
-    import importlib.metadata as md
-
-    return {p: md.version(p) for p in ("jax", "jaxlib", "flax", "torch", "transformers")}
-
-
 def agreement(folder: str, kinds) -> dict:
     import numpy as np
 
@@ -177,7 +173,7 @@ def main() -> None:
                         help="our compute dtypes to time (comma-separated)")
     parser.add_argument("--agree-images", type=int, default=64,
                         help="images for the agreement check in the first round (0: none)")
-    parser.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "bench_inference.json"))
+    parser.add_argument("--out", default=records.default_out("bench_inference"))
     parser.add_argument("--baseline", default=None, metavar="DIR",
                         help="also time our float32 model from this copy (an earlier commit)")
     parser.add_argument("--ynn", action="store_true",
@@ -232,10 +228,6 @@ def main() -> None:
     med = lambda key: statistics.median(r[key] for r in rounds)  # noqa: E731
     result = {
         "benchmark": "inference",
-        "command": " ".join([os.path.relpath(__file__, ROOT)] + sys.argv[1:]),
-        "machine": {"platform": platform.platform(), "processor": platform.processor(),
-                    "cpu": records.cpu(), "cpus": os.cpu_count()},
-        "versions": versions(),
         "setup": {"model": args.model, "batch": args.batch, "image_size": args.image_size,
                   "iters": args.iters, "rounds": args.rounds,
                   "weights": args.checkpoint or "one transformers ViTForImageClassification "
@@ -255,9 +247,7 @@ def main() -> None:
                               capture_output=True, text=True).stdout.strip()
         result["baseline"] = {"dir": args.baseline, "commit": base or None}
         result["ratio_to_baseline_median"] = med("ratio_to_baseline")
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=2)
+    records.write(args.out, result, extra_packages=("torch", "transformers"))
     print(json.dumps({k: result[k] for k in ("img_s_median", "ratio_to_transformers_median",
                                              "ratio_to_baseline_median", "agreement")
                       if k in result}, indent=1))

@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -38,7 +37,7 @@ import numpy as np  # noqa: E402
 import records  # noqa: E402  (scripts/, on the path as the script's own folder)
 from PIL import Image  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = records.ROOT
 
 
 def make_images(folder: Path, n: int) -> list[Path]:
@@ -137,10 +136,9 @@ def main() -> None:
     parser.add_argument("--dtypes", default="float32,bfloat16")
     parser.add_argument("--skip-start-up", action="store_true")
     parser.add_argument("--start-up-rounds", type=int, default=3)
-    parser.add_argument("--out", default="benchmarks/bench_predict.json")
+    parser.add_argument("--out", default=records.default_out("bench_predict"))
     args = parser.parse_args()
 
-    import jax
     import torch
     import transformers
 
@@ -189,13 +187,8 @@ def main() -> None:
 
     n = len(files)
     result = {
-        "command": " ".join([sys.executable, *sys.argv]),
-        "machine": {"platform": platform.platform(), "processor": platform.processor(),
-                    "cpu": records.cpu(), "cpus": os.cpu_count(),
-                    "jax_devices": [str(d) for d in jax.devices()],
-                    "torch_threads": torch.get_num_threads()},
-        "versions": {"jax": jax.__version__, "torch": torch.__version__,
-                     "transformers": transformers.__version__, "python": platform.python_version()},
+        "benchmark": "predict",
+        "torch_threads": torch.get_num_threads(),
         "task": f"top-5 classification of {n} JPEGs (180-480 px) with random-weight ViT-B/16 "
                 f"at 224 px, batch {args.batch_size}, after one warm-up pass, "
                 f"{args.repeats} interleaved rounds of one pass each",
@@ -210,8 +203,7 @@ def main() -> None:
         "top1_agreement_with_transformers": agree,
         "start_up_one_image": startup,
     }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    records.write(args.out, result, extra_packages=("torch", "transformers"))
     print(json.dumps(result, indent=2))
 
 

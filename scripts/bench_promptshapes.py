@@ -12,20 +12,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+import records
 
-
-def versions() -> dict:
-    import importlib.metadata as md
-
-    return {p: md.version(p) for p in ("jax", "jaxlib", "flax", "optax", "grain")}
+ROOT = records.ROOT
 
 
 def stage_results(workdir: Path) -> dict:
@@ -46,7 +41,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workdir", default=str(ROOT / "runs" / "bench_promptshapes"))
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "promptshapes.json"))
+    parser.add_argument("--out", default=records.default_out("promptshapes"))
     args = parser.parse_args()
     workdir = Path(args.workdir)
     shutil.rmtree(workdir, ignore_errors=True)  # a fresh run: the timing covers every stage
@@ -64,18 +59,13 @@ def main() -> None:
     report = json.loads(done.stdout.strip().splitlines()[-1])
     result = {
         "benchmark": "promptshapes text conditioning",
-        "command": " ".join([os.path.relpath(__file__, ROOT)] + sys.argv[1:]),
         "run": {"train": " ".join(train[2:]), "eval": f"vit eval --workdir {workdir} --json"},
-        "machine": {"platform": platform.platform(), "processor": platform.processor(),
-                    "cpus": os.cpu_count()},
-        "versions": versions(),
         "train_seconds": round(train_s, 1),
         "eval_seconds": round(eval_s, 1),
         "stages": stage_results(workdir),
         "eval": report,
     }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    records.write(args.out, result, extra_packages=("grain",))
     print(json.dumps({"train_seconds": result["train_seconds"], **{
         k: report.get(k) for k in ("accuracy", "controls", "heldout_accuracy")}}))
 

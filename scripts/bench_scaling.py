@@ -1,16 +1,16 @@
 """Training throughput of ViT-Ti/16 on 1, 2, 4 and 8 devices, for a data mesh and an fsdp
-mesh: the real `vit.train` step (AdamW, sharding by `parallel.py`'s rules, batches through
-`to_global`), one fixed global batch.
+mesh: `vit train`'s own step (scripts/train_step.py: the recipe's optimiser, sharding by
+`parallel.py`'s rules, batches through `to_global`), one fixed global batch.
 
 Each (devices, mesh) pair runs in its own process with `--xla_force_host_platform_device_count`
 (the device count is fixed when JAX starts). On one CPU the forced "devices" share the same
 cores, so this measures the cost of partitioning (collectives, resharding, smaller per-device
 matmuls), not a speed-up; on a GPU node run it with `--platform gpu` and the device counts
-that exist. Writes steps/s and images/s, and each
-run's ratio to the one-device run measured in the same invocation, to
+that exist. Writes steps/s and images/s, each run's ratio to the one-device run measured in the
+same invocation, the parameter bytes per device and each process's peak memory to
 benchmarks/bench_scaling.json.
 
-    .venv/bin/python scripts/bench_scaling.py [--image-size 224] [--batch 16] [--steps 5]
+    python scripts/bench_scaling.py [--image-size 224] [--batch 16] [--steps 5]
 """
 
 from __future__ import annotations
@@ -18,55 +18,46 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import time
-from pathlib import Path
 
-import records  # scripts/records.py: the versions every record carries
+import memory
+import records
+import train_step
 
 MESHES = {"data": lambda n: (n, 1), "fsdp": lambda n: (1, n)}
+CLASSES = 10
 
 
 def worker(mesh_kind: str, image_size: int, batch: int, steps: int, warmup: int) -> dict:
     import jax
     import numpy as np
-    import optax
 
     from vit import device_mesh
-    from vit.models.config import get_config
-    from vit.train.placement import Placement
-    from vit.train.state import fresh_params, new_state
-    from vit.train.step import make_train_step
 
-    n = jax.device_count()
-    cfg = get_config("Ti/16", num_classes=10, image_size=image_size, attention_impl="xla")
-    graphdef, params = fresh_params(cfg, 0)
-    tx = optax.adamw(1e-4, weight_decay=0.05)
-    mesh = device_mesh.make_mesh(*MESHES[mesh_kind](n))
-    place = Placement.of(mesh, params, tx)
-    state = new_state(params, tx, place, ema=False)
-    step = make_train_step(graphdef, tx, place, accum_steps=1, ema_decay=0.0)
+    data, fsdp = MESHES[mesh_kind](jax.device_count())
+    config = train_step.load_recipe([
+        *train_step.ADAMW, "model.name=Ti/16", "model.dtype=float32",
+        f"input.image_size={image_size}", f"train.batch_size={batch}",
+        f"parallel.data={data}", f"parallel.fsdp={fsdp}"])
+    step = train_step.build(config, CLASSES)
     rng = np.random.default_rng(0)
-    labels = rng.integers(0, 10, batch)
-    host = {"image": rng.normal(size=(batch, image_size, image_size, 3)).astype(np.float32),
-            "label": labels, "target": np.eye(10, dtype=np.float32)[labels]}
-    p, o = state.params, state.opt_state
-    for i in range(warmup):
-        p, o, _, m = step(p, o, None, device_mesh.to_global(host, mesh), 0, i)
+    host = step.batch(rng.normal(size=(batch, image_size, image_size, 3)),
+                      rng.integers(0, CLASSES, batch))
+    for _ in range(warmup):
+        m = step(step.put(host))
     jax.block_until_ready(m)
     t = time.perf_counter()
-    for i in range(steps):  # as the training loop: no host read between steps
-        p, o, _, m = step(p, o, None, device_mesh.to_global(host, mesh), 0, warmup + i)
-    jax.block_until_ready((p, m))
+    for _ in range(steps):  # as the training loop: no host read between steps
+        m = step(step.put(host))
+    jax.block_until_ready((step.params, m))
     seconds = time.perf_counter() - t
-    per_device = max(sum(s.data.nbytes for leaf in jax.tree.leaves(p)
-                         for s in leaf.addressable_shards if s.device == d)
-                     for d in jax.devices())
-    return {"devices": n, "mesh": dict(zip(device_mesh.AXES, mesh.devices.shape, strict=True)),
+    return {"devices": jax.device_count(),
+            "mesh": dict(zip(device_mesh.AXES, step.mesh.devices.shape, strict=True)),
             "steps_per_s": steps / seconds, "images_per_s": steps * batch / seconds,
-            "param_bytes_per_device": per_device, "loss": float(m["loss"])}
+            "param_bytes_per_device": memory.bytes_per_device(step.params),
+            "loss": float(m["loss"]), **memory.probe()}
 
 
 def main() -> None:
@@ -79,7 +70,7 @@ def main() -> None:
     parser.add_argument("--platform", default="cpu", choices=("cpu", "gpu"),
                         help="cpu forces host devices; gpu uses the first N real GPUs")
     parser.add_argument("--note", default="", help="recorded with the results (e.g. load)")
-    parser.add_argument("--out", default="benchmarks/bench_scaling.json")
+    parser.add_argument("--out", default=records.default_out("bench_scaling"))
     parser.add_argument("--worker", choices=tuple(MESHES), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -112,22 +103,16 @@ def main() -> None:
     one = next(r for r in runs if r["devices"] == 1)
     for r in runs:
         r["images_per_s_vs_1_device"] = r["images_per_s"] / one["images_per_s"]
-    result = {
-        "benchmark": f"ViT-Ti/16 training step (AdamW), global batch {args.batch}, "
+    records.write(args.out, {
+        "benchmark": f"ViT-Ti/16 training step (vit train's, AdamW), global batch {args.batch}, "
                      f"{args.image_size} px, float32, data vs fsdp meshes",
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count(),
-                    "processor": platform.processor(), "cpu": records.cpu(),
-                    "load_before": load_before, "load_after": os.getloadavg(),
-                    "devices": args.platform},
-        "versions": {"python": platform.python_version(), **records.versions()},
+        "devices": args.platform,
+        "load_average_before": [round(x, 2) for x in load_before],
         "timed_steps_per_run": args.steps,
         "runs": runs,
         "note": args.note or ("forced host devices share one CPU: this is the overhead of "
                               "partitioning, not a speed-up" if args.platform == "cpu" else ""),
-    }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    })
     print(f"-> {args.out}")
 
 

@@ -92,7 +92,7 @@ def worker_vit(case: str, sets: list[str], folder: Path, steps: int, warmup: int
 
     step = train_step.build(recipe(case, sets), CLASSES)
     data = np.load(folder / "batch.npz")
-    batch = step.batch(data["images"], data["labels"])
+    batch = step.put(step.batch(data["images"], data["labels"]))
     times, losses = [], []
     for i in range(warmup + steps):
         start = time.perf_counter()

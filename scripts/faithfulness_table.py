@@ -52,7 +52,7 @@ def main() -> None:
                         help="only the mean substrate at 16 steps (deletion and insertion)")
     parser.add_argument("--model-record", default=str(ROOT / "benchmarks" / "demo.json"),
                         help="the record_demo.py JSON that made the checkpoint")
-    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "faithfulness.json"))
+    parser.add_argument("--out", default=records.default_out("faithfulness"))
     args = parser.parse_args()
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     args.out, args.model_record = map(os.path.abspath, (args.out, args.model_record))

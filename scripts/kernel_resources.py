@@ -25,7 +25,6 @@ import argparse
 import contextlib
 import functools
 import glob
-import json
 import os
 import pathlib
 import re
@@ -36,6 +35,10 @@ import warnings
 
 import jax
 import jax.numpy as jnp
+
+# This folder's modules, also when a test imports this file by its path.
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import records  # noqa: E402
 
 KERNELS = ("flash_attention_fwd", "flash_attention_dkv", "flash_attention_dq")
 # Largest shared memory one block may use, by compute capability (CUDA programming guide).
@@ -201,10 +204,10 @@ def main(argv=None) -> int:
                         help="sequence lengths (ViT-B/16 at 224, 384, 512 px; B/32; B/14)")
     parser.add_argument("--capability", type=int, default=90, choices=sorted(MAX_SHARED),
                         help="CUDA compute capability to compile for (90: H100/H200)")
-    parser.add_argument("--out", default="benchmarks", help="results directory")
+    parser.add_argument("--out", default=str(records.BENCHMARKS), help="results directory")
     args = parser.parse_args(argv)
     try:
-        import triton
+        import triton  # noqa: F401  (checked before any work)
     except ImportError:
         print("kernel_resources: needs pip's triton; install it with `pip install triton`",
               file=sys.stderr)
@@ -213,16 +216,13 @@ def main(argv=None) -> int:
     table = readme_table(rows)
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    result = {
-        "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
+    records.write(out / "kernel_resources.json", {
         "target": f"sm_{args.capability}",
         "max_shared_bytes": MAX_SHARED[args.capability],
-        "versions": {"jax": jax.__version__, "triton": triton.__version__},
         "note": "compiled by pip's triton, not XLA's; indicative of fit, not of speed",
         "kernels": rows,
         "readme_table": table,
-    }
-    (out / "kernel_resources.json").write_text(json.dumps(result, indent=1))
+    }, ("triton",), script=__file__, argv=sys.argv[1:] if argv is None else argv)
     bad = [r for r in rows if not r["ok"]]
     print("\n".join(["", *table, ""]))
     print(f"{len(rows) - len(bad)}/{len(rows)} kernels fit; wrote {out / 'kernel_resources.json'}")

@@ -30,7 +30,7 @@ def main() -> None:
     parser.add_argument("--workdir", default="runs/record_demo",
                         help="relative to the repository root")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "demo.json"))
+    parser.add_argument("--out", default=records.default_out("demo"))
     args = parser.parse_args()
     workdir = ROOT / args.workdir
     shutil.rmtree(workdir, ignore_errors=True)

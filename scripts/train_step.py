@@ -63,13 +63,18 @@ class TrainStep:
                 "target": one_hot(labels, self.num_classes,
                                   self.config.input.get("label_smoothing", 0.0))}
 
-    def __call__(self, batch: dict) -> dict:
-        """One step on a host batch; returns its metrics (device arrays, not waited for)."""
+    def put(self, batch: dict) -> dict:
+        """A host batch as the step's global arrays, split over the mesh (the loop's
+        `to_global`)."""
         from vit import device_mesh
 
+        return device_mesh.to_global(batch, self.mesh)
+
+    def __call__(self, batch: dict) -> dict:
+        """One step on a batch from `put`; returns its metrics (device arrays, not waited
+        for)."""
         self.params, self.opt_state, self.ema, metrics = self.step_fn(
-            self.params, self.opt_state, self.ema, device_mesh.to_global(batch, self.mesh),
-            self.config.seed, self.step)
+            self.params, self.opt_state, self.ema, batch, self.config.seed, self.step)
         self.step += 1
         return metrics
 
