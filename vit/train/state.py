@@ -115,7 +115,7 @@ def build_model(config, num_classes: int, *, resume_meta: dict | None = None,
         graphdef, _ = abstract_params(model_config)
     else:
         model_config = variant_config(config.model.name, num_classes=num_classes,
-                                  image_size=config.input.image_size, **model_fields(config))
+                                      image_size=config.input.image_size, **model_fields(config))
         pre = preprocessing_of(config)
         graphdef, params = fresh_params(model_config, config.seed)
     return Model(model_config, pre, graphdef), params
