@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Run the test suite: sets up .venv when missing (package + test and compare extras), then pytest.
-# Extra arguments go to pytest, e.g. ./scripts/test.sh -m slow, ./scripts/test.sh tests/test_models.py
+# The default set leaves out the tests marked slow; `./scripts/test.sh -m ""` runs everything
+# (.ci/run does). Extra arguments go to pytest, e.g. ./scripts/test.sh tests/test_models.py
 # Tests run in VIT_TEST_WORKERS processes (default 2, pytest-xdist): most of a test's time is
-# single-threaded XLA compilation, so two workers on two cores take about 20% less wall time.
+# single-threaded XLA compilation. --dist loadgroup keeps the tests that share an expensive
+# fixture (@pytest.mark.xdist_group) on one worker, so it is built once.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VIT_EXTRAS="test,compare" source scripts/setup_env.sh
 export JAX_PLATFORMS="${JAX_PLATFORMS:-cpu}"
-python -m pytest -q --durations=15 -n "${VIT_TEST_WORKERS:-2}" "$@"
+python -m pytest -q --durations=15 -n "${VIT_TEST_WORKERS:-2}" --dist loadgroup "$@"

@@ -353,11 +353,13 @@ def test_vit_lengths(seq, head_dim):
         _assert_close(a, b, jnp.bfloat16, name)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(COMPILED, reason="on a GPU the kernels are compiled and run for real")
 def test_gpu_kernels_fit_registers_and_shared_memory_on_sm90(tmp_path):
     """Compiles the three kernels' Triton IR for Hopper with pip's triton at the tiles the
     wrapper picks for 197 and 577 tokens, and with kv_len: no register spills and shared memory
-    within the 227 KiB a block may use."""
+    within the 227 KiB a block may use. Slow set: 18 Triton compiles in a fresh interpreter;
+    test_lowers_for_accelerators lowers the same kernels in the default set."""
     env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu")
     proc = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "kernel_resources.py"), "--head-dims", "64",
@@ -385,9 +387,12 @@ def _gpu_check(tmp_path, *args, **env):
     )
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_gpu_check_dry_run(tmp_path):
     """scripts/gpu_check.sh --dry-run: collects the compiled and the real-shape tests, runs every
-    benchmark section on tiny shapes, every row measured and passing."""
+    benchmark section on tiny shapes, every row measured and passing. Slow set: a minute of
+    benchmarks; the default set runs the script's --quick dry run and its exit statuses."""
     proc = _gpu_check(tmp_path, "--dry-run")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "gpu_check: PASSED in" in proc.stdout

@@ -74,6 +74,7 @@ def finish(procs, timeout=600):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(2400)
 def test_two_processes_train_evaluate_preempt_and_resume_together(tmp_path):
     workdir = tmp_path / "run"
     # 1. Six steps together, through the library calls `vit train` makes.

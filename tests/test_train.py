@@ -396,7 +396,11 @@ def _wait_for_checkpoints(workdir, n, proc, timeout=240):
     raise AssertionError("no checkpoints appeared")
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
 def test_sigterm_saves_and_sigkill_mid_save_leaves_a_usable_checkpoint(tmp_path):
+    """Real signals to a real `vit train` process. Slow set: three fresh interpreters and a
+    4-block model saved every step."""
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     long_run = ["train.steps=100000", "train.eval_every=100000", "model.width=64",
                 "model.mlp_dim=256", "model.depth=4"]
