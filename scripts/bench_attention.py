@@ -339,14 +339,14 @@ def _train_step_time(impl: str, batch: int, image_size: int, overrides: dict, it
             f"input.image_size={image_size}", *(f"model.{k}={v}" for k, v in overrides.items())]
     step = train_step.build(train_step.load_recipe(sets), TRAIN_CLASSES)
     rng = np.random.default_rng(1)
-    images = step.put(step.batch(rng.normal(size=(batch, image_size, image_size, 3)),
-                                 rng.integers(0, TRAIN_CLASSES, batch)))
+    data = step.put(step.batch(rng.normal(size=(batch, image_size, image_size, 3)),
+                               rng.integers(0, TRAIN_CLASSES, batch)))
     start = time.perf_counter()
-    jax.block_until_ready(step(images))
+    jax.block_until_ready(step(data))
     first_step_s = time.perf_counter() - start
     start = time.perf_counter()
     for _ in range(iters):
-        metrics = step(images)
+        metrics = step(data)
     jax.block_until_ready(metrics)
     return (time.perf_counter() - start) / iters, first_step_s, step.model.config
 
