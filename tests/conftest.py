@@ -1,14 +1,21 @@
+import hashlib
 import os
+import shutil
 import tempfile
+from pathlib import Path
 
 import pytest
 
 # Tests run on the CPU unless a caller (the GPU check) says otherwise.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # The commands turn on JAX's persistent compilation cache (vit/inference/compile_cache.py);
-# tests keep it off and out of the home folder. tests/test_inference.py turns it on in a temporary folder.
+# tests keep it off and out of the home folder (tests/test_inference.py turns it on in a
+# temporary folder).
 os.environ.setdefault("JAX_ENABLE_COMPILATION_CACHE", "false")
 os.environ.setdefault("VIT_CACHE_DIR", os.path.join(tempfile.gettempdir(), "vit-test-cache"))
+
+ROOT = Path(__file__).resolve().parents[1]
+DIGITS_RECIPE = ROOT / "configs" / "digits.py"
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -22,6 +29,172 @@ def _expected_backend():
         assert jax.default_backend() == expected, (
             f"VIT_TEST_BACKEND={expected} but jax runs on {jax.default_backend()}")
 
+
+# -- the command line, in-process ---------------------------------------------------------------
+@pytest.fixture
+def run_vit(capsys):
+    """Runs `vit ARGV` in this process, as the console script would: -> (exit code, stderr
+    lines). Tests that read stdout call `vit.cli.main` and `capsys` themselves."""
+    from vit.cli import main
+
+    def run(argv):
+        try:
+            code = main([str(a) for a in argv])
+        except SystemExit as exit_:  # argparse's own usage errors
+            code = exit_.code
+        return code, capsys.readouterr().err.strip().splitlines()
+
+    return run
+
+
+def _tree(root: Path) -> dict:
+    out = {}
+    for path in sorted(Path(root).rglob("*")):
+        rel = str(path.relative_to(root))
+        out[rel] = hashlib.sha1(path.read_bytes()).hexdigest() if path.is_file() else "dir"
+    return out
+
+
+@pytest.fixture(scope="session")
+def file_tree():
+    """-> tree(root): every file and folder under `root` with a digest of its bytes, to show
+    that a refused run changed nothing."""
+    return _tree
+
+
+# -- one tiny checkpoint, in every format ------------------------------------------------------
+# 8x8 inputs and 10 classes, so the bundled digits fit it (eval, rollout --data, train --init).
+# tanh GELU and LayerNorm eps 1e-6: the numerics every format can hold (a vit_jax npz always
+# reads back as tanh GELU), so each file is the same function.
+TINY = dict(width=32, depth=2, mlp_dim=64, num_heads=4, patch_size=4, image_size=8,
+            num_classes=10, gelu="tanh", attention_impl="xla")
+TINY_LABELS = [f"digit{i}" for i in range(10)]
+
+
+def _tiny(seed=0, labels=True, **fields):
+    import numpy as np
+
+    from vit.checkpoints import LoadedCheckpoint, expected_shapes, nest
+    from vit.models.config import get_config
+    from vit.preprocess import INCEPTION
+
+    cfg = get_config("Ti/16", **{**TINY, **fields})
+    rng = np.random.RandomState(seed)
+    params = nest({path: rng.randn(*shape).astype(np.float32) * 0.5
+                   for path, shape in expected_shapes(cfg).items()})
+    if labels is True:
+        labels = TINY_LABELS if cfg.num_classes == 10 else [
+            f"class {i}" for i in range(cfg.num_classes)]
+    return LoadedCheckpoint(cfg, params, INCEPTION.with_size(cfg.image_size), labels or None)
+
+
+@pytest.fixture(scope="session")
+def make_tiny():
+    """-> make(seed=0, labels=True, **model fields): a LoadedCheckpoint of the tiny ViT with
+    random weights in every tensor (the head too, so images get different answers); another
+    seed gives other weights. No model is built. labels=True names the classes (digit0..9, or
+    class 0.. for another class count), None leaves them unnamed."""
+    return _tiny
+
+
+@pytest.fixture(scope="session")
+def tiny():
+    """The tiny ViT (seed 0) as a LoadedCheckpoint; the files in `tiny_files` hold it."""
+    return _tiny()
+
+
+@pytest.fixture(scope="session")
+def tiny_files(tmp_path_factory, tiny):
+    """`tiny` written by our writers in every format we read, as a user would convert it:
+    {"orbax": export folder, "hf": folder, "timm": folder, "npz": file (no class names: an npz
+    holds none), "workdir": what `vit train` leaves (config.json, checkpoints/1)}. Read-only:
+    a test that damages one copies it first."""
+    from vit.checkpoints import save_checkpoint
+    from vit.recipes.load import load_config
+
+    root = tmp_path_factory.mktemp("tiny_files")
+    files = {}
+    for fmt, name in (("orbax", "orbax"), ("hf", "hf"), ("timm", "timm"), ("npz", "tiny.npz")):
+        src = _tiny(labels=None) if fmt == "npz" else tiny
+        save_checkpoint(src, root / name, fmt)
+        files[fmt] = root / name
+    workdir = root / "workdir"
+    shutil.copytree(files["orbax"], workdir / "checkpoints" / "1")
+    (workdir / "config.json").write_text(load_config(DIGITS_RECIPE).to_json())
+    files["workdir"] = workdir
+    return files
+
+
+# -- one trained model ---------------------------------------------------------------------------
+# The demo recipe made quick: 300 steps, 2 blocks, no augmentation (the shifts and rotations pay
+# off over 3,000 steps, not 300), and a class-token head, which a Hugging Face folder (and so
+# transformers' ViT, the bfloat16 test's reference) can hold.
+TRAINED_DIGITS = ["train.steps=300", "model.depth=2", "model.classifier=token",
+                  "model.class_token=True", "input.shift=0.0", "input.rotate=0.0",
+                  "input.scale=0.0", "optim.warmup_steps=30", "train.eval_every=300",
+                  "train.checkpoint_every=300", "train.log_every=50", "data.num_threads=1"]
+
+
+@pytest.fixture(scope="session")
+def trained_digits(tmp_path_factory):
+    """A small ViT trained by `vit train`'s loop on the bundled digits, once per test process
+    (its tests share an xdist group, so one process): -> its workdir. A trained model has
+    decided margins, as a real checkpoint does; random weights are full of float32 near-ties."""
+    from vit.recipes.load import load_config
+    from vit.train.loop import train
+
+    workdir = tmp_path_factory.mktemp("trained_digits")
+    result = train(load_config(DIGITS_RECIPE, TRAINED_DIGITS), workdir)
+    assert result["step"] == 300
+    return workdir
+
+
+@pytest.fixture(scope="session")
+def trained_digits_hf(trained_digits, tmp_path_factory):
+    """The trained model converted to a Hugging Face folder by `save_checkpoint`."""
+    from vit.checkpoints import load_checkpoint, save_checkpoint
+
+    folder = tmp_path_factory.mktemp("trained_digits_hf") / "hf"
+    save_checkpoint(load_checkpoint(trained_digits), folder, "hf")
+    return folder
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups (--dist loadgroup)
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if "trained_digits" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("trained_digits"))
+
+
+# -- a tiny TFDS dataset -------------------------------------------------------------------------
+@pytest.fixture(scope="session")
+def tiny_tfds(tmp_path_factory):
+    """A real TFDS builder with tensor features (`tfds:tiny_shapes`: 20 train and 6 test
+    images of 6x6, 3 classes), prepared as array_record (no TensorFlow): -> its data_dir."""
+    import numpy as np
+    import tensorflow_datasets as tfds
+
+    class TinyShapes(tfds.core.GeneratorBasedBuilder):
+        VERSION = tfds.core.Version("1.0.0")
+
+        def _info(self):
+            return tfds.core.DatasetInfo(builder=self, features=tfds.features.FeaturesDict({
+                "image": tfds.features.Tensor(shape=(6, 6, 3), dtype=np.uint8),
+                "label": tfds.features.ClassLabel(names=["a", "b", "c"])}))
+
+        def _split_generators(self, dl_manager):
+            return {"train": self._generate_examples(20), "test": self._generate_examples(6)}
+
+        def _generate_examples(self, n):
+            for i in range(n):
+                yield i, {"image": np.full((6, 6, 3), i, np.uint8), "label": i % 3}
+
+    data_dir = tmp_path_factory.mktemp("tfds")
+    TinyShapes(data_dir=data_dir, file_format="array_record").download_and_prepare()
+    return data_dir
+
+
+# -- CI: a comparison test that skips is a failure -------------------------------------------------
 # Libraries the cross-checks compare against. CI installs them (the `compare` extra), so there a
 # comparison test that skips for want of one is a failure, not a quiet pass.
 PEERS = ("torch", "transformers")

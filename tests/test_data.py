@@ -166,45 +166,16 @@ def test_folder_with_split_subfolders(tmp_path):
         open_source(str(tmp_path / "d"), "test")
 
 
-_BUILDER = []
-
-
-def make_tiny_tfds(data_dir):
-    """A real TFDS builder with tensor features, prepared as array_record (no TensorFlow)."""
-    import tensorflow_datasets as tfds
-
-    if not _BUILDER:  # TFDS registers builder classes by name: define it once
-        class TinyShapes(tfds.core.GeneratorBasedBuilder):
-            VERSION = tfds.core.Version("1.0.0")
-
-            def _info(self):
-                return tfds.core.DatasetInfo(builder=self, features=tfds.features.FeaturesDict({
-                    "image": tfds.features.Tensor(shape=(6, 6, 3), dtype=np.uint8),
-                    "label": tfds.features.ClassLabel(names=["a", "b", "c"])}))
-
-            def _split_generators(self, dl_manager):
-                return {"train": self._generate_examples(20),
-                        "test": self._generate_examples(6)}
-
-            def _generate_examples(self, n):
-                for i in range(n):
-                    yield i, {"image": np.full((6, 6, 3), i, np.uint8), "label": i % 3}
-
-        _BUILDER.append(TinyShapes)
-    _BUILDER[0](data_dir=data_dir, file_format="array_record").download_and_prepare()
-
-
-def test_tfds_source_reads_array_record_with_split_slicing(tmp_path):
-    make_tiny_tfds(tmp_path)
-    full = open_source("tfds:tiny_shapes", "train", data_dir=str(tmp_path))
-    half = open_source("tiny_shapes", "train[:50%]", data_dir=str(tmp_path))
+def test_tfds_source_reads_array_record_with_split_slicing(tiny_tfds):
+    full = open_source("tfds:tiny_shapes", "train", data_dir=str(tiny_tfds))
+    half = open_source("tiny_shapes", "train[:50%]", data_dir=str(tiny_tfds))
     assert len(full) == 20 and len(half) == 10 and full.class_names == ["a", "b", "c"]
     seen = sorted(int(full[i]["image"][0, 0, 0]) for i in range(20))
     assert seen == list(range(20))
     item = half[0]
     assert item["image"].shape == (6, 6, 3) and item["label"] == item["image"][0, 0, 0] % 3
     with pytest.raises(DataError, match="bad split"):
-        open_source("tfds:tiny_shapes", "nosuch", data_dir=str(tmp_path))
+        open_source("tfds:tiny_shapes", "nosuch", data_dir=str(tiny_tfds))
 
 
 def test_missing_tfds_dataset_says_how_to_prepare_it(tmp_path):

@@ -81,8 +81,8 @@ def test_checkpoint_layout_and_retention(straight_run):
     steps = sorted(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())
     assert 8 in steps and len(steps) <= 3  # last 2 plus the best, latest never deleted
     step_dir = (workdir / "checkpoints" / "8").absolute()
-    for item in (orbax_format.PARAMS, orbax_format.META, orbax_format.OPT_STATE, orbax_format.DATA_ITER,
-                 orbax_format.TRAIN_STATE, orbax_format.EMA_PARAMS):
+    for item in (orbax_format.PARAMS, orbax_format.META, orbax_format.OPT_STATE,
+                 orbax_format.DATA_ITER, orbax_format.TRAIN_STATE, orbax_format.EMA_PARAMS):
         assert (step_dir / item).exists(), item
     meta = ocp.Checkpointer(ocp.JsonCheckpointHandler()).restore(step_dir / orbax_format.META)
     assert meta["format"] == orbax_format.FORMAT and meta["step"] == 8
@@ -91,13 +91,14 @@ def test_checkpoint_layout_and_retention(straight_run):
     assert meta["model_config"]["num_classes"] == 10
 
 
-def test_eval_on_arrays_matches_predict_on_exported_pngs(straight_run, tmp_path, capsys):
+def test_eval_on_arrays_matches_predict_on_exported_pngs(trained_digits, tmp_path, capsys):
+    """On the shared trained digits model (tests/conftest.py), whose answers have margins."""
     from PIL import Image
 
     from vit.cli import main
     from vit.data import open_source
 
-    workdir, _ = straight_run
+    workdir = trained_digits
     assert main(["eval", "--workdir", str(workdir), "--split", "test", "--json",
                  "--out", str(tmp_path / "ev")]) == 0
     report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
@@ -441,17 +442,14 @@ def test_sigterm_saves_and_sigkill_mid_save_leaves_a_usable_checkpoint(tmp_path)
 
 
 @pytest.mark.parametrize("recipe", ["cifar10_finetune", "pets_finetune", "imagefolder"])
-def test_finetune_recipes_smoke(recipe, straight_run, tmp_path):
+def test_finetune_recipes_smoke(recipe, straight_run, tiny_tfds, tmp_path):
     """The big recipes as shipped (SGD, inception crop, flip, accumulation), shrunk with --set
     to two steps on a tiny TFDS dataset, starting from a tiny checkpoint."""
-    from test_data import make_tiny_tfds
-
     from vit.train.loop import train
 
     workdir, _ = straight_run
-    make_tiny_tfds(tmp_path / "tfds")
     config = load_config(ROOT / "configs" / f"{recipe}.py", [
-        "data.name=tfds:tiny_shapes", f"data.data_dir={tmp_path / 'tfds'}",
+        "data.name=tfds:tiny_shapes", f"data.data_dir={tiny_tfds}",
         "data.train_split=train[:50%]", "data.val_split=test", "input.image_size=8",
         "train.steps=2", "train.batch_size=4", "train.accum_steps=2", "train.eval_every=2",
         "train.checkpoint_every=2", "train.eval_batch_size=8", "train.log_every=1",

@@ -1,5 +1,6 @@
-"""The inference compile options (vit/inference/xla_cpu.py): XLA's own dots in the compiled forward of a
-Predictor on CPU, jax's defaults when opted out, elsewhere, or where an option is unknown."""
+"""The inference compile options (vit/inference/xla_cpu.py): XLA's own dots in the compiled
+forward of a Predictor on CPU, jax's defaults when opted out, elsewhere, or where an option is
+unknown."""
 
 import jax
 import jax.numpy as jnp
