@@ -39,10 +39,9 @@ def add_arguments(parser) -> None:
 
 def run(args) -> int:
     inference_options.start(args)  # before anything compiles
-    from vit import device_mesh
     from vit.checkpoints import load_checkpoint
-    from vit.data import eval_batches, open_source
-    from vit.inference.evaluate import evaluate, make_logits_fn, save_confusion_png
+    from vit.data import open_source
+    from vit.inference.evaluate import save_confusion_png
 
     require_positive(args, "batch_size")
     if args.workdir:
@@ -71,14 +70,7 @@ def run(args) -> int:
         print(f"warning: checkpoint labels {loaded.labels[:3]}... differ from the dataset's "
               f"{class_names[:3]}...; scoring by index", file=sys.stderr)
 
-    model = loaded.build_model()
-    from flax import nnx
-
-    graphdef, params = nnx.split(model, nnx.Param)
-    mesh = device_mesh.local_mesh()  # every local device; batches padded to fit them
-    batches = eval_batches(source, loaded.preprocessing,
-                           batch_size=device_mesh.eval_host_batch_size(args.batch_size, mesh))
-    res = evaluate(make_logits_fn(graphdef, mesh), params, batches, len(class_names), mesh)
+    res = _scorer(loaded, args.batch_size, "softmax_xent")(source)
     out.mkdir(parents=True, exist_ok=True)
     save_confusion_png(res["confusion"], class_names, out / "confusion.png")
     report = {"checkpoint": loaded.source, "data": source.name, "split": split,
@@ -87,10 +79,7 @@ def run(args) -> int:
               "per_class_accuracy": dict(zip(class_names, res["per_class_accuracy"],
                                              strict=True)),
               "confusion_png": str(out / "confusion.png")}
-    (out / "eval.json").write_text(json.dumps({**report, "confusion": res["confusion"]},
-                                              indent=2))
-    if args.json:
-        print(json.dumps(report))
+    if _save_report(args, out, report, confusion=res["confusion"]):
         return 0
     print(f"{loaded.source} on {source.name}: {res['num_examples']} images")
     print(f"  top-1 accuracy {res['accuracy']:.4f}")
@@ -106,29 +95,16 @@ def _eval_prompts(args, loaded, source, name, data_dir, split, heldout, out) -> 
     (shuffled prompt, null prompt, blank image), and on the held-out split when there is one."""
     import functools
 
-    from flax import nnx
-
-    from vit import device_mesh
-    from vit.data import eval_batches, open_source
+    from vit.data import open_source
     from vit.data.prompt_controls import CONTROLS, PromptControl
-    from vit.inference.evaluate import evaluate_prompts, make_logits_fn
     from vit.models.text import tokenize
 
     if len(source) and "prompt" not in source[0]:  # before the model is built
         raise DataError(f"{source.name} has no prompts, and {loaded.source} is a text model "
                         "that answers them; evaluate it on a dataset with prompts, e.g. "
                         "--data promptshapes")
-    graphdef, params = nnx.split(loaded.build_model(), nnx.Param)
-    mesh = device_mesh.local_mesh()  # every local device; batches padded to fit them
-    logits_fn = make_logits_fn(graphdef, mesh)
-    tok = functools.partial(tokenize, max_len=loaded.config.text.max_len)
-
-    def score(src) -> dict:
-        batches = eval_batches(src, loaded.preprocessing,
-                               batch_size=device_mesh.eval_host_batch_size(args.batch_size, mesh),
-                               tokenize=tok)
-        return evaluate_prompts(logits_fn, params, batches, mesh)
-
+    score = _scorer(loaded, args.batch_size, "prompt_xent",
+                    tokenize=functools.partial(tokenize, max_len=loaded.config.text.max_len))
     res = score(source)
     report = {"checkpoint": loaded.source, "data": source.name, "split": split,
               "accuracy": res["accuracy"], "loss": res["loss"],
@@ -140,9 +116,7 @@ def _eval_prompts(args, loaded, source, name, data_dir, split, heldout, out) -> 
         report["heldout_accuracy"] = score(open_source(name, heldout,
                                                        data_dir=data_dir))["accuracy"]
     out.mkdir(parents=True, exist_ok=True)
-    (out / "eval.json").write_text(json.dumps(report, indent=2))
-    if args.json:
-        print(json.dumps(report))
+    if _save_report(args, out, report):
         return 0
     print(f"{loaded.source} on {source.name}: {res['num_examples']} (image, prompt) examples")
     print(f"  answer accuracy {res['accuracy']:.4f}")
@@ -152,6 +126,38 @@ def _eval_prompts(args, loaded, source, name, data_dir, split, heldout, out) -> 
         print(f"  held-out ({heldout}) accuracy {report['heldout_accuracy']:.4f}")
     print(f"  figures {out / 'eval.json'}")
     return 0
+
+
+def _scorer(loaded, batch_size: int, task: str, tokenize=None):
+    """`score(source) -> figures` (`vit.inference.evaluate.evaluate_task`'s) for the loaded
+    checkpoint's model, run on every local device with batches padded to fit them."""
+    from flax import nnx
+
+    from vit import device_mesh
+    from vit.data import eval_batches
+    from vit.inference.evaluate import evaluate_task, make_logits_fn
+
+    graphdef, params = nnx.split(loaded.build_model(), nnx.Param)
+    mesh = device_mesh.local_mesh()
+    logits_fn = make_logits_fn(graphdef, mesh)
+    host_batch = device_mesh.eval_host_batch_size(batch_size, mesh)
+    num_classes = loaded.config.num_classes
+
+    def score(source) -> dict:
+        batches = eval_batches(source, loaded.preprocessing, batch_size=host_batch,
+                               tokenize=tokenize)
+        return evaluate_task(task, logits_fn, params, batches, num_classes, mesh)
+
+    return score
+
+
+def _save_report(args, out: Path, report: dict, **more) -> bool:
+    """Writes `OUT/eval.json` (the report and `more`); with `--json` prints the report too and
+    returns True: the command has nothing more to print."""
+    (out / "eval.json").write_text(json.dumps({**report, **more}, indent=2))
+    if args.json:
+        print(json.dumps(report))
+    return args.json
 
 
 def _workdir_config(workdir):

@@ -123,11 +123,14 @@ def _resolve_alias(root: Path, name: str) -> str | None:
         return None
 
 
-def entry_key(checkpoint, load_options: dict) -> str | None:
+def entry_folder(root: Path, checkpoint, load_options: dict) -> Path | None:
+    """Where the entry of a checkpoint on disk and these load options lives; None for a name
+    that is not a path."""
     files = _files_of(checkpoint)
     if files is None:
         return None
-    return _hash({"format": FORMAT, "files": files, "load": load_options, "code": _code_hash()})
+    key = _hash({"format": FORMAT, "files": files, "load": load_options, "code": _code_hash()})
+    return root / "prepared" / key
 
 
 def forward_key(batch_size: int, top_k: int) -> str:
@@ -140,8 +143,8 @@ def forward_key(batch_size: int, top_k: int) -> str:
                   "processes": jax.process_count()})
 
 
-def folder(root: Path, key: str) -> Path:
-    return root / "prepared" / key
+def _forward_path(entry: Path, batch_size: int, top_k: int) -> Path:
+    return entry / f"forward-{forward_key(batch_size, top_k)}.jaxexport"
 
 
 def load(root: Path, checkpoint, load_options: dict, batch_size: int,
@@ -153,11 +156,10 @@ def load(root: Path, checkpoint, load_options: dict, batch_size: int,
         checkpoint = _resolve_alias(root, str(checkpoint))
         if checkpoint is None:
             return None
-    key = entry_key(checkpoint, load_options)
-    if key is None:
+    entry = entry_folder(root, checkpoint, load_options)
+    if entry is None:
         return None
-    entry = folder(root, key)
-    forward = entry / f"forward-{forward_key(batch_size, top_k)}.jaxexport"
+    forward = _forward_path(entry, batch_size, top_k)
     if not forward.is_file():
         return None
     try:
@@ -205,44 +207,50 @@ def store(root: Path, checkpoint, load_options: dict, batch_size: int, top_k: in
     name = None
     if _files_of(checkpoint) is None and resolved is not None:
         name, checkpoint = str(checkpoint), resolved
-    key = entry_key(checkpoint, load_options)
-    if key is None:
+    entry = entry_folder(root, checkpoint, load_options)
+    if entry is None:
         return None
-    entry = folder(root, key)
     try:
         if not (entry / "meta.json").is_file():
-            entry.parent.mkdir(parents=True, exist_ok=True)
-            staging = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=entry.parent))
-            layout, offset = [], 0
-            with open(staging / "weights.bin", "wb") as f:
-                for leaf in leaves:
-                    array = np.ascontiguousarray(leaf)
-                    dtype = array.dtype.newbyteorder("<")
-                    f.write(array.astype(dtype, copy=False).tobytes())
-                    layout.append([list(array.shape), dtype.str, offset])
-                    offset += array.nbytes
-            (staging / "meta.json").write_text(json.dumps(
-                {**meta, "format": FORMAT, "leaves": layout}))
-            try:
-                os.replace(staging, entry)
-            except OSError:  # another run stored it first
-                shutil.rmtree(staging, ignore_errors=True)
-        forward = entry / f"forward-{forward_key(batch_size, top_k)}.jaxexport"
-        part = forward.with_name(f".{forward.name}.{os.getpid()}")
-        part.write_bytes(exported.serialize())
-        os.replace(part, forward)
+            _store_weights(entry, meta, leaves)
+        _write_atomic(_forward_path(entry, batch_size, top_k), exported.serialize())
         state = _hub_state(Path(checkpoint)) if name is not None else None
         if state is not None:
             alias = _alias(root, name)
             alias.parent.mkdir(exist_ok=True)
-            part = alias.with_name(f".{alias.name}.{os.getpid()}")
-            part.write_text(json.dumps({"name": name, "folder": str(checkpoint),
-                                        "state": state}))
-            os.replace(part, alias)
+            _write_atomic(alias, json.dumps({"name": name, "folder": str(checkpoint),
+                                             "state": state}).encode())
         _prune(entry.parent, keep=entry)
     except (OSError, ImportError):  # a full disk, or jax.export without its serializer
         return None
     return entry
+
+
+def _store_weights(entry: Path, meta: dict, leaves: list) -> None:
+    """A new entry: `weights.bin` and `meta.json` written in a staging folder renamed into
+    place, so a crash leaves no half entry."""
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{entry.name}.", dir=entry.parent))
+    layout, offset = [], 0
+    with open(staging / "weights.bin", "wb") as f:
+        for leaf in leaves:
+            array = np.ascontiguousarray(leaf)
+            dtype = array.dtype.newbyteorder("<")
+            f.write(array.astype(dtype, copy=False).tobytes())
+            layout.append([list(array.shape), dtype.str, offset])
+            offset += array.nbytes
+    (staging / "meta.json").write_text(json.dumps({**meta, "format": FORMAT, "leaves": layout}))
+    try:
+        os.replace(staging, entry)
+    except OSError:  # another run stored it first
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    """`data` at `path` through a temporary name renamed into place."""
+    part = path.with_name(f".{path.name}.{os.getpid()}")
+    part.write_bytes(data)
+    os.replace(part, path)
 
 
 def _prune(prepared: Path, keep: Path) -> None:

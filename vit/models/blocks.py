@@ -112,6 +112,15 @@ class Mlp(nnx.Module):
         return dropout(self.fc2(x), self.rate, keys(1))
 
 
+def hooked_attention(q: jax.Array, k: jax.Array, v: jax.Array, kv_len: jax.Array | None,
+                     probs_hook: Callable[[jax.Array], jax.Array]) -> jax.Array:
+    """Explain mode: the probabilities materialised, seen (or perturbed) by `probs_hook`, then
+    applied to `v`."""
+    _, probs = reference_attention(q, k, v, kv_len=kv_len, return_probs=True)
+    probs = probs_hook(probs)
+    return jnp.einsum("bhqk,bkhd->bqhd", probs.astype(v.dtype), v)
+
+
 class Attention(nnx.Module):
     """Multi-head self-attention through `vit.ops.attention`."""
 
@@ -139,10 +148,7 @@ class Attention(nnx.Module):
         if self.q_norm is not None:
             q, k = self.q_norm(q).astype(v.dtype), self.k_norm(k).astype(v.dtype)
         if probs_hook is not None:
-            # Explain mode: materialise the probabilities and let the hook see (or perturb) them.
-            _, probs = reference_attention(q, k, v, kv_len=kv_len, return_probs=True)
-            probs = probs_hook(probs)
-            out = jnp.einsum("bhqk,bkhd->bqhd", probs.astype(v.dtype), v)
+            out = hooked_attention(q, k, v, kv_len, probs_hook)
         else:
             # A few queries against all keys leave nothing for a tiled kernel to do: XLA.
             impl = self.impl if queries is None else "xla"

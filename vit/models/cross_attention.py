@@ -15,9 +15,9 @@ import jax.numpy as jnp
 from einops import rearrange
 from flax import nnx
 
-from vit.models.blocks import Keys, Mlp, dense, dropout, layer_norm
+from vit.models.blocks import Keys, Mlp, dense, dropout, hooked_attention, layer_norm
 from vit.models.config import ViTConfig
-from vit.ops.attention import dot_product_attention, reference_attention
+from vit.ops.attention import dot_product_attention
 
 
 class CrossAttentionBlock(nnx.Module):
@@ -46,11 +46,8 @@ class CrossAttentionBlock(nnx.Module):
                       h=self.num_heads)
         k, v = rearrange(self.kv(self.norm_kv(text).astype(self.dtype)),
                          "b t (two h d) -> two b t h d", two=2, h=self.num_heads)
-        if probs_hook is not None:
-            # Explain mode: materialise image->text probabilities for the bi-modal rules.
-            _, probs = reference_attention(q, k, v, kv_len=kv_len, return_probs=True)
-            probs = probs_hook(probs)
-            out = jnp.einsum("bhqk,bkhd->bqhd", probs.astype(v.dtype), v)
+        if probs_hook is not None:  # image->text probabilities for the bi-modal rules
+            out = hooked_attention(q, k, v, kv_len, probs_hook)
         else:
             out = dot_product_attention(q, k, v, kv_len=kv_len, impl=self.impl)
         y = self.proj(rearrange(out, "b n h d -> b n (h d)"))
