@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import statistics
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -162,13 +163,19 @@ def gemm(r: dict) -> list[str]:
 
 
 def train(r: dict) -> list[str]:
-    steps = r["median_step_s"]
-    rounds = zip(steps["jax"], steps["torch"], r["ratio_torch_over_ours"], strict=True)
-    rows = [[i + 1, num(ours), num(theirs), num(ratio)]
-            for i, (ours, theirs, ratio) in enumerate(rounds)]
-    return [f"{r['benchmark']}, seconds a step:", "",
-            *table(["round", "vit", "transformers (torch)", "speed vs transformers"], rows), "",
-            f"Median speed vs transformers: {num(r['median_ratio'])}."]
+    rows = []
+    for c in r["cases"]:
+        steps = c["median_step_s"]
+        rows.append([f"ViT-{c['model']}", c["batch"],
+                     num(statistics.median(steps["vit"])),
+                     num(statistics.median(steps["transformers"])),
+                     " / ".join(num(x) for x in c["ratio_transformers_over_vit"]),
+                     num(c["median_ratio"]),
+                     f"{c['loss_last_relative_difference']:.1e}"])
+    return [f"`vit train`'s step against transformers' (float32, CPU), seconds a step, median "
+            f"of each run's {r['timed_steps_per_run']} timed steps, {r['rounds']} rounds:", "",
+            *table(["model", "batch", "vit", "transformers", "speed vs transformers, by round",
+                    "median", "loss difference after the last step (relative)"], rows)]
 
 
 def scaling(r: dict) -> list[str]:

@@ -12,6 +12,7 @@ import importlib.metadata as md
 import json
 import os
 import platform
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -31,7 +32,7 @@ def command(argv: list[str] | None = None, script: str | None = None) -> str:
     default to the running process's (a script whose `main(argv)` is called in-process passes
     its own)."""
     script = os.path.relpath(os.path.abspath(script or sys.argv[0]), ROOT)
-    return " ".join(["python", script, *(sys.argv[1:] if argv is None else argv)])
+    return shlex.join(["python", script, *(sys.argv[1:] if argv is None else argv)])
 
 
 # The instruction sets that decide which matrix-product kernels a CPU can run.
