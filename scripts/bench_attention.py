@@ -19,7 +19,7 @@ Sections, in this order, each written to DIR/bench_attention.json as soon as it 
   train_step   `vit train`'s step (scripts/train_step.py: configs/imagefolder.py with AdamW) on
                ViT-B/16 in bfloat16, in images/s and MFU, with each attention path.
 Each timed section has its own share of --budget-s. Every row has a status: "ok", "failed" (it
-raised, or a correctness check missed) or "skipped" (the time budget ran out before it started).
+raised, or a correctness check missed) or "skipped" (the time budget ran out before it started, or a training dependency is missing).
 The exit code keeps them apart: 1 if any row failed, else 3 if any was skipped, else 0.
 
 --quick: the seq-577 attention rows only. --dry-run: tiny shapes in Pallas interpret mode, so CI
@@ -371,6 +371,11 @@ def train_bench(dry_run: bool, iters: int, deadline: Deadline, min_left_s: float
                 row.update(status="ok", step_ms=seconds * 1e3, images_per_s=images_per_s,
                            mfu=images_per_s * TRAIN_FLOP_PER_IMAGE / PEAK_FLOP_S,
                            first_step_s=first_step_s, dispatch=_dispatch(impl, batch, config))
+            except ModuleNotFoundError as exc:
+                # The training step reads its recipe (ml_collections) and builds its state with
+                # the data stack (grain); a host with only the model's dependencies skips it.
+                row.update(status="skipped", reason=f"needs {exc.name}, which training uses; "
+                           "install the package's full dependencies")
             except Exception as exc:
                 row.update(status="failed", error=_error(exc))
                 traceback.print_exc()
