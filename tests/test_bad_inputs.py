@@ -7,14 +7,12 @@ the working directory) and a piece of the input that the error line must name.
 """
 
 import dataclasses
-import hashlib
 import json
 import os
 import shutil
 import struct
 from pathlib import Path
 
-import jax
 import pytest
 from flax import nnx
 from PIL import Image
@@ -29,30 +27,14 @@ ROOT = Path(__file__).parent.parent
 RECIPE = str(ROOT / "configs" / "digits.py")
 
 
-def tiny_checkpoint(path: Path):
-    """A one-block ViT saved as an orbax export at `path`: 8x8 inputs and 10 classes, so the
-    digits dataset fits it and eval and explain-eval reach it. Returns (model, labels)."""
+@pytest.fixture(scope="module")
+def fx(tmp_path_factory, tiny_files):
+    """Copies of the tiny checkpoint (an orbax export, a Hugging Face folder, a workdir), a text
+    model, an image, and broken copies of them, all in one folder the table may not change."""
     from vit.checkpoints import save_orbax
 
-    model = vit.create_model("Ti/16", width=32, depth=1, mlp_dim=64, num_heads=4, patch_size=4,
-                             image_size=8, num_classes=10, attention_impl="xla",
-                             rngs=nnx.Rngs(0))
-    head = model.head.kernel
-    head[...] = jax.random.normal(jax.random.key(1), head.shape)  # not the refused zero head
-    labels = [str(i) for i in range(10)]
-    save_orbax(path, model, preprocessing=Preprocessing(size=(8, 8)), labels=labels)
-    return model, labels
-
-
-@pytest.fixture(scope="module")
-def fx(tmp_path_factory):
-    """Tiny checkpoints in each format, a workdir, an image, and broken copies of them."""
-    from vit.checkpoints import load_checkpoint, save_checkpoint, save_orbax
-    from vit.recipes.load import load_config
-
     root = tmp_path_factory.mktemp("fixtures")
-    model, labels = tiny_checkpoint(root / "ckpt")
-    loaded = load_checkpoint(root / "ckpt")
+    shutil.copytree(tiny_files["orbax"], root / "ckpt")
     # A text model (answers prompts) of the same size, for datasets without prompts.
     text_model = vit.create_model("Ti/16", width=32, depth=1, mlp_dim=64, num_heads=4,
                                   patch_size=4, image_size=8, num_classes=10, attention_impl="xla",
@@ -61,9 +43,7 @@ def fx(tmp_path_factory):
     save_orbax(root / "text_ckpt", text_model, preprocessing=Preprocessing(size=(8, 8)))
 
     workdir = root / "workdir"  # what `vit train` leaves: config.json and checkpoints/<step>
-    save_orbax(workdir / "checkpoints" / "1", model, preprocessing=Preprocessing(size=(8, 8)),
-               labels=labels)
-    (workdir / "config.json").write_text(load_config(RECIPE).to_json())
+    shutil.copytree(tiny_files["workdir"], workdir)
     bad_config = root / "workdir_bad_config"
     shutil.copytree(workdir, bad_config)
     (bad_config / "config.json").write_text('{"data": {"name": "digits",')
@@ -71,7 +51,7 @@ def fx(tmp_path_factory):
     shutil.copytree(workdir, bad_best)
     (bad_best / "checkpoints" / "best.json").write_text('{"step": ')
 
-    save_checkpoint(loaded, root / "hf", "hf")
+    shutil.copytree(tiny_files["hf"], root / "hf")
     for name, file in [("hf_bad_config", "config.json"),
                        ("hf_bad_preprocessor", "preprocessor_config.json")]:
         shutil.copytree(root / "hf", root / name)
@@ -309,36 +289,18 @@ CASES = [
 ]
 
 
-def _tree(root: Path) -> dict:
-    """Every file and folder under `root` with a digest of its bytes: what a run may not
-    change."""
-    out = {}
-    for path in sorted(root.rglob("*")):
-        rel = str(path.relative_to(root))
-        out[rel] = (hashlib.sha1(path.read_bytes()).hexdigest() if path.is_file() else "dir")
-    return out
-
-
-def run_case(argv: list[str], capsys) -> tuple[int, list[str]]:
-    try:
-        code = main(argv)
-    except SystemExit as exit_:  # argparse's own usage errors
-        code = exit_.code
-    return code, capsys.readouterr().err.strip().splitlines()
-
-
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_bad_input_is_one_line_exit_2_and_leaves_nothing(case, fx, tmp_path, monkeypatch,
-                                                          capsys):
+                                                          run_vit, file_tree):
     command = case.argv.split()[0]
     monkeypatch.chdir(tmp_path)  # relative outputs (runs/rollout, eval_test) would land here
     (tmp_path / "existing.txt").write_text("keep me\n")
     (tmp_path / "runs" / "demo").mkdir(parents=True)  # for the mistyped `runs/dmeo`
     values = _placeholders(fx, tmp_path)
     argv = [part.format(**values) for part in case.argv.split()]
-    before_fx, before_tmp = _tree(fx), _tree(tmp_path)
+    before_fx, before_tmp = file_tree(fx), file_tree(tmp_path)
 
-    code, err = run_case(argv, capsys)
+    code, err = run_vit(argv)
 
     assert code == 2, err
     assert err, "no error line"
@@ -348,8 +310,8 @@ def test_bad_input_is_one_line_exit_2_and_leaves_nothing(case, fx, tmp_path, mon
     assert case.names.format(**values) in last, last
     if case.forbid:
         assert case.forbid not in last, last
-    assert _tree(tmp_path) == before_tmp, "partial output left behind"
-    assert _tree(fx) == before_fx, "a fixture was changed"
+    assert file_tree(tmp_path) == before_tmp, "partial output left behind"
+    assert file_tree(fx) == before_fx, "a fixture was changed"
 
 
 @pytest.mark.parametrize("argv", [
@@ -358,7 +320,7 @@ def test_bad_input_is_one_line_exit_2_and_leaves_nothing(case, fx, tmp_path, mon
     "rollout {img} --checkpoint {ckpt} --out {ro}/maps",
     "convert {ckpt} {ro}/m.npz",
 ], ids=["train", "eval", "rollout", "convert"])
-def test_read_only_output_folder_is_refused(argv, fx, tmp_path, monkeypatch, capsys):
+def test_read_only_output_folder_is_refused(argv, fx, tmp_path, monkeypatch, run_vit):
     ro = tmp_path / "read_only"
     ro.mkdir()
     ro.chmod(0o555)
@@ -368,8 +330,8 @@ def test_read_only_output_folder_is_refused(argv, fx, tmp_path, monkeypatch, cap
         False if Path(path) == ro and mode & os.W_OK else access(path, mode, **kw)))
     monkeypatch.chdir(tmp_path)
     try:
-        code, err = run_case([p.format(**_placeholders(fx, tmp_path), ro=ro)
-                              for p in argv.split()], capsys)
+        code, err = run_vit([p.format(**_placeholders(fx, tmp_path), ro=ro)
+                             for p in argv.split()])
     finally:
         ro.chmod(0o755)
     assert code == 2 and err[-1].startswith(f"vit {argv.split()[0]}: error:"), err
@@ -405,7 +367,7 @@ def test_explain_eval_scores_every_repeated_method(fx, monkeypatch, capsys):
     assert asked == ["attention", "rollout", "relevancy"]
 
 
-def test_an_os_error_about_a_file_is_one_line(monkeypatch, capsys):
+def test_an_os_error_about_a_file_is_one_line(monkeypatch, run_vit):
     """What no check made in advance can rule out (a disk that fills, permissions that change
     mid-run) is still one line naming the file, not a traceback."""
     from vit.commands import info
@@ -414,7 +376,7 @@ def test_an_os_error_about_a_file_is_one_line(monkeypatch, capsys):
         raise PermissionError(13, "Permission denied", "/somewhere/model.npz")
 
     monkeypatch.setattr(info, "run", refused)
-    code, err = run_case(["info", "vit_b16"], capsys)
+    code, err = run_vit(["info", "vit_b16"])
     assert code == 2 and err == ["vit info: error: /somewhere/model.npz: Permission denied"]
 
 
@@ -439,7 +401,7 @@ def test_fixtures_work_when_used_right(fx, tmp_path, capsys):
     "rollout {img} --checkpoint {ckpt} --out /proc/vit-test/maps",
 ], ids=["train", "eval", "rollout"])
 def test_a_folder_that_takes_no_new_folders_is_refused_before_the_work(argv, fx, tmp_path,
-                                                                       monkeypatch, capsys):
+                                                                       monkeypatch, run_vit):
     """/proc passes `os.access` for root but takes no new folders: refused up front, naming
     the flag's path, rather than after the evaluation or the maps."""
     import vit.checkpoints
@@ -449,7 +411,7 @@ def test_a_folder_that_takes_no_new_folders_is_refused_before_the_work(argv, fx,
 
     monkeypatch.setattr(vit.checkpoints, "load_checkpoint", no_model)
     monkeypatch.chdir(tmp_path)
-    code, err = run_case([p.format(**_placeholders(fx, tmp_path)) for p in argv.split()], capsys)
+    code, err = run_vit([p.format(**_placeholders(fx, tmp_path)) for p in argv.split()])
     assert code == 2 and err[-1].startswith(f"vit {argv.split()[0]}: error:"), err
     flag = "--workdir" if argv.startswith("train") else "--out"
     assert f"{flag} /proc/vit-test" in err[-1] and "Traceback" not in "\n".join(err), err
@@ -469,7 +431,7 @@ def test_rollout_gallery_takes_a_file_name_that_is_not_utf8(fx, tmp_path, capsys
     assert len(list((tmp_path / "maps" / "overlays").iterdir())) == 1
 
 
-def test_rollout_that_fails_part_way_leaves_nothing(fx, tmp_path, monkeypatch, capsys):
+def test_rollout_that_fails_part_way_leaves_nothing(fx, tmp_path, monkeypatch, run_vit):
     """A write that fails after maps exist (here the gallery: a full disk) takes the new output
     folder away again and is one line naming the file."""
     from vit.explain import render
@@ -478,13 +440,13 @@ def test_rollout_that_fails_part_way_leaves_nothing(fx, tmp_path, monkeypatch, c
         raise OSError(28, "No space left on device", str(out / "index.html"))
 
     monkeypatch.setattr(render, "write_gallery", disk_full)
-    code, err = run_case(["rollout", str(fx / "img.png"), "--checkpoint", str(fx / "ckpt"),
-                          "--out", str(tmp_path / "maps"), "--html"], capsys)
+    code, err = run_vit(["rollout", str(fx / "img.png"), "--checkpoint", str(fx / "ckpt"),
+                         "--out", str(tmp_path / "maps"), "--html"])
     assert code == 2 and err[-1].endswith("index.html: No space left on device"), err
     assert not (tmp_path / "maps").exists()
 
 
-def test_a_closed_pipe_ends_the_run_quietly(monkeypatch, capsys):
+def test_a_closed_pipe_ends_the_run_quietly(monkeypatch, run_vit):
     """`vit predict DIR | head -n 1`: when the reader goes away, no traceback, exit 141 (as a
     tool killed by SIGPIPE)."""
     from vit.commands import info
@@ -493,7 +455,7 @@ def test_a_closed_pipe_ends_the_run_quietly(monkeypatch, capsys):
         raise BrokenPipeError(32, "Broken pipe")
 
     monkeypatch.setattr(info, "run", reader_gone)
-    code, err = run_case(["info", "vit_b16"], capsys)
+    code, err = run_vit(["info", "vit_b16"])
     assert code == 141 and err == []
 
 

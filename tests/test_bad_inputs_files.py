@@ -19,7 +19,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 from PIL import Image
-from test_bad_inputs import _tree, run_case, tiny_checkpoint
 
 from vit.cli import main
 from vit.errors import CheckpointError, ConfigError, DataError
@@ -32,34 +31,36 @@ RECIPE = str(ROOT / "configs" / "digits.py")
 
 
 @pytest.fixture(scope="module")
-def files(tmp_path_factory):
-    """A tiny orbax export and its Hugging Face and timm copies, and an 8x8 image."""
-    from vit.checkpoints import load_checkpoint, save_checkpoint
-
+def files(tmp_path_factory, tiny_files):
+    """The tiny checkpoint as an orbax export ("ckpt") and its Hugging Face and timm copies,
+    and an 8x8 image."""
     root = tmp_path_factory.mktemp("files")
-    tiny_checkpoint(root / "ckpt")
-    loaded = load_checkpoint(root / "ckpt")
-    save_checkpoint(loaded, root / "hf", "hf")
-    save_checkpoint(loaded, root / "timm", "timm")
+    for name, fmt in (("ckpt", "orbax"), ("hf", "hf"), ("timm", "timm")):
+        shutil.copytree(tiny_files[fmt], root / name)
     Image.new("RGB", (8, 8), (10, 200, 30)).save(root / "img.png")
     return root
 
 
-def _check_refused(argv: list[str], capsys, where: Path, *names: str) -> str:
-    """Runs `vit argv` in-process in `where`; the last stderr line must be the command's one
-    error line naming each of `names`, and `where` must be left as it was."""
-    before = _tree(where)
-    code, err = run_case(argv, capsys)
-    assert code == 2, err
-    assert not any("Traceback" in line for line in err), err
-    assert err and err[-1].startswith(f"vit {argv[0]}: error:"), err
-    for name in names:
-        assert name in err[-1], err[-1]
-    assert _tree(where) == before, "partial output left behind, or an input changed"
-    return err[-1]
+@pytest.fixture
+def check_refused(run_vit, file_tree):
+    """-> refused(argv, where, *names): runs `vit argv` in-process; the last stderr line must
+    be the command's one error line naming each of `names`, and `where` must be left as it
+    was. Returns that line."""
+    def refused(argv: list[str], where: Path, *names: str) -> str:
+        before = file_tree(where)
+        code, err = run_vit(argv)
+        assert code == 2, err
+        assert not any("Traceback" in line for line in err), err
+        assert err and err[-1].startswith(f"vit {argv[0]}: error:"), err
+        for name in names:
+            assert name in err[-1], err[-1]
+        assert file_tree(where) == before, "partial output left behind, or an input changed"
+        return err[-1]
+
+    return refused
 
 
-# -- #2: an orbax checkpoint copied in part ----------------------------------------------------
+# -- an orbax checkpoint copied in part ------------------------------------------------------------
 def _empty_params(step: Path) -> None:
     for child in (step / "params").iterdir():
         shutil.rmtree(child) if child.is_dir() else child.unlink()
@@ -106,11 +107,11 @@ def _damaged(files: Path, tmp_path: Path, damage: str) -> Path:
 
 
 @pytest.mark.parametrize("damage", DAMAGE)
-def test_damaged_orbax_checkpoint_is_one_line(damage, files, tmp_path, monkeypatch, capsys):
+def test_damaged_orbax_checkpoint_is_one_line(damage, files, tmp_path, monkeypatch, check_refused):
     step = _damaged(files, tmp_path, damage)
     monkeypatch.chdir(tmp_path)
-    line = _check_refused(["predict", str(files / "img.png"), "--checkpoint", str(step),
-                           "--no-cache"], capsys, tmp_path, str(step))
+    line = check_refused(["predict", str(files / "img.png"), "--checkpoint", str(step),
+                          "--no-cache"], tmp_path, str(step))
     assert "incomplete or damaged" in line and "copy it again" in line, line
 
 
@@ -135,7 +136,7 @@ def test_failed_orbax_read_leaves_no_thread_errors(files, tmp_path, monkeypatch,
 
 @pytest.mark.parametrize("command", ["eval", "rollout", "convert", "train"])
 def test_every_command_refuses_a_damaged_orbax_checkpoint(command, files, tmp_path,
-                                                          monkeypatch, capsys):
+                                                          monkeypatch, check_refused):
     step = _damaged(files, tmp_path, "params-emptied")
     out = tmp_path / "out"
     argv = {"eval": f"eval --checkpoint {step} --data digits --out {out}",
@@ -143,30 +144,30 @@ def test_every_command_refuses_a_damaged_orbax_checkpoint(command, files, tmp_pa
             "convert": f"convert {step} {out} --format timm",
             "train": f"train --config {RECIPE} --workdir {out} --init {step}"}[command]
     monkeypatch.chdir(tmp_path)
-    _check_refused(argv.split(), capsys, tmp_path, str(step), "copy it again")
+    check_refused(argv.split(), tmp_path, str(step), "copy it again")
 
 
-def test_damaged_step_in_a_workdir_is_named(files, tmp_path, monkeypatch, capsys):
+def test_damaged_step_in_a_workdir_is_named(files, tmp_path, monkeypatch, check_refused):
     workdir = tmp_path / "run"
     shutil.copytree(files / "ckpt", workdir / "checkpoints" / "4")
     _empty_params(workdir / "checkpoints" / "4")
     monkeypatch.chdir(tmp_path)
-    _check_refused(["predict", str(files / "img.png"), "--checkpoint", str(workdir),
-                    "--no-cache"], capsys, tmp_path, str(workdir / "checkpoints" / "4"))
+    check_refused(["predict", str(files / "img.png"), "--checkpoint", str(workdir),
+                   "--no-cache"], tmp_path, str(workdir / "checkpoints" / "4"))
 
 
-# -- #7: a labels file that is not UTF-8 --------------------------------------------------------
-def test_labels_file_not_utf8_is_one_line(files, tmp_path, monkeypatch, capsys):
+# -- a labels file that is not UTF-8 ---------------------------------------------------------------
+def test_labels_file_not_utf8_is_one_line(files, tmp_path, monkeypatch, check_refused):
     labels = tmp_path / "labels.txt"
     labels.write_bytes(b"\xff\xfe\x00bad\n" * 10)
     monkeypatch.chdir(tmp_path)
-    line = _check_refused(["predict", str(files / "img.png"), "--checkpoint",
-                           str(files / "ckpt"), "--labels", str(labels), "--no-cache"],
-                          capsys, tmp_path, "--labels", str(labels))
+    line = check_refused(["predict", str(files / "img.png"), "--checkpoint",
+                          str(files / "ckpt"), "--labels", str(labels), "--no-cache"],
+                         tmp_path, "--labels", str(labels))
     assert "UTF-8" in line, line
 
 
-# -- #8: .npz files that are empty, cut short or not archives ----------------------------------
+# -- .npz files that are empty, cut short or not archives ------------------------------------------
 def _npz_variants(tmp_path: Path) -> dict[str, Path]:
     """Files named .npz that are not whole archives of arrays."""
     tmp_path.mkdir(exist_ok=True)
@@ -194,11 +195,11 @@ def _npz_variants(tmp_path: Path) -> dict[str, Path]:
     return out
 
 
-def test_broken_npz_checkpoints_are_one_line(files, tmp_path, monkeypatch, capsys):
+def test_broken_npz_checkpoints_are_one_line(files, tmp_path, monkeypatch, check_refused):
     monkeypatch.chdir(tmp_path)
     for path in _npz_variants(tmp_path / "inputs").values():
-        _check_refused(["predict", str(files / "img.png"), "--checkpoint", str(path),
-                        "--no-cache"], capsys, tmp_path, str(path))
+        check_refused(["predict", str(files / "img.png"), "--checkpoint", str(path),
+                       "--no-cache"], tmp_path, str(path))
 
 
 def test_broken_text_embeddings_are_a_data_error(tmp_path):
@@ -217,7 +218,7 @@ def test_broken_text_embeddings_are_a_data_error(tmp_path):
     assert prompts.text.shape == (2, 3, 4) and prompts.mask.all()
 
 
-# -- #9: JSON configs whose fields have the wrong type -----------------------------------------
+# -- JSON configs whose fields have the wrong type -------------------------------------------------
 def _edit_json(file: Path, **fields) -> None:
     value = json.loads(file.read_text()) if file.exists() else {}
     for key, field in fields.items():
@@ -282,13 +283,13 @@ def test_wrong_typed_config_field_names_file_and_field(family, file, fields, nam
 
 
 def test_wrong_typed_preprocessor_field_is_one_line_from_the_cli(files, tmp_path, monkeypatch,
-                                                                 capsys):
+                                                                 check_refused):
     folder = tmp_path / "inputs" / "hf"
     shutil.copytree(files / "hf", folder)
     _edit_json(folder / "preprocessor_config.json", image_mean="x")
     monkeypatch.chdir(tmp_path)
-    _check_refused(["predict", str(files / "img.png"), "--checkpoint", str(folder),
-                    "--no-cache"], capsys, tmp_path, "preprocessor_config.json", "image_mean")
+    check_refused(["predict", str(files / "img.png"), "--checkpoint", str(folder),
+                   "--no-cache"], tmp_path, "preprocessor_config.json", "image_mean")
 
 
 def test_preprocessor_fields_as_transformers_reads_them(files, tmp_path):
@@ -323,7 +324,7 @@ def test_preprocessing_refuses_a_resample_that_is_not_a_name():
         Preprocessing(resample=["bilinear"])
 
 
-# -- #17: the pixel limit ------------------------------------------------------------------------
+# -- the pixel limit -------------------------------------------------------------------------------
 def test_pixel_limit_is_the_documented_one():
     """Pillow refuses above twice its MAX_IMAGE_PIXELS: that must be our MAX_PIXELS, or images
     between the two are decoded (with a raw warning) despite the limit."""
