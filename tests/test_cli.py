@@ -6,31 +6,42 @@ import sys
 
 import pytest
 
+from vit.cli import main
+
 pytestmark = pytest.mark.timeout(180)
 
 
-def vit_cli(*args):
-    return subprocess.run([sys.executable, "-m", "vit.cli", *args], capture_output=True, text=True)
+def vit_out(capsys, *args):
+    """`vit ARGS` in this process: -> (exit code, stdout, stderr)."""
+    try:
+        code = main(list(args))
+    except SystemExit as exit_:  # argparse's --help and usage errors
+        code = exit_.code
+    out, err = capsys.readouterr()
+    return code, out, err
 
 
 def test_help_lists_commands():
-    out = vit_cli("--help")
+    # The module entry point, in a fresh interpreter: `python -m vit.cli` as users run it.
+    out = subprocess.run([sys.executable, "-m", "vit.cli", "--help"], capture_output=True,
+                         text=True)
     assert out.returncode == 0 and "info" in out.stdout
 
 
-def test_info_json_reports_params_gmacs_tokens():
-    out = vit_cli("info", "vit_b16", "--json")
-    assert out.returncode == 0, out.stderr
-    info = json.loads(out.stdout)
+def test_info_json_reports_params_gmacs_tokens(capsys):
+    code, out, err = vit_out(capsys, "info", "vit_b16", "--json")
+    assert code == 0, err
+    info = json.loads(out)
     assert info["params"] == 86_567_656 and info["tokens"] == 197
     assert abs(info["gmacs"] - 17.58) < 0.03
-    text = vit_cli("info", "B/32", "--set", "classifier=gap", "--set", "class_token=false")
-    assert text.returncode == 0 and "gap classifier" in text.stdout
+    code, out, _ = vit_out(capsys, "info", "B/32", "--set", "classifier=gap", "--set",
+                           "class_token=false")
+    assert code == 0 and "gap classifier" in out
     # The shared `--set` rules: AxB pairs, none, Python-style True.
-    big = vit_cli("info", "vit_b16", "--json", "--set", "image_size=384x384", "--set",
-                  "representation_size=none", "--set", "qkv_bias=True")
-    assert big.returncode == 0, big.stderr
-    assert json.loads(big.stdout)["tokens"] == 577
+    code, out, err = vit_out(capsys, "info", "vit_b16", "--json", "--set", "image_size=384x384",
+                             "--set", "representation_size=none", "--set", "qkv_bias=True")
+    assert code == 0, err
+    assert json.loads(out)["tokens"] == 577
 
 
 @pytest.mark.parametrize("args,needle", [
@@ -40,8 +51,8 @@ def test_info_json_reports_params_gmacs_tokens():
     (("info", "vit_b16", "--set", "class_token=maybe"), "expected true or false"),
     (("info", "vit_b16", "--image-size", "225"), "not a multiple of patch_size"),
 ])
-def test_user_mistakes_are_one_line_exit_2(args, needle):
-    out = vit_cli(*args)
-    assert out.returncode == 2
-    assert needle in out.stderr and "Traceback" not in out.stderr
-    assert len(out.stderr.strip().splitlines()) == 1
+def test_user_mistakes_are_one_line_exit_2(args, needle, capsys):
+    code, _, err = vit_out(capsys, *args)
+    assert code == 2
+    assert needle in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1

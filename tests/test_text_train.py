@@ -166,26 +166,17 @@ def test_staged_run_resumes_across_stages_and_learns_to_read_the_prompt(tmp_path
     assert abs(accuracy(PromptControl(test, "shuffled_prompt")) - 0.5) <= 0.05
 
 
-def test_softmax_on_multi_hot_labels_is_a_one_line_error(tmp_path):
-    import subprocess
-    import sys
-
-    out = subprocess.run([sys.executable, "-m", "vit.cli", "train", "--config", "configs/digits.py",
-                          "--workdir", str(tmp_path / "run"), "--set", "data.name=promptshapes",
-                          "--set", "data.val_split=test"],
-                         capture_output=True, text=True)
-    assert out.returncode == 2 and "Traceback" not in out.stderr
-    assert "train.loss=sigmoid_xent" in out.stderr.strip().splitlines()[-1]
+def test_softmax_on_multi_hot_labels_is_a_one_line_error(tmp_path, run_vit):
+    code, err = run_vit(["train", "--config", "configs/digits.py", "--workdir", tmp_path / "run",
+                         "--set", "data.name=promptshapes", "--set", "data.val_split=test"])
+    assert code == 2 and err and not any("Traceback" in line for line in err), err
+    assert "train.loss=sigmoid_xent" in err[-1]
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 
-def test_a_bad_text_config_fails_before_any_stage_trains(tmp_path):
-    import subprocess
-    import sys
-
-    out = subprocess.run([sys.executable, "-m", "vit.cli", "train", "--config",
-                          "configs/promptshapes.py", "--workdir", str(tmp_path / "run"),
-                          "--set", "model.text.xattn_start=9"], capture_output=True, text=True)
-    assert out.returncode == 2 and "Traceback" not in out.stderr
-    assert "xattn_start=9" in out.stderr.strip().splitlines()[-1]
+def test_a_bad_text_config_fails_before_any_stage_trains(tmp_path, run_vit):
+    code, err = run_vit(["train", "--config", "configs/promptshapes.py", "--workdir",
+                         tmp_path / "run", "--set", "model.text.xattn_start=9"])
+    assert code == 2 and err and not any("Traceback" in line for line in err), err
+    assert "xattn_start=9" in err[-1]
     assert not (tmp_path / "run").exists()  # nothing trained, nothing written
