@@ -2,9 +2,10 @@
 
 Each subcommand lives in `vit/commands/<name>.py` with `add_arguments(parser)` and
 `run(args) -> int`; heavy imports happen inside `run`, so `vit --help` stays fast. A `VitError`
-(a user mistake) prints one line and exits 2; so does an OSError about a named file
-(permissions, a full disk), which no check made in advance can rule out. A closed pipe on
-stdout (`| head`) ends the run quietly with 141, as SIGPIPE would.
+(a user mistake) prints one line and exits 2; so do what no check made in advance can rule out:
+an OSError about a named file (permissions), a full disk or quota however a library reports it,
+and running out of memory (a MemoryError, XLA's RESOURCE_EXHAUSTED), named with what to lower.
+A closed pipe on stdout (`| head`) ends the run quietly with 141, as SIGPIPE would.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import importlib
 import os
 import sys
 
-from vit.errors import VitError
+from vit.errors import OutOfSpace, VitError, is_out_of_memory, is_out_of_space
 
 # subcommand -> (module, one-line help)
 COMMANDS = {
@@ -58,16 +59,44 @@ def main(argv: list[str] | None = None) -> int:
         with contextlib.suppress(OSError, ValueError):
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 128 + 13
-    except OSError as err:
-        if err.filename is None:  # not about a file the user named: a bug, keep the traceback
+    except Exception as err:  # noqa: BLE001  (only the faults below are caught: others raise)
+        message = _system_fault(args.command, err)
+        if message is None:  # a bug: keep the traceback
             raise
-        # A file or folder the system refused (permissions, a full disk, a file where a folder
-        # was expected): the user's to fix, so one line naming it, as for a VitError.
-        sys.stderr.write(f"vit {args.command}: error: {err.filename}: {err.strerror or err}\n")
+        sys.stderr.write(f"vit {args.command}: error: {message}\n")
         return VitError.exit_code
     except KeyboardInterrupt:
         print(f"vit {args.command}: interrupted", file=sys.stderr)
         return 130
+
+
+# What to lower when a command runs out of memory.
+LOWER = {"predict": "--batch-size or --image-size", "eval": "--batch-size",
+         "rollout": "--batch-size or --image-size", "explain-eval": "--batch-size or --limit",
+         "convert": "--image-size", "info": "the variant or --image-size",
+         "train": "train.batch_size (or raise train.accum_steps) or input.image_size"}
+
+
+def _system_fault(command: str, err: Exception) -> str | None:
+    """The one line for a fault the system raised that is the user's to fix, else None.
+
+    A writer that knows its path and size raises `OutOfSpace` itself (and removes what it
+    began); this catches a full disk met anywhere else.
+    """
+    if is_out_of_space(err):
+        where = getattr(err, "filename", None)
+        return str(OutOfSpace(where)) if where else ("no space left on device; free some "
+                                                     "space or write elsewhere")
+    if is_out_of_memory(err):
+        said = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        said = said.removeprefix("RESOURCE_EXHAUSTED: ")
+        said = said if len(said) <= 100 else said[:97] + "..."
+        return f"out of memory ({said}); lower {LOWER.get(command, 'the batch size')}"
+    if isinstance(err, OSError) and err.filename is not None:
+        # A file or folder the system refused (permissions, a file where a folder was
+        # expected): the user's to fix, so one line naming it, as for a VitError.
+        return f"{err.filename}: {err.strerror or err}"
+    return None
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 """Files the readers and writers share: JSON read as a one-line error, and destinations that are
-checked before any work and never left half-written."""
+checked before any work and never left half-written (a full disk included)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from vit.errors import CheckpointError
+from vit.errors import CheckpointError, OutOfSpace, is_out_of_space
 from vit.paths import unwritable_reason
 
 
@@ -110,11 +110,64 @@ def staged(dst) -> Iterator[Path]:
         yield tmp
         os.replace(tmp, dst)
     except BaseException as err:
-        if tmp.is_dir():
-            shutil.rmtree(tmp, ignore_errors=True)
-        else:
-            tmp.unlink(missing_ok=True)
-        if isinstance(err, OSError):  # a full disk, say: nothing was left behind
+        _remove(tmp)
+        if is_out_of_space(err):  # safetensors' own error type included
+            raise OutOfSpace(dst) from None
+        if isinstance(err, OSError):
             raise CheckpointError(f"{dst}: cannot write ({err.strerror or err}); nothing was "
                                   "written") from None
         raise
+
+
+@contextlib.contextmanager
+def written_whole(dst, needed: int | None = None) -> Iterator[Path]:
+    """Around any writer that makes `dst` (a file or a folder, and its missing parents): when
+    the block fails, what it began is removed (`dst`, temporary siblings named `dst.*` or
+    `.dst.*` such as orbax's `dst.orbax-checkpoint-tmp`, the parents it made), and a full disk
+    is one `OutOfSpace` naming `dst` and the `needed` bytes. Orbax's writer threads print
+    nothing meanwhile: the block's own error is the report."""
+    shown, dst = dst, Path(dst).absolute()
+    made, parent = None, dst.parent
+    while not parent.exists() and parent.parent != parent:
+        made, parent = parent, parent.parent
+    existing = set(os.listdir(dst.parent)) if made is None else set()
+    try:
+        with _quiet_orbax_threads():
+            yield dst
+    except BaseException as err:
+        if made is not None:
+            shutil.rmtree(made, ignore_errors=True)
+        elif dst.parent.is_dir():
+            for name in set(os.listdir(dst.parent)) - existing:
+                if name == dst.name or name.startswith((f"{dst.name}.", f".{dst.name}.")):
+                    _remove(dst.parent / name)
+        if is_out_of_space(err):
+            raise OutOfSpace(shown, needed) from None
+        raise
+
+
+@contextlib.contextmanager
+def _quiet_orbax_threads() -> Iterator[None]:
+    """Orbax writes every array at once in its own threads; when one write fails (a full disk)
+    absl logs each thread's traceback, and tensorstore's late callbacks print "Event loop is
+    closed" tracebacks. The loops orbax reads with (`orbax_io`) serve its writes as well, and
+    absl stays quiet until the block is over."""
+    import logging
+
+    from vit.checkpoints.orbax_io import _read_event_loops
+
+    absl = logging.getLogger("absl")
+    level = absl.level
+    absl.setLevel(logging.CRITICAL)
+    try:
+        with _read_event_loops():
+            yield
+    finally:
+        absl.setLevel(level)
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)

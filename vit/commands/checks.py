@@ -1,5 +1,6 @@
 """Checks of command-line values that every command makes the same way, before any work starts:
-counts that must be positive, and output folders that must be creatable. Standard library only.
+counts that must be positive, and output folders that must be creatable; and writing a command's
+output files whole or not at all. Standard library only.
 """
 
 from __future__ import annotations
@@ -7,7 +8,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from vit.errors import ConfigError
+from vit.errors import ConfigError, OutOfSpace, is_out_of_space
 from vit.paths import unwritable_reason
 
 
@@ -40,16 +41,29 @@ class NewOutput:
     """What a run adds at `path`, so that a refused run can take it away again.
 
     Made before the run: remembers the outermost folder the run would create (None when `path`
-    exists) and what `path` already holds. `undo()` removes only what is new; what the user
-    had before is never touched.
+    exists) and what `path` already holds: its entries, or with `deep` every file and folder
+    under it (for a run that writes into subfolders a previous run made). `undo()` removes
+    only what is new; what the user had before is never touched.
     """
 
-    def __init__(self, path):
-        self.path = Path(path).absolute()
+    def __init__(self, path, *, deep: bool = False):
+        self.path, self.deep = Path(path).absolute(), deep
         self.created, missing = None, self.path
         while not missing.exists() and missing.parent != missing:
             self.created, missing = missing, missing.parent
-        self.before = set(os.listdir(self.path)) if self.path.is_dir() else set()
+        self.before = self._entries()
+
+    def _entries(self) -> set[str]:
+        if not self.path.is_dir():
+            return set()
+        if not self.deep:
+            return set(os.listdir(self.path))
+        return {os.path.relpath(os.path.join(root, name), self.path)
+                for root, dirs, files in os.walk(self.path) for name in (*dirs, *files)}
+
+    def added(self) -> list[Path]:
+        """What is new at `path` since this was made."""
+        return [self.path / name for name in self._entries() - self.before]
 
     def undo(self) -> None:
         import shutil
@@ -57,11 +71,32 @@ class NewOutput:
         if self.created is not None:
             shutil.rmtree(self.created, ignore_errors=True)
             return
-        if not self.path.is_dir():
-            return
-        for name in set(os.listdir(self.path)) - self.before:
-            entry = self.path / name
+        for entry in self.added():  # a new folder holds only new files
             if entry.is_dir() and not entry.is_symlink():
                 shutil.rmtree(entry, ignore_errors=True)
             else:
                 entry.unlink(missing_ok=True)
+
+
+def write_outputs(folder, files: dict[str, bytes]) -> None:
+    """Writes each `name: data` into `folder` (made if missing), each through a temporary name
+    renamed into place, so an earlier file of that name is replaced whole or kept. When a write
+    fails (a full disk), what this call made is removed and a full disk is one `OutOfSpace`
+    naming the file and the size all of them need."""
+    folder = Path(folder)
+    new_output = NewOutput(folder)
+    part = None
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        for name, data in files.items():
+            part = folder / f".{name}.{os.getpid()}.part"
+            part.write_bytes(data)
+            os.replace(part, folder / name)
+    except BaseException as err:
+        if part is not None:
+            part.unlink(missing_ok=True)
+        new_output.undo()
+        if is_out_of_space(err):
+            raise OutOfSpace(folder / name if part else folder,
+                             sum(len(d) for d in files.values())) from None
+        raise

@@ -2,6 +2,7 @@
 
 Lossless or refused: a format that cannot hold a property of the model (its head, GELU form,
 preprocessing, labels, ...) is refused with the property named, before anything is written.
+Whole or absent: a write that fails part-way (a full disk) leaves nothing at DST.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ def run(args) -> int:
     from pathlib import Path
 
     from vit.checkpoints import load_checkpoint, save_checkpoint
-    from vit.checkpoints.files import check_destination
+    from vit.checkpoints.files import check_destination, written_whole
     from vit.checkpoints.timm import BARE_FILE
     from vit.errors import CheckpointError
 
@@ -45,8 +46,16 @@ def run(args) -> int:
                               "--format npz|hf|timm|orbax")
     check_destination(dst)  # before the (possibly long) read: nothing is written on failure
     loaded = load_checkpoint(args.src, image_size=args.image_size)
-    notes = loaded.warnings + save_checkpoint(loaded, dst, fmt)
+    with written_whole(dst, needed=_stored_bytes(loaded.params)):
+        notes = loaded.warnings + save_checkpoint(loaded, dst, fmt)
     for message in notes:
         print(f"vit convert: warning: {message}", file=sys.stderr)
     print(f"vit convert: {loaded.source} -> {args.dst} ({fmt})", file=sys.stderr)
     return 0
+
+
+def _stored_bytes(params) -> int:
+    """What the weights take on disk: every format stores them as float32."""
+    from vit.checkpoints.tree import flatten
+
+    return sum(4 * int(getattr(v, "size", 1)) for v in flatten(params).values())

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from vit.commands import inference_options
-from vit.commands.checks import check_output_dir, require_positive
+from vit.commands.checks import check_output_dir, require_positive, write_outputs
 from vit.errors import ConfigError, DataError
 
 
@@ -41,7 +41,7 @@ def run(args) -> int:
     inference_options.start(args)  # before anything compiles
     from vit.checkpoints import load_checkpoint
     from vit.data import open_source
-    from vit.inference.evaluate import save_confusion_png
+    from vit.inference.evaluate import confusion_png, display_name
 
     require_positive(args, "batch_size")
     if args.workdir:
@@ -70,16 +70,15 @@ def run(args) -> int:
         print(f"warning: checkpoint labels {loaded.labels[:3]}... differ from the dataset's "
               f"{class_names[:3]}...; scoring by index", file=sys.stderr)
 
-    res = _scorer(loaded, args.batch_size, "softmax_xent")(source)
-    out.mkdir(parents=True, exist_ok=True)
-    save_confusion_png(res["confusion"], class_names, out / "confusion.png")
+    res = _scorer(loaded, _batch(args, source), "softmax_xent")(source)
+    shown = [display_name(c) for c in class_names]  # a folder name that is not UTF-8, too
     report = {"checkpoint": loaded.source, "data": source.name, "split": split,
               "accuracy": res["accuracy"], "top5_accuracy": res["top5_accuracy"],
               "num_examples": res["num_examples"], "loss": res["loss"],
-              "per_class_accuracy": dict(zip(class_names, res["per_class_accuracy"],
-                                             strict=True)),
+              "per_class_accuracy": dict(zip(shown, res["per_class_accuracy"], strict=True)),
               "confusion_png": str(out / "confusion.png")}
-    if _save_report(args, out, report, confusion=res["confusion"]):
+    png = confusion_png(res["confusion"], class_names)
+    if _save_report(args, out, report, {"confusion.png": png}, confusion=res["confusion"]):
         return 0
     print(f"{loaded.source} on {source.name}: {res['num_examples']} images")
     print(f"  top-1 accuracy {res['accuracy']:.4f}")
@@ -103,7 +102,7 @@ def _eval_prompts(args, loaded, source, name, data_dir, split, heldout, out) -> 
         raise DataError(f"{source.name} has no prompts, and {loaded.source} is a text model "
                         "that answers them; evaluate it on a dataset with prompts, e.g. "
                         "--data promptshapes")
-    score = _scorer(loaded, args.batch_size, "prompt_xent",
+    score = _scorer(loaded, _batch(args, source), "prompt_xent",
                     tokenize=functools.partial(tokenize, max_len=loaded.config.text.max_len))
     res = score(source)
     report = {"checkpoint": loaded.source, "data": source.name, "split": split,
@@ -115,7 +114,6 @@ def _eval_prompts(args, loaded, source, name, data_dir, split, heldout, out) -> 
         report["heldout_split"] = heldout
         report["heldout_accuracy"] = score(open_source(name, heldout,
                                                        data_dir=data_dir))["accuracy"]
-    out.mkdir(parents=True, exist_ok=True)
     if _save_report(args, out, report):
         return 0
     print(f"{loaded.source} on {source.name}: {res['num_examples']} (image, prompt) examples")
@@ -151,10 +149,17 @@ def _scorer(loaded, batch_size: int, task: str, tokenize=None):
     return score
 
 
-def _save_report(args, out: Path, report: dict, **more) -> bool:
-    """Writes `OUT/eval.json` (the report and `more`); with `--json` prints the report too and
-    returns True: the command has nothing more to print."""
-    (out / "eval.json").write_text(json.dumps({**report, **more}, indent=2))
+def _batch(args, source) -> int:
+    """`--batch-size`, no larger than the examples there are: a batch is padded to its size,
+    so `--batch-size 100000000` would otherwise allocate that many images."""
+    return max(1, min(args.batch_size, len(source)))
+
+
+def _save_report(args, out: Path, report: dict, files: dict | None = None, **more) -> bool:
+    """Writes `OUT/eval.json` (the report and `more`) and `files`, whole or not at all; with
+    `--json` prints the report too and returns True: the command has nothing more to print."""
+    text = json.dumps({**report, **more}, indent=2)
+    write_outputs(out, {**(files or {}), "eval.json": text.encode()})
     if args.json:
         print(json.dumps(report))
     return args.json

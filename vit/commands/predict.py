@@ -135,12 +135,26 @@ def run(args) -> int:
     print(f"vit predict: ready in {ready - started:.1f} s (compile {ready - compiling:.1f} s, "
           f"batch {predictor.batch_size}, {opened.dtype})", file=sys.stderr)
     done, failed, first_failed = _print_results(args, predictor, paths)
-    opened.store(predictor)  # after the answers
+    _store(opened, predictor)  # after the answers
     if done == failed:  # every image unreadable: the user's input to fix, as in `vit rollout`
         more = f" and {failed - 1} more" if failed > 1 else ""
         raise DataError(f"none of the {failed} images could be read: {first_failed}{more} "
                         "(each listed above with its reason); give readable image files")
     return 0
+
+
+def _store(opened, predictor) -> None:
+    """Keeps the prepared classifier for the next run. The cache is an aid: a disk too full
+    for it is a warning, and the answers printed stand."""
+    from vit.errors import OutOfSpace, megabytes
+
+    try:
+        opened.store(predictor)
+    except OutOfSpace as err:
+        size = f" (needs about {megabytes(err.needed)})" if err.needed else ""
+        print(f"vit predict: warning: {err.path}: no space left on device{size}, so the "
+              "prepared classifier was not stored; free some space, set VIT_CACHE_DIR to "
+              "another folder, or pass --no-cache", file=sys.stderr)
 
 
 def _check_flags(args) -> list[str]:

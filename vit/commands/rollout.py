@@ -4,6 +4,7 @@ answer, and each manifest line adds the prompt, its probability and a score per 
 
 from __future__ import annotations
 
+import os
 import sys
 
 from vit.commands import inference_options
@@ -48,7 +49,7 @@ def run(args) -> int:
 
     from vit.checkpoints import load_checkpoint
     from vit.commands import checks
-    from vit.errors import ConfigError
+    from vit.errors import ConfigError, OutOfSpace, is_out_of_space
     from vit.explain import inputs
 
     checks.require_positive(args, "batch_size", "limit", "image_size")
@@ -79,12 +80,24 @@ def run(args) -> int:
     else:
         wanted = inputs.resolve_class(args.class_, labels, ckpt.config.num_classes)
     model = ckpt.build_model()
-    new_output = checks.NewOutput(out)
+    new_output = checks.NewOutput(out, deep=True)
     try:
         return _write_maps(args, out, items, ckpt, model, method, wanted)
-    except Exception:  # nothing readable, or a failure part-way: nothing is left half-written
+    except Exception as err:  # nothing readable, or a failure part-way: nothing half-written
+        full = is_out_of_space(err)
+        needed = _needed_bytes(new_output, len(items)) if full else None
         new_output.undo()
+        if full:
+            raise OutOfSpace(out, needed) from None
         raise
+
+
+def _needed_bytes(new_output, count: int) -> int | None:
+    """What `count` images' files take on disk, from those written before it filled (None
+    before the first was whole)."""
+    files = [p for p in new_output.added() if p.is_file()]
+    done = sum(1 for p in files if p.parent.name == "overlays")
+    return int(sum(p.stat().st_blocks * 512 for p in files) / done * count) if done else None
 
 
 def _write_maps(args, out, items, ckpt, model, method, wanted) -> int:
@@ -147,24 +160,32 @@ def _write_maps(args, out, items, ckpt, model, method, wanted) -> int:
 
 
 class _LazyFile:
-    """A text file (and its folder) created on the first write, so a run that writes
-    nothing leaves nothing behind."""
+    """A text file (and its folder) created on the first write, so a run that writes nothing
+    leaves nothing behind; written under a temporary name and renamed into place when the
+    block ends well, so an earlier file of that name is replaced whole or kept."""
 
     def __init__(self, path):
         self.path, self.file = path, None
+        self.part = path.with_name(f".{path.name}.{os.getpid()}.part")
 
     def write(self, text: str) -> None:
         if self.file is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self.file = open(self.path, "w", encoding="utf-8")  # noqa: SIM115
+            self.file = open(self.part, "w", encoding="utf-8")  # noqa: SIM115
         self.file.write(text)
 
     def __enter__(self):
         return self
 
-    def __exit__(self, *exc) -> None:
-        if self.file is not None:
-            self.file.close()
+    def __exit__(self, kind, *exc) -> None:
+        if self.file is None:
+            return
+        try:
+            self.file.close()  # a full disk may only show here, as the buffer is flushed
+            if kind is None:
+                os.replace(self.part, self.path)
+        finally:
+            self.part.unlink(missing_ok=True)
 
 
 def _check_prompt(prompt: str, checkpoint: str, text_config) -> None:

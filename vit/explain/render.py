@@ -3,13 +3,16 @@
 Maps live on the patch grid of the preprocessed image; an overlay stretches the grid (bilinear)
 over the part of the original image the model saw (all of it, or the centre crop when the
 preprocessing crops), at the original size. Tiny images (8x8 digits) are first enlarged with
-nearest-neighbour, to at least `min_side` pixels, so a person can see them.
+nearest-neighbour, to at least `min_side` pixels, so a person can see them. Every file is
+written whole or not at all (a temporary name renamed into place): a rerun into the same folder
+that fails part-way (a full disk) leaves the earlier files as they were.
 """
 
 from __future__ import annotations
 
 import html
 import math
+import os
 import re
 import urllib.parse
 from pathlib import Path
@@ -94,10 +97,24 @@ def write_explanation(out: Path, stem: str, image: Image.Image, grid_map: np.nda
              "input": f"inputs/{stem}.png"}
     for rel in paths.values():
         (out / rel).parent.mkdir(parents=True, exist_ok=True)
-    overlay(image, grid_map, cmap=cmap, alpha=alpha, region=region).save(out / paths["overlay"])
-    np.save(out / paths["map"], np.asarray(grid_map, np.float32), allow_pickle=False)
-    enlarge(image).save(out / paths["input"])
+    picture = overlay(image, grid_map, cmap=cmap, alpha=alpha, region=region)
+    _write_whole(out / paths["overlay"], lambda f: picture.save(f, format="PNG"))
+    grid = np.asarray(grid_map, np.float32)
+    _write_whole(out / paths["map"], lambda f: np.save(f, grid, allow_pickle=False))
+    _write_whole(out / paths["input"], lambda f: enlarge(image).save(f, format="PNG"))
     return paths
+
+
+def _write_whole(path: Path, write) -> None:
+    """`write(file)` into a temporary sibling renamed to `path` once complete."""
+    part = path.with_name(f".{path.name}.{os.getpid()}.part")
+    try:
+        with open(part, "wb") as f:
+            write(f)
+        os.replace(part, path)
+    except BaseException:
+        part.unlink(missing_ok=True)
+        raise
 
 
 def write_gallery(out: Path, entries: list[dict], title: str = "vit rollout") -> Path:
@@ -133,7 +150,7 @@ figcaption {{ font-size: 90%; max-width: 330px; overflow-wrap: anywhere; }}
 """
     path = out / "index.html"
     # A file name that is not UTF-8 reaches us with surrogate escapes: each byte shows as "?".
-    path.write_text(page, encoding="utf-8", errors="replace")
+    _write_whole(path, lambda f: f.write(page.encode("utf-8", errors="replace")))
     return path
 
 

@@ -132,7 +132,18 @@ def evaluate(logits_fn, params, batches: Iterable[dict], num_classes: int, mesh)
             "confusion": confusion.tolist()}
 
 
-def save_confusion_png(confusion, class_names: list[str], path) -> None:
+def display_name(name) -> str:
+    """A class name as text to show: a folder name that is not UTF-8 reaches us with surrogate
+    escapes, which no font draws and no UTF-8 file holds; each bad byte shows as `\\xff`, so
+    two such names stay apart."""
+    return str(name).encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
+def confusion_png(confusion, class_names: list[str]) -> bytes:
+    """The confusion matrix (row-normalised colour, counts written in) as PNG bytes: made
+    whole before anything is written, so its size is known and no half image is left."""
+    import io
+
     import matplotlib
 
     matplotlib.use("Agg")
@@ -140,13 +151,15 @@ def save_confusion_png(confusion, class_names: list[str], path) -> None:
 
     confusion = np.asarray(confusion)
     n = len(class_names)
+    # "$" would start matplotlib's math text: a folder named "a$b$" is shown as it is.
+    names = [display_name(c).replace("$", r"\$") for c in class_names]
     size = min(4 + 0.35 * n, 20)
     fig, ax = plt.subplots(figsize=(size, size))
     rows = confusion / np.maximum(confusion.sum(1, keepdims=True), 1)
     ax.imshow(rows, cmap="Blues", vmin=0, vmax=1)
     if n <= 30:
-        ax.set_xticks(range(n), class_names, rotation=90)
-        ax.set_yticks(range(n), class_names)
+        ax.set_xticks(range(n), names, rotation=90)
+        ax.set_yticks(range(n), names)
         for i in range(n):
             for j in range(n):
                 if confusion[i, j]:
@@ -154,5 +167,10 @@ def save_confusion_png(confusion, class_names: list[str], path) -> None:
                             color="white" if rows[i, j] > 0.5 else "black")
     ax.set(xlabel="predicted", ylabel="true", title="confusion matrix (row-normalised colour)")
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    out = io.BytesIO()
+    try:
+        fig.savefig(out, format="png", dpi=100)
+    finally:
+        plt.close(fig)
+    return out.getvalue()
+

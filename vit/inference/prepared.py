@@ -18,7 +18,9 @@ Keys: an entry is keyed on the checkpoint's files (path, size, modification time
 options (image size, overrides such as dtype) and the source of the `vit` package itself, so an
 edited checkpoint or edited model code is a miss, never a stale hit. The forward adds the batch
 size, top-k, jax/jaxlib versions and the devices. Anything unreadable is a miss (and removed);
-the cache never fails a run. Only the `KEEP` most recently used entries are kept.
+the cache never fails a run: a full disk stores nothing (no partial file is left) and is
+reported as `OutOfSpace` for the command to warn about. Only the `KEEP` most recently used
+entries are kept.
 Standard library, numpy and jax only (it sits beside `compile_cache`, below the commands).
 """
 
@@ -35,6 +37,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from vit.errors import OutOfSpace, is_out_of_space
 
 FORMAT = 1
 KEEP = 3  # prepared checkpoints kept (each holds a copy of the weights), least recent dropped
@@ -200,7 +204,9 @@ def store(root: Path, checkpoint, load_options: dict, batch_size: int, top_k: in
           meta: dict, leaves: list, exported, resolved=None) -> Path | None:
     """Writes the entry (the weights only when the entry is new) and its forward, each through
     a temporary name renamed into place, so a crash leaves no half entry. Returns the entry
-    folder, or None when nothing could be written (the run itself is unaffected).
+    folder, or None when nothing could be written (the run itself is unaffected); a disk too
+    full for it raises `OutOfSpace` (the cache's folder and the size needed), with nothing
+    written, for the command to report.
 
     `resolved`: the folder a `checkpoint` that is not a path (a hub id, a timm name) was read
     from; the entry is keyed on that folder and the name recorded as pointing to it."""
@@ -210,10 +216,16 @@ def store(root: Path, checkpoint, load_options: dict, batch_size: int, top_k: in
     entry = entry_folder(root, checkpoint, load_options)
     if entry is None:
         return None
+    needed = 0
     try:
-        if not (entry / "meta.json").is_file():
+        forward = exported.serialize()
+        new_entry = not (entry / "meta.json").is_file()
+        needed = len(forward) + (sum(np.asarray(leaf).nbytes for leaf in leaves)
+                                 if new_entry else 0)
+        _check_space(entry.parent, needed)
+        if new_entry:
             _store_weights(entry, meta, leaves)
-        _write_atomic(_forward_path(entry, batch_size, top_k), exported.serialize())
+        _write_atomic(_forward_path(entry, batch_size, top_k), forward)
         state = _hub_state(Path(checkpoint)) if name is not None else None
         if state is not None:
             alias = _alias(root, name)
@@ -221,9 +233,21 @@ def store(root: Path, checkpoint, load_options: dict, batch_size: int, top_k: in
             _write_atomic(alias, json.dumps({"name": name, "folder": str(checkpoint),
                                              "state": state}).encode())
         _prune(entry.parent, keep=entry)
-    except (OSError, ImportError):  # a full disk, or jax.export without its serializer
+    except (OSError, ImportError) as err:  # a full disk, or jax.export without its serializer
+        if is_out_of_space(err):
+            raise OutOfSpace(entry.parent, needed) from None
         return None
     return entry
+
+
+def _check_space(folder: Path, needed: int) -> None:
+    """A full disk found before a byte is written: `OutOfSpace` when `folder`'s disk has less
+    free than `needed`."""
+    place = folder
+    while not place.exists() and place.parent != place:
+        place = place.parent
+    if shutil.disk_usage(place).free < needed:
+        raise OutOfSpace(folder, needed)
 
 
 def _store_weights(entry: Path, meta: dict, leaves: list) -> None:
@@ -231,15 +255,20 @@ def _store_weights(entry: Path, meta: dict, leaves: list) -> None:
     place, so a crash leaves no half entry."""
     entry.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{entry.name}.", dir=entry.parent))
-    layout, offset = [], 0
-    with open(staging / "weights.bin", "wb") as f:
-        for leaf in leaves:
-            array = np.ascontiguousarray(leaf)
-            dtype = array.dtype.newbyteorder("<")
-            f.write(array.astype(dtype, copy=False).tobytes())
-            layout.append([list(array.shape), dtype.str, offset])
-            offset += array.nbytes
-    (staging / "meta.json").write_text(json.dumps({**meta, "format": FORMAT, "leaves": layout}))
+    try:
+        layout, offset = [], 0
+        with open(staging / "weights.bin", "wb") as f:
+            for leaf in leaves:
+                array = np.ascontiguousarray(leaf)
+                dtype = array.dtype.newbyteorder("<")
+                f.write(array.astype(dtype, copy=False).tobytes())
+                layout.append([list(array.shape), dtype.str, offset])
+                offset += array.nbytes
+        (staging / "meta.json").write_text(json.dumps({**meta, "format": FORMAT,
+                                                       "leaves": layout}))
+    except BaseException:  # a full disk: no half entry stays behind
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
     try:
         os.replace(staging, entry)
     except OSError:  # another run stored it first
@@ -249,8 +278,12 @@ def _store_weights(entry: Path, meta: dict, leaves: list) -> None:
 def _write_atomic(path: Path, data: bytes) -> None:
     """`data` at `path` through a temporary name renamed into place."""
     part = path.with_name(f".{path.name}.{os.getpid()}")
-    part.write_bytes(data)
-    os.replace(part, path)
+    try:
+        part.write_bytes(data)
+        os.replace(part, path)
+    except BaseException:
+        part.unlink(missing_ok=True)
+        raise
 
 
 def _prune(prepared: Path, keep: Path) -> None:
