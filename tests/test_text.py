@@ -108,7 +108,7 @@ def test_gradients_reach_the_gates_at_step_0():
         m = nnx.merge(graphdef, params)
         return jnp.sum(m(x, text=jnp.asarray(tokens), text_mask=jnp.asarray(mask)) ** 2)
 
-    grads = nnx.to_pure_dict(jax.grad(loss)(params))
+    grads = nnx.to_pure_dict(jax.jit(jax.grad(loss))(params))
     for block in grads["xattn"].values():
         assert abs(float(block["attn_gate"])) > 0
         assert abs(float(block["mlp_gate"])) > 0
@@ -140,12 +140,13 @@ def test_several_prompts_share_the_image_prefix_and_equal_one_at_a_time():
     x = _images(2)
     prompts = ["is there a red triangle?", "", "is there a blue cross?"]
     tokens, mask = tokenize(prompts, 48)
-    many = text(x, text=jnp.broadcast_to(tokens, (2, 3, 48)),
-                text_mask=jnp.broadcast_to(mask, (2, 3, 48)))
+    forward = nnx.jit(lambda m, x, t, k: m(x, text=t, text_mask=k))
+    many = forward(text, x, jnp.broadcast_to(tokens, (2, 3, 48)),
+                   jnp.broadcast_to(mask, (2, 3, 48)))
     assert many.shape == (2, 3)
     for p in range(3):
-        one = text(x, text=jnp.broadcast_to(tokens[p], (2, 48)),
-                   text_mask=jnp.broadcast_to(mask[p], (2, 48)))
+        one = forward(text, x, jnp.broadcast_to(tokens[p], (2, 48)),
+                      jnp.broadcast_to(mask[p], (2, 48)))
         np.testing.assert_allclose(np.asarray(many[:, p]), np.asarray(one), rtol=1e-5,
                                    atol=1e-6)
 
@@ -167,7 +168,7 @@ def test_cross_attention_on_pallas_equals_xla_forward_and_gradients():
             out = nnx.merge(g, params)(x, text=jnp.asarray(tokens), text_mask=jnp.asarray(mask))
             return jnp.sum(jnp.sin(out)), out
 
-        (_, out), grads = jax.value_and_grad(f, has_aux=True)(params)
+        (_, out), grads = jax.jit(jax.value_and_grad(f, has_aux=True))(params)
         return out, nnx.to_pure_dict(grads)
 
     out_x, g_x = run("xla")
