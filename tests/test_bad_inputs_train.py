@@ -162,13 +162,13 @@ def test_checkpoint_manager_is_closed_before_the_new_workdir_is_removed(tmp_path
     the error line (a race, 1 run in 3 in the audit): the order is what makes it impossible."""
     import orbax.checkpoint as ocp
 
-    from vit.commands.checks import NewOutput
+    from vit.train.workdir import Claim
 
     events = []
-    close, undo = ocp.CheckpointManager.close, NewOutput.undo
+    close, undo = ocp.CheckpointManager.close, Claim.undo
     monkeypatch.setattr(ocp.CheckpointManager, "close",
                         lambda self: (events.append("close"), close(self))[1])
-    monkeypatch.setattr(NewOutput, "undo", lambda self: (events.append("undo"), undo(self))[1])
+    monkeypatch.setattr(Claim, "undo", lambda self: (events.append("undo"), undo(self))[1])
     refused(_argv(tmp_path / "wd", "input.mean=0.5,0.5"), "mean=[0.5, 0.5]")
     assert events == ["close", "undo"]
     assert not (tmp_path / "wd").exists()

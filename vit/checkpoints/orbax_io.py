@@ -3,6 +3,13 @@
 Reading needs no training code: a step directory or an export holds the `params` item (a pure
 dict) and the `meta` item (JSON: model config, preprocessing, labels), so predict never guesses.
 Parameters are restored as host numpy arrays, whatever sharding they were saved with.
+
+A workdir may be read while a run writes into it, without its lock. Orbax makes a step appear
+by renaming its finished folder (`N.orbax-checkpoint-tmp-*` is a save in flight, not a step),
+and training's keep policy makes one disappear by a rename too (`vit.train.checkpointing`). So
+a step that fails to read and is gone afterwards was dropped while it was read: the reader takes
+the next finished step. One that fails and is still there is damaged, and only then is it
+called so.
 """
 
 from __future__ import annotations
@@ -11,6 +18,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -35,19 +43,26 @@ def is_workdir(path: Path) -> bool:
     return (path / orbax_format.CHECKPOINTS_DIR).is_dir()
 
 
-def _steps(checkpoints: Path) -> list[int]:
+def finished_steps(checkpoints: Path) -> list[int]:
     """Finished steps: plain integer names (orbax writes `<step>.orbax-checkpoint-tmp-*` first)
     holding both items."""
-    return sorted(int(p.name) for p in checkpoints.iterdir()
-                  if p.name.isdigit() and is_orbax_dir(p))
+    try:
+        return sorted(int(p.name) for p in checkpoints.iterdir()
+                      if p.name.isdigit() and is_orbax_dir(p))
+    except FileNotFoundError:
+        return []
 
 
-def find_workdir_checkpoint(workdir) -> tuple[Path, str]:
-    """(step directory, which one and why): the best checkpoint when kept, else the latest."""
+def find_workdir_checkpoint(workdir, skip: tuple[int, ...] = ()) -> tuple[Path, str]:
+    """(step directory, which one and why): the best checkpoint when kept, else the latest;
+    never one of `skip` (steps dropped while they were read)."""
     checkpoints = Path(workdir) / orbax_format.CHECKPOINTS_DIR
-    steps = _steps(checkpoints) if checkpoints.is_dir() else []
+    steps = [s for s in finished_steps(checkpoints) if s not in skip]
     if not steps:
-        raise CheckpointError(f"{workdir}: no finished checkpoint under {checkpoints}; train "
+        saving = sorted(p.name.split(".")[0] for p in checkpoints.glob("*.orbax-checkpoint-tmp*")
+                        if p.name.split(".")[0].isdigit()) if checkpoints.is_dir() else []
+        now = f" (step {saving[-1]} is being saved now)" if saving else ""
+        raise CheckpointError(f"{workdir}: no finished checkpoint under {checkpoints}{now}; train "
                               "longer or point --checkpoint at a checkpoint directory")
     best_file = checkpoints / orbax_format.BEST_FILE
     if best_file.exists():
@@ -91,15 +106,24 @@ class _ReadEventLoop(asyncio.SelectorEventLoop):
 
 
 @contextlib.contextmanager
-def _read_event_loops():
+def _read_event_loops(keep: int | None = None):
     """Inside the block, new event loops are `_ReadEventLoop`s: closed at its end when it
-    succeeds, kept open when it fails."""
-    loops = []
+    succeeds, kept open when it fails. With `keep` (a long block: a training run making loops
+    at every save), only the `keep` newest stay open meanwhile; older ones, long done, close."""
+    loops: list[_ReadEventLoop] = []
+    lock = threading.Lock()  # orbax makes loops from several threads at once
 
     class Policy(asyncio.DefaultEventLoopPolicy):
         def new_event_loop(self):
-            loops.append(_ReadEventLoop())
-            return loops[-1]
+            loop = _ReadEventLoop()
+            with lock:
+                loops.append(loop)
+                if keep is not None and len(loops) > keep:
+                    done = [old for old in loops[:-keep] if not old.is_running()]
+                    for old in done:
+                        old.close_now()
+                        loops.remove(old)
+            return loop
 
     previous = asyncio.get_event_loop_policy()
     asyncio.set_event_loop_policy(Policy())
@@ -160,13 +184,36 @@ def _restore_meta(directory: Path) -> dict:
 
 
 def read(path) -> LoadedCheckpoint:
-    """A workdir, a step directory or an export."""
+    """A workdir (its best, else latest, finished step), a step directory or an export."""
     path = Path(path).absolute()  # orbax's metadata lookup fails on relative paths
-    which = None
-    if is_workdir(path):
-        step_dir, which = find_workdir_checkpoint(path)
-    else:
-        step_dir = path
+    if not is_workdir(path):
+        try:
+            return _read_step(path, f"{path} (orbax)")
+        except CheckpointError:
+            if path.parent.name == orbax_format.CHECKPOINTS_DIR and not path.exists():
+                raise CheckpointError(
+                    f"{path}: removed while it was read, by the keep policy of the run training "
+                    f"in {path.parent.parent}; read the workdir itself for its newest step, or "
+                    "copy the step elsewhere first") from None
+            raise
+    dropped: list[int] = []
+    for _ in range(MAX_DROPPED_WHILE_READ):
+        step_dir, which = find_workdir_checkpoint(path, skip=tuple(dropped))
+        try:
+            return _read_step(step_dir, f"workdir {path}: {which}")
+        except CheckpointError:
+            if step_dir.exists():  # still there: its files really are damaged
+                raise
+            dropped.append(int(step_dir.name))
+    raise CheckpointError(f"{path}: the run training there dropped {len(dropped)} steps while "
+                          "they were read; read it again, or read a step copied elsewhere")
+
+
+# Steps a reader lets go (dropped by the keep policy as it read them) before it gives up.
+MAX_DROPPED_WHILE_READ = 8
+
+
+def _read_step(step_dir: Path, source: str) -> LoadedCheckpoint:
     if not is_orbax_dir(step_dir):
         raise CheckpointError(f"{step_dir}: not an orbax checkpoint (expected the items "
                               f"'{orbax_format.PARAMS}' and '{orbax_format.META}')")
@@ -191,7 +238,6 @@ def read(path) -> LoadedCheckpoint:
         raise CheckpointError(f"{step_dir}: checkpoint is incomplete or damaged: the parameters "
                               f"in {orbax_format.PARAMS}/ cannot be read ({err}); {DAMAGED_FIX}"
                               ) from None
-    source = f"workdir {path}: {which}" if which else f"{step_dir} (orbax)"
     warning = zero_head_warning(params)
     return LoadedCheckpoint(
         config=config, params=params, preprocessing=preprocessing, labels=meta.get("labels"),

@@ -7,6 +7,11 @@ has its meaning; `--set` changes any key, one the recipe leaves out included.
 Running the same command again resumes from the workdir's latest checkpoint. With the three
 process flags (or under SLURM / Open MPI / a multi-host TPU, detected) every process runs the
 same command and `jax.distributed` joins them; the mesh is `parallel.data` x `parallel.fsdp`.
+
+The workdir is a new or empty folder or a run's own (`vit.train.workdir`): another program's
+folder is refused before anything loads, and a workdir another run is training is refused at
+once (exit 2, naming that run). A run that fails before its first checkpoint takes back what it
+added.
 """
 
 from __future__ import annotations
@@ -36,10 +41,12 @@ def run(args) -> int:
 
     # Config mistakes fail before the heavy imports.
     config = load_config(args.config, args.set, model_field_types=model_field_types)
-    from vit.commands.checks import NewOutput, check_output_dir
+    from vit.commands.checks import check_output_dir
+    from vit.train.workdir import refuse_foreign
 
     workdir = check_output_dir(args.workdir, "--workdir")  # before any work, not after it
-    new_output = NewOutput(workdir)
+    refuse_foreign(workdir)  # checked again under the lock; this spares the imports
+    from vit.train import signals
     from vit.train.parallel import start_processes
 
     # Before anything touches a device: joining the other processes fixes the device list.
@@ -49,12 +56,8 @@ def run(args) -> int:
     else:
         from vit.train.loop import train
 
-    try:
+    with signals.ending_process_on_second_interrupt():
         train(config, workdir, init=args.init)  # a SIGINT/SIGTERM saves, then returns
-    except Exception:  # a mistake found on the way in, or a crash: no half-made workdir left
-        if not _has_checkpoint(workdir):  # a run that saved a step (then diverged) stays
-            new_output.undo()
-        raise  # a VitError is one line; anything else, a bug, keeps its traceback
     return 0
 
 
@@ -65,8 +68,3 @@ def model_field_types() -> dict:
     from vit.recipes.model_fields import field_type
 
     return {name: field_type(name) for name in FIELDS}
-
-
-def _has_checkpoint(workdir) -> bool:
-    """Whether `workdir` (or one of its stages) holds a finished step folder."""
-    return any(p.name.isdigit() for p in workdir.glob("**/checkpoints/*"))

@@ -5,6 +5,13 @@ step folder like any other orbax checkpoint. Saves are asynchronous; orbax write
 temporary folder and renames it when complete, so a crash (even SIGKILL) mid-save leaves the
 earlier checkpoints intact and the half-written one invisible. Kept: the last `keep` steps plus
 the best by validation accuracy; the latest is always among them, so a resume never loses it.
+A step the keep policy drops is first renamed into `checkpoints/dropped.orbax-checkpoint-tmp/`
+(one atomic rename) and removed from there after the save: a reader that was reading it finds it
+gone, not half-deleted, and takes the next finished step (`vit.checkpoints.orbax_io.read`).
+
+A full disk during a save is an `OutOfSpace` naming the step and the checkpoint's size; the
+caller removes the half-written step (`remove_unfinished`). Orbax's threads log each failed
+write's traceback meanwhile; `quiet_full_disk_logs` keeps those out, the one line is the report.
 
 `TrainCheckpoints` is the storage; `CheckpointPolicy` decides when to save, keeps
 `checkpoints/best.json` pointing at a complete checkpoint, and refuses to let a diverged run
@@ -18,8 +25,10 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import math
-import os
+import shutil
+import threading
 from pathlib import Path
 
 import jax
@@ -27,9 +36,15 @@ import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as policies
 
 from vit.checkpoints import orbax_format
-from vit.errors import VitError
+from vit.errors import OutOfSpace, VitError, is_out_of_space
+from vit.train.workdir import replace_file
 
 METRIC = "val_accuracy"
+# Where dropped steps wait for removal; its name carries orbax's temporary suffix, so neither a
+# reader nor orbax takes it for a step, and a run killed before emptying it leaves nothing that
+# the next run's manager does not clear.
+TRASH = "dropped.orbax-checkpoint-tmp"
+UNFINISHED = ".orbax-checkpoint-tmp"  # orbax's suffix of a step (or item) still being written
 
 
 class TrainCheckpoints:
@@ -42,15 +57,19 @@ class TrainCheckpoints:
         ])
         options = ocp.CheckpointManagerOptions(
             best_fn=lambda m: m[METRIC], best_mode="max", preservation_policy=keep_policy,
-            enable_async_checkpointing=async_save, cleanup_tmp_directories=True)
+            enable_async_checkpointing=async_save, cleanup_tmp_directories=True,
+            todelete_subdir=TRASH)
+        self.empty_trash()  # a run killed before emptying it
         self.manager = ocp.CheckpointManager(self.directory, options=options)
+        self.pending: tuple[int, int] | None = None  # (step, bytes) of the save in flight
 
     def latest_step(self) -> int | None:
         return self.manager.latest_step()
 
     def save(self, step: int, *, params, opt_state, ema_params, data_iter: dict,
              train_state: dict, meta: dict, val_accuracy: float | None = None) -> None:
-        """Starts an asynchronous save; `wait()` (or the next save) finishes it."""
+        """Starts an asynchronous save; `wait()` (or the next save) finishes it. A full disk
+        now or then is an `OutOfSpace` naming the step folder and the checkpoint's size."""
         items = {
             orbax_format.PARAMS: ocp.args.StandardSave(params),
             orbax_format.META: ocp.args.JsonSave(meta),
@@ -61,7 +80,11 @@ class TrainCheckpoints:
         if ema_params is not None:
             items[orbax_format.EMA_PARAMS] = ocp.args.StandardSave(ema_params)
         metrics = None if val_accuracy is None else {METRIC: float(val_accuracy)}
-        self.manager.save(step, args=ocp.args.Composite(**items), metrics=metrics, force=True)
+        self.pending = (step, sum(getattr(x, "nbytes", 0) for x in jax.tree.leaves(
+            (params, opt_state, ema_params))))
+        with self._out_of_space():
+            self.manager.save(step, args=ocp.args.Composite(**items), metrics=metrics,
+                              force=True)
 
     def all_steps(self) -> list[int]:
         return sorted(self.manager.all_steps())
@@ -99,20 +122,55 @@ class TrainCheckpoints:
         """`checkpoints/best.json`, replaced atomically (by process 0 alone)."""
         if jax.process_index() != 0:
             return
-        path = self.directory / orbax_format.BEST_FILE
-        tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps({"step": int(step), METRIC: float(val_accuracy)}))
-        os.replace(tmp, path)
+        replace_file(self.directory / orbax_format.BEST_FILE,
+                     json.dumps({"step": int(step), METRIC: float(val_accuracy)}))
 
     def read_best(self) -> dict | None:
         path = self.directory / orbax_format.BEST_FILE
         return json.loads(path.read_text()) if path.is_file() else None
 
     def wait(self) -> None:
-        self.manager.wait_until_finished()
+        """Finishes the save in flight (and the keep policy's removals after it)."""
+        with self._out_of_space():
+            self.manager.wait_until_finished()
+        self.pending = None
+        self.empty_trash()
 
     def close(self) -> None:
-        self.manager.close()
+        with self._out_of_space():
+            self.manager.close()
+        self.pending = None
+        self.empty_trash()
+
+    def empty_trash(self) -> None:
+        """Removes the steps the keep policy dropped (process 0 alone: orbax drops there)."""
+        if jax.process_index() == 0:
+            shutil.rmtree(self.directory / TRASH, ignore_errors=True)
+
+    def remove_unfinished(self) -> None:
+        """Removes what a failed save left: orbax's temporary step folders (process 0, after
+        `close_quietly`, when nothing writes any more)."""
+        if jax.process_index() != 0 or not self.directory.is_dir():
+            return
+        for entry in self.directory.iterdir():
+            if UNFINISHED in entry.name or entry.name.endswith(".tmp"):
+                if entry.is_dir() and not entry.is_symlink():
+                    shutil.rmtree(entry, ignore_errors=True)
+                else:
+                    entry.unlink(missing_ok=True)
+
+    @contextlib.contextmanager
+    def _out_of_space(self):
+        """A full disk met by orbax, however it reports it (an OSError from its threads, a
+        tensorstore ValueError), as one `OutOfSpace` naming the step saved."""
+        try:
+            yield
+        except Exception as err:
+            if not is_out_of_space(err) or isinstance(err, OutOfSpace):
+                raise
+            step, size = self.pending or (None, None)
+            where = self.step_dir(step) if step is not None else self.directory
+            raise OutOfSpace(where, size) from None
 
     def close_quietly(self) -> None:
         """Closes on the way out of a failed run, before its caller may remove a new workdir
@@ -120,6 +178,31 @@ class TrainCheckpoints:
         traceback after the error); a second failure here must not hide the first."""
         with contextlib.suppress(Exception):  # the run's own error is the one to report
             self.manager.close()
+        # A failed save stops waiting at its first error; the writes still in flight end in
+        # orbax's own threads, which must be done before their folder is removed.
+        for thread in threading.enumerate():
+            if thread is not threading.current_thread() and \
+                    type(thread).__module__.startswith("orbax."):
+                thread.join(timeout=60)
+
+
+class _NotFullDisk(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        err = record.exc_info[1] if record.exc_info else None
+        return not (err is not None and is_out_of_space(err))
+
+
+_QUIET = _NotFullDisk()
+
+
+def quiet_full_disk_logs() -> None:
+    """From now on, orbax's (absl's) and asyncio's log records of a full disk are dropped, every
+    other record passes. For good, not for a block: orbax's threads and garbage-collected
+    futures report a failed save after the run has ended and said so."""
+    for name in ("absl", "asyncio"):
+        logger = logging.getLogger(name)
+        if _QUIET not in logger.filters:
+            logger.addFilter(_QUIET)
 
 
 class Diverged(VitError):

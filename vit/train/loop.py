@@ -5,15 +5,22 @@ optimiser state, EMA, data-iterator position and step all come back, and randomn
 function of (seed, step), so the resumed run's losses equal an uninterrupted run's.
 
 This file is the orchestration only, top to bottom; each concern lives in its own module:
-`state` (build or resume), `step` (the jitted step) with `losses`, `placement` (shardings),
-`checkpointing` (storage and save policy), `signals`, `progress` and `metrics`.
+`workdir` (ours or refused, and its lock), `state` (build or resume), `step` (the jitted step)
+with `losses`, `placement` (shardings), `checkpointing` (storage and save policy), `signals`,
+`progress` and `metrics`.
+
+What a run may cost the workdir: nothing until the lock is held and the checks pass; a run that
+fails before its first checkpoint takes back what it added; a full disk leaves no temporary
+file and the last finished checkpoint intact, and says so in its one line.
 """
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import functools
 import json
-import os
+import math
 import sys
 from pathlib import Path
 
@@ -21,12 +28,19 @@ import jax
 
 from vit import device_mesh
 from vit.checkpoints import orbax_format
+from vit.checkpoints.orbax_io import _read_event_loops, finished_steps
 from vit.data import open_source, train_iterator
-from vit.errors import ConfigError
+from vit.errors import ConfigError, OutOfMemory, OutOfSpace, is_out_of_memory
 from vit.inference.evaluate import evaluate_task, make_logits_fn, sharded_eval_batches
 from vit.models.text import tokenize
 from vit.train import parallel
-from vit.train.checkpointing import METRIC, CheckpointPolicy, TrainCheckpoints
+from vit.train import workdir as workdirs
+from vit.train.checkpointing import (
+    METRIC,
+    CheckpointPolicy,
+    TrainCheckpoints,
+    quiet_full_disk_logs,
+)
 from vit.train.losses import DEFAULT as DEFAULT_LOSS
 from vit.train.losses import TEXT_LOSSES, get_loss
 from vit.train.metrics import MetricsLog, TrainMeter, plot_curves
@@ -51,34 +65,69 @@ def train(config, workdir: str | Path, *, init: str | None = None,
 
     `init` is a pretrained checkpoint (any format `vit.checkpoints` reads). `stop_after`
     runs at most that many steps in this call, then saves, as an interruption would.
-    Raises `vit.train.checkpointing.Diverged` if the loss or the weights become non-finite.
+    Raises `vit.train.checkpointing.Diverged` if the loss or the weights become non-finite,
+    `vit.train.workdir.WorkdirError` for a folder that is not a run's or one another run holds.
     A recipe with `stages` is run by `vit.train.stages.train_stages`, one call per stage.
     """
     if "stages" in config:
         raise ConfigError("a staged recipe runs through vit.train.stages.train_stages")
-    workdir = Path(workdir)
-    workdir.mkdir(parents=True, exist_ok=True)
-    ckpts = TrainCheckpoints(workdir, keep=config.train.keep_checkpoints)
-    try:
-        return _train(config, workdir, ckpts, init=init, stop_after=stop_after)
-    except Exception:
-        ckpts.close_quietly()  # before the caller may remove a new workdir under orbax's thread
-        raise
+    with workdirs.claim(workdir, primary=parallel.is_primary(),
+                        agree=parallel.allgather_json) as claim:
+        return train_claimed(config, Path(workdir), claim, init=init, stop_after=stop_after)
 
 
-def _train(config, workdir: Path, ckpts: TrainCheckpoints, *, init: str | None,
-           stop_after: int | None) -> dict:
+def train_claimed(config, workdir: Path, claim: workdirs.Claim | None, *, init: str | None,
+                  stop_after: int | None) -> dict:
+    """`train` in a workdir already claimed (`claim` is None on processes other than 0)."""
+    quiet_full_disk_logs()
+    with _read_event_loops(keep=64):  # orbax's loops wait for every write, failed ones too
+        ckpts = None
+        try:
+            ckpts = TrainCheckpoints(workdir, keep=config.train.keep_checkpoints)
+            return _train(config, workdir, ckpts, claim, init=init, stop_after=stop_after)
+        except Exception as err:
+            if ckpts is not None:  # before anything is removed under orbax's threads
+                ckpts.close_quietly()
+                ckpts.remove_unfinished()
+            if claim is not None and not has_finished_step(workdir):
+                claim.undo()  # a run with no checkpoint leaves nothing behind
+            if isinstance(err, OutOfSpace):
+                raise _out_of_space(err, workdir) from None
+            raise
+
+
+def has_finished_step(workdir: Path) -> bool:
+    """Whether `workdir` (or one of its stages) holds a finished step folder."""
+    return any(p.name.isdigit() for p in Path(workdir).glob("**/checkpoints/*"))
+
+
+def _out_of_space(err: OutOfSpace, workdir: Path) -> OutOfSpace:
+    """`err` with what the run kept: the last finished checkpoint, from which it resumes."""
+    checkpoints = workdir / orbax_format.CHECKPOINTS_DIR
+    steps = finished_steps(checkpoints)
+    kept = (f"the last finished checkpoint, {checkpoints / str(steps[-1])}, is intact: free "
+            "some space, then run the same command to resume from it" if steps
+            else "no checkpoint was finished, and nothing of this run was kept")
+    out = OutOfSpace(err.path, err.needed)
+    out.args = (f"{out}; {kept}",)
+    return out
+
+
+def _train(config, workdir: Path, ckpts: TrainCheckpoints, claim: workdirs.Claim | None, *,
+           init: str | None, stop_after: int | None) -> dict:
     primary = parallel.is_primary()  # process 0 alone writes files and prints
-    tc, steps = config.train, config.train.steps
     mesh = parallel.mesh_from_config(config)
-    host_batch = device_mesh.host_batch_size(tc.batch_size, mesh)
-    eval_host_batch = device_mesh.eval_host_batch_size(tc.eval_batch_size, mesh)
-    if tc.batch_size % tc.accum_steps:
-        raise ConfigError(f"train.batch_size={tc.batch_size} is not divisible by "
-                          f"train.accum_steps={tc.accum_steps}")
-    loss_name = tc.get("loss", DEFAULT_LOSS)
+    if config.train.batch_size % config.train.accum_steps:
+        raise ConfigError(f"train.batch_size={config.train.batch_size} is not divisible by "
+                          f"train.accum_steps={config.train.accum_steps}")
+    loss_name = config.train.get("loss", DEFAULT_LOSS)
     loss_fn = get_loss(loss_name)
-    train_src, val_src = _open_sources(config, loss_name, primary)
+    train_src, val_src = _open_sources(config, loss_name)
+    config = _fit_batch(config, len(train_src), mesh, primary)
+    tc, steps = config.train, config.train.steps
+    host_batch = device_mesh.host_batch_size(tc.batch_size, mesh)
+    eval_batch = min(tc.eval_batch_size, len(val_src)) if val_src else tc.eval_batch_size
+    eval_host_batch = device_mesh.eval_host_batch_size(eval_batch, mesh)
     num_classes = len(train_src.class_names)
 
     # Model and train state: from the latest checkpoint, else from --init, else fresh. A
@@ -115,6 +164,8 @@ def _train(config, workdir: Path, ckpts: TrainCheckpoints, *, init: str | None,
                sources=(train_src, val_src), tokenizer=tokenizer, loss_name=loss_name,
                logits_fn=make_logits_fn(model.graphdef, mesh, place.params), mesh=mesh,
                eval_batch_size=eval_host_batch, start=start, primary=primary)
+    if claim is not None:  # the run writes from here on: a 0.1.0 workdir becomes ours
+        claim.adopt()
     end = steps if stop_after is None else min(steps, start + stop_after)
     last, step, stopped_by = run.steps(step_fn, lr_fn, start, end)
     if primary and (workdir / "metrics.jsonl").exists():
@@ -125,10 +176,10 @@ def _train(config, workdir: Path, ckpts: TrainCheckpoints, *, init: str | None,
     return {**last, "stopped_by": stopped_by, "best_val_accuracy": run.saver.best_accuracy}
 
 
-def _open_sources(config, loss_name: str, primary: bool):
+def _open_sources(config, loss_name: str):
     """`(train, validation or None)`: the recipe's splits, refused when the loss cannot train
     on them."""
-    data, batch_size = config.data, config.train.batch_size
+    data = config.data
     train_src = open_source(data.name, data.train_split, data_dir=data.data_dir,
                             strict=data.strict)
     val_src = (open_source(data.name, data.val_split, data_dir=data.data_dir, strict=data.strict)
@@ -140,10 +191,24 @@ def _open_sources(config, loss_name: str, primary: bool):
     if len(class_names) < 2 and loss_name == "softmax_xent":  # the loss is 0 from the first step
         raise ConfigError(f"{data.name} has one class ({', '.join(class_names)}); a classifier "
                           "needs at least two: add a folder per class")
-    if primary and batch_size > len(train_src):
-        print(f"note: train.batch_size={batch_size} is more than the {len(train_src)} "
-              f"training images of {data.name}; each batch repeats images", file=sys.stderr)
     return train_src, val_src
+
+
+def _fit_batch(config, examples: int, mesh, primary: bool):
+    """`config` with `train.batch_size` capped at the number of training examples (kept a
+    multiple of the devices and of `train.accum_steps`), with a note: a larger batch only
+    repeats images, and one of millions would be allocated whole before the first step."""
+    tc = config.train
+    unit = math.lcm(mesh.devices.size, tc.accum_steps)
+    capped = examples // unit * unit
+    if tc.batch_size <= examples or capped < unit:
+        return config
+    if primary:
+        print(f"note: train.batch_size={tc.batch_size} is more than the {examples} training "
+              f"images of {config.data.name}: capped at {capped}", file=sys.stderr)
+    config = copy.deepcopy(config)
+    config.train.batch_size = capped
+    return config
 
 
 class _Run:
@@ -168,13 +233,17 @@ class _Run:
         """Trains from `start` to `end`, validating and saving when due; returns the last
         train metrics, the step reached and the signal that stopped it (or None)."""
         tc, steps = self.config.train, self.config.train.steps
-        last, bar, stop = {}, progress(start, steps, enabled=self.primary), StopSignals()
+        last, bar = {}, progress(start, steps, enabled=self.primary)
+        stop = StopSignals(kept=self.kept)
         with stop.installed():
             step = start
             while step < end:
-                batch = device_mesh.to_global(next(self.iterator), self.mesh)
-                self.params, self.opt_state, self.ema, metrics = step_fn(
-                    self.params, self.opt_state, self.ema, batch, self.config.seed, step)
+                with self._fits_memory(first=step == start):
+                    batch = device_mesh.to_global(next(self.iterator), self.mesh)
+                    self.params, self.opt_state, self.ema, metrics = step_fn(
+                        self.params, self.opt_state, self.ema, batch, self.config.seed, step)
+                    if step == start:  # where a step that cannot fit fails
+                        jax.block_until_ready(metrics)
                 step += 1
                 self.pending.append((step, metrics))
                 bar.update(1)
@@ -200,9 +269,37 @@ class _Run:
                     print(f"{stopping}: {who}saved step {step} to {self.ckpts.step_dir(step)}; "
                           "run the same command to resume", file=sys.stderr, flush=True)
                     break
+            self.saver.close()  # the last save finishes here, where a second Ctrl-C ends it
         bar.close()
-        self.saver.close()
         return last, step, stop.received
+
+    @contextlib.contextmanager
+    def _fits_memory(self, first: bool):
+        """The first step's batch and step, where memory that cannot suffice runs out: an
+        `OutOfMemory` naming what to lower, with the values this run has."""
+        if not first:
+            yield
+            return
+        try:
+            yield
+        except Exception as err:
+            if not any(is_out_of_memory(e) for e in _chain(err)):
+                raise
+            tc, cfg = self.config.train, self.model.config
+            said = next(str(e) for e in _chain(err) if is_out_of_memory(e)).strip()
+            said = (said.splitlines() or [type(err).__name__])[0].removeprefix(
+                "RESOURCE_EXHAUSTED: ")[:120]
+            raise OutOfMemory(
+                f"the first training step does not fit in memory ({said}); lower "
+                f"train.batch_size={tc.batch_size} (or raise train.accum_steps="
+                f"{tc.accum_steps} to split it), input.image_size={cfg.image_size[0]}, or the "
+                f"model (width {cfg.width}, depth {cfg.depth}, mlp_dim {cfg.mlp_dim})") from None
+
+    def kept(self) -> str:
+        """Which checkpoint an interruption leaves, for its line."""
+        steps = finished_steps(self.ckpts.directory)
+        return (f"the last finished checkpoint, {self.ckpts.step_dir(steps[-1])}, is intact: "
+                "run the same command to resume from it" if steps else "no checkpoint was saved")
 
     def _drain(self) -> None:
         """Reads the pending steps' metrics: raises `Diverged` at the first non-finite one."""
@@ -228,6 +325,7 @@ class _Run:
 
     def save(self, step: int, val_acc: float | None) -> None:
         config = self.config
+        self.ckpts.wait()  # the previous save's failure (a full disk) is reported as its own
         if self.primary:  # the recipe of the checkpoints: a run refused or crashed before its
             write_config(self.workdir, config)  # first save leaves config.json as it was
         meta = orbax_format.make_meta(
@@ -245,10 +343,16 @@ class _Run:
 def write_config(workdir: Path, config, name: str = "config.json") -> None:
     """`WORKDIR/config.json`, the resolved recipe (`vit eval --workdir` reads it), replaced
     atomically."""
-    path = workdir / name
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(config.to_json(indent=2))
-    os.replace(tmp, path)
+    workdirs.replace_file(workdir / name, config.to_json(indent=2))
+
+
+def _chain(err: BaseException) -> list[BaseException]:
+    """`err` and the errors it was raised from (a data thread's MemoryError inside grain's)."""
+    out = []
+    while err is not None and err not in out:
+        out.append(err)
+        err = err.__cause__ or err.__context__
+    return out
 
 
 def prompt_tokenizer(model_config, loss_name: str):

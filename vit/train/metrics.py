@@ -1,29 +1,95 @@
-"""`WORKDIR/metrics.jsonl` (one JSON object per logged step) and `WORKDIR/curves.png`."""
+"""`WORKDIR/metrics.jsonl` (one JSON object per logged step) and `WORKDIR/curves.png`.
+
+History is appended, never truncated: `metrics.jsonl` reads as one uninterrupted run, so a run
+that resumes from step S (or starts again at 0, its checkpoints deleted) moves the records past S
+to `metrics.dropped.jsonl`, appended there line for line, before it logs its own.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import json
+import os
+import sys
 import time
 from pathlib import Path
 
+from vit.errors import OutOfSpace, is_out_of_space
+
+DROPPED = "metrics.dropped.jsonl"
+
 
 class MetricsLog:
-    """Appends records; on resume, drops those past the step the run resumes from, so the
-    file reads as one uninterrupted run. Only an `enabled` log (process 0's) writes."""
+    """Appends records. Only an `enabled` log (process 0's) writes; its first write moves the
+    records past `resume_step` aside (see the module), so a run refused or crashed before it
+    logs anything leaves the file as it was. A write the disk refuses takes back its part."""
 
     def __init__(self, workdir: str | Path, resume_step: int | None, enabled: bool = True):
         self.path, self.enabled = Path(workdir) / "metrics.jsonl", enabled
-        if enabled and self.path.exists():
-            keep = [r for r in read_metrics(self.path)
-                    if resume_step is not None and r["step"] <= resume_step]
-            self.path.write_text("".join(json.dumps(r) + "\n" for r in keep))
+        self.resume_step = resume_step or 0
+        self._settled = False
 
     def write(self, record: dict) -> None:
         if not self.enabled:
             return
-        with self.path.open("a") as f:
-            f.write(json.dumps(record) + "\n")
+        if not self._settled:
+            self._set_aside()
+            self._settled = True
+        append_whole(self.path, json.dumps(record) + "\n")
+
+    def _set_aside(self) -> None:
+        """Moves the lines past the resume step (and lines a crash cut short) to `DROPPED`:
+        the kept ones are written to a temporary file, the dropped ones appended, then the
+        temporary file replaces `metrics.jsonl`; a failure on the way changes nothing."""
+        if not self.path.exists():
+            return
+        keep, drop = [], []
+        for line in self.path.read_bytes().splitlines(keepends=True):
+            step = _step_of(line)
+            (keep if step is not None and step <= self.resume_step else drop).append(line)
+        if not drop:
+            return
+        keep = [line if line.endswith(b"\n") else line + b"\n" for line in keep]
+        drop = [line if line.endswith(b"\n") else line + b"\n" for line in drop]
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        dropped = self.path.with_name(DROPPED)
+        try:
+            tmp.write_bytes(b"".join(keep))
+            append_whole(dropped, b"".join(drop))
+        except BaseException as err:
+            tmp.unlink(missing_ok=True)
+            if is_out_of_space(err) and not isinstance(err, OutOfSpace):
+                raise OutOfSpace(self.path, sum(map(len, keep))) from None
+            raise
+        os.replace(tmp, self.path)
+        print(f"note: {len(drop)} line(s) of {self.path} past step {self.resume_step} moved to "
+              f"{dropped} (the run goes on from step {self.resume_step})", file=sys.stderr)
+
+
+def _step_of(line: bytes) -> int | None:
+    try:
+        record = json.loads(line)
+    except ValueError:  # a line cut short by a crash
+        return None
+    step = record.get("step") if isinstance(record, dict) else None
+    return step if isinstance(step, int) else None
+
+
+def append_whole(path: Path, data: str | bytes) -> None:
+    """Appends `data` to `path` all or nothing: a write the disk refuses half-way is cut back
+    off, and a full disk is an `OutOfSpace` naming `path`."""
+    data = data.encode() if isinstance(data, str) else data
+    with open(path, "ab") as f:
+        size = f.tell()
+        try:
+            f.write(data)
+            f.flush()
+        except BaseException as err:
+            with contextlib.suppress(OSError):
+                f.truncate(size)  # the size it had: a truncation needs no space
+            if is_out_of_space(err) and not isinstance(err, OutOfSpace):
+                raise OutOfSpace(path, len(data)) from None
+            raise
 
 
 class TrainMeter:
@@ -69,7 +135,8 @@ def read_metrics(path: str | Path) -> list[dict]:
 
 
 def plot_curves(metrics_path: str | Path, out_path: str | Path) -> None:
-    """Training loss, and training / validation accuracy, against the step."""
+    """Training loss, and training / validation accuracy, against the step. `out_path` is
+    replaced whole or not at all (a full disk is an `OutOfSpace` naming it)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -92,5 +159,15 @@ def plot_curves(metrics_path: str | Path, out_path: str | Path) -> None:
         ax.grid(alpha=0.3)
         ax.legend()
     fig.tight_layout()
-    fig.savefig(out_path, dpi=100)
-    plt.close(fig)
+    out_path = Path(out_path)
+    tmp = out_path.with_name(out_path.name + ".tmp")
+    try:
+        fig.savefig(tmp, dpi=100, format=out_path.suffix.lstrip(".") or "png")
+        os.replace(tmp, out_path)
+    except BaseException as err:
+        tmp.unlink(missing_ok=True)
+        if is_out_of_space(err) and not isinstance(err, OutOfSpace):
+            raise OutOfSpace(out_path) from None
+        raise
+    finally:
+        plt.close(fig)

@@ -9,7 +9,8 @@ Stage k starts from stage k-1's final checkpoint (through `--init`, so a plain V
 text path with the gates at 0). Every stage but the last trains in `WORKDIR/stages/NAME`; the
 last one trains in WORKDIR itself, so `vit eval --workdir` and `vit predict --checkpoint` see
 the finished model. Running the command again skips finished stages and resumes the one that
-was interrupted, from its own latest checkpoint.
+was interrupted, from its own latest checkpoint. The run holds WORKDIR's lock throughout (see
+`vit.train.workdir`); each stage folder is claimed by its own stage as well.
 """
 
 from __future__ import annotations
@@ -21,9 +22,11 @@ import jax
 import ml_collections
 
 from vit.checkpoints import orbax_format
+from vit.checkpoints.orbax_io import finished_steps
 from vit.errors import ConfigError
 from vit.models.config import variant_config
-from vit.train.checkpointing import TrainCheckpoints
+from vit.train import parallel
+from vit.train import workdir as workdirs
 from vit.train.state import model_fields
 
 SECTIONS = ("train", "optim", "input")
@@ -55,20 +58,35 @@ def stage_configs(config) -> list[tuple[str, ml_collections.ConfigDict]]:
 
 def train_stages(config, workdir: str | Path, *, init: str | None = None,
                  stop_after: int | None = None) -> dict:
-    from vit.train.loop import train, write_config
-
     stages = stage_configs(config)
     for _, cfg in stages:  # a mistake in a later stage's model fails now, not after stage 0
         variant_config(cfg.model.name, image_size=cfg.input.image_size, **model_fields(cfg))
     workdir = Path(workdir)
-    workdir.mkdir(parents=True, exist_ok=True)
+    with workdirs.claim(workdir, primary=parallel.is_primary(),
+                        agree=parallel.allgather_json) as claim:
+        try:
+            return _train_stages(config, stages, workdir, claim, init=init,
+                                 stop_after=stop_after)
+        except Exception:
+            from vit.train.loop import has_finished_step
+
+            if claim is not None and not has_finished_step(workdir):
+                claim.undo()
+            raise
+
+
+def _train_stages(config, stages, workdir: Path, claim, *, init: str | None,
+                  stop_after: int | None) -> dict:
+    from vit.train.loop import train, train_claimed, write_config
+
     primary = jax.process_index() == 0  # process 0 alone writes files
     previous, result = init or (config.get("init") or None), {}
     for k, (name, cfg) in enumerate(stages):
         if init and config.stages[name].get("skip_with_init", False):
             print(f"stage {name}: skipped, starting from --init {init}", flush=True)
             continue
-        where = workdir if k == len(stages) - 1 else workdir / "stages" / name
+        last = k == len(stages) - 1
+        where = workdir if last else workdir / "stages" / name
         steps = cfg.train.steps
         if _latest_step(where) == steps:
             print(f"stage {name}: finished earlier ({where})", flush=True)
@@ -76,23 +94,20 @@ def train_stages(config, workdir: str | Path, *, init: str | None = None,
             print(f"stage {name} ({k + 1}/{len(stages)}): {steps} steps into {where}", flush=True)
             with cfg.unlocked():
                 cfg.init = ""
-            result = train(cfg, where, init=previous, stop_after=stop_after)
+            if last:  # WORKDIR itself, held already
+                result = train_claimed(cfg, where, claim, init=previous, stop_after=stop_after)
+            else:
+                result = train(cfg, where, init=previous, stop_after=stop_after)
             if primary:  # written once a stage has trained: a refused run leaves the old one
                 write_config(workdir, config, "recipe.json")
             if result.get("stopped_by") or _latest_step(where) != steps:
                 return result  # interrupted: the same command resumes this stage
         previous = str(where)
     if primary:
-        (workdir / "stages.json").write_text(json.dumps(
+        workdirs.replace_file(workdir / "stages.json", json.dumps(
             {"stages": [name for name, _ in stages], "final": str(workdir)}, indent=2))
     return result
 
 
 def _latest_step(workdir: Path) -> int | None:
-    if not (workdir / orbax_format.CHECKPOINTS_DIR).is_dir():
-        return None
-    ckpts = TrainCheckpoints(workdir)
-    try:
-        return ckpts.latest_step()
-    finally:
-        ckpts.close()
+    return max(finished_steps(workdir / orbax_format.CHECKPOINTS_DIR), default=None)
