@@ -232,7 +232,7 @@ def test_every_default_key_can_be_written_in_a_recipe_and_set(tmp_path, key):
 
 
 @pytest.mark.parametrize("item, attr, value", [
-    ("optim.b1=1", ("optim", "b1"), 1.0),  # cifar10 leaves b1 out: typed float by its default
+    ("optim.b1=0", ("optim", "b1"), 0.0),  # cifar10 leaves b1 out: typed float by its default
     ("data.data_dir=none", ("data", "data_dir"), None),
     ("data.data_dir=/data/tfds", ("data", "data_dir"), "/data/tfds"),
     ("input.crop_pct=0.875", ("input", "crop_pct"), 0.875),
@@ -248,8 +248,8 @@ def test_a_key_the_recipe_leaves_out_is_typed_by_its_default(item, attr, value):
 
 def test_a_stage_key_the_stage_leaves_out_is_typed_by_its_base_key():
     config = load_config(ROOT / "configs" / "promptshapes.py",
-                         ["stages.text.optim.b1=1", "stages.vit.train.batch_size=32"])
-    assert config.stages.text.optim.b1 == 1.0 and type(config.stages.text.optim.b1) is float
+                         ["stages.text.optim.b1=0", "stages.vit.train.batch_size=32"])
+    assert config.stages.text.optim.b1 == 0.0 and type(config.stages.text.optim.b1) is float
     assert config.stages.vit.train.batch_size == 32
     for item, message in [("stages.text.optim.b1=high", "expected float"),
                           ("stages.text.optim.bee1=1", "no such config key")]:

@@ -2,12 +2,17 @@
 
 One rule for every command and dataset (predict, rollout, eval, image-folder training): a
 folder is walked in sorted order, hidden files and folders (a leading ".") are skipped, and a
-file counts when its suffix is one PIL decodes. Needs only PIL.
+file counts when its suffix is one PIL decodes and it is a regular file (or a link to one): a
+FIFO, a device or a dangling link named like an image is skipped with a note, since opening a
+FIFO waits for a writer that may never come. Needs only PIL.
 """
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
+import sys
 import warnings
 from collections.abc import Iterable
 from pathlib import Path
@@ -36,12 +41,47 @@ def is_image_name(name: str) -> bool:
 
 
 def image_files(folder: str | os.PathLike) -> list[Path]:
-    """Every image file under `folder`, sorted, hidden entries skipped."""
-    out = []
-    for root, dirs, files in os.walk(folder):
-        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-        out.extend(Path(root) / f for f in sorted(files) if is_image_name(f))
+    """Every image file under `folder`, sorted, hidden entries skipped; an entry named like an
+    image that is not a regular file is skipped with a note on stderr. Folders are walked as
+    `os.walk` does: a link to a folder is not followed, an unreadable folder is passed over."""
+    out: list[Path] = []
+    try:
+        entries = sorted(os.scandir(folder), key=lambda e: e.name)
+    except OSError:
+        return out
+    subfolders = []
+    for entry in entries:
+        if entry.name.startswith("."):
+            continue
+        if entry.is_dir():
+            if not entry.is_symlink():
+                subfolders.append(entry.path)
+        elif is_image_name(entry.name):
+            if entry.is_file():  # from the folder listing itself: no stat for a plain file
+                out.append(Path(entry.path))
+            else:
+                print(f"vit: note: skipped {entry.path}: {not_regular(entry.path)}, not a "
+                      "regular file", file=sys.stderr)
+    for subfolder in subfolders:
+        out.extend(image_files(subfolder))
     return out
+
+
+def not_regular(path) -> str | None:
+    """What `path` is when it is not a regular file (or a link to one), else None."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            return "a symbolic link that loops"
+        return "a dangling symbolic link" if os.path.islink(path) else "missing"
+    if stat.S_ISREG(mode):
+        return None
+    if stat.S_ISDIR(mode):
+        return "a folder"
+    kinds = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
+             (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+    return next((what for test, what in kinds if test(mode)), "a special file")
 
 
 def list_images(inputs: Iterable) -> list[Path]:
@@ -71,7 +111,12 @@ def to_rgb(image: Image.Image) -> Image.Image:
 
 
 def open_image(path) -> Image.Image:
-    """Opens and fully decodes an image; a bad file raises DataError naming it."""
+    """Opens and fully decodes an image (a path, or a file object); a bad file raises DataError
+    naming it. Only a regular file is opened: a FIFO would wait for a writer."""
+    if isinstance(path, str | os.PathLike) and os.path.exists(path):
+        what = not_regular(path)
+        if what is not None:
+            raise DataError(f"{path}: {what}, not an image file")
     try:
         with Image.open(path) as im:
             im.load()

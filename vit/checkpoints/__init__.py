@@ -20,7 +20,8 @@ This file only re-exports; each thing lives in its own module:
 - `torch_tensors`: PyTorch's tensor layout, `torch_readers` and `torch_writers` (timm and HF);
 - `safetensors_io`: the numpy safetensors reader (sizes checked against the file) and writer;
 - `files`: JSON files read as one-line errors; destinations checked before any work and written
-  through a temporary sibling, so nothing is left half-written;
+  through a temporary sibling, so nothing is left half-written; `written_whole`: around any
+  writer, orbax's included, what a failed write began is removed and a full disk is one line;
 - one module per format (`npz`, `hf`, `timm`, `orbax_io`; `orbax_format` names our items),
   `resolve` (format detection, hub cache) and `labels` (class names).
 

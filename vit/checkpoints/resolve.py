@@ -4,6 +4,7 @@ names through the local Hugging Face cache (offline: nothing is downloaded)."""
 from __future__ import annotations
 
 import difflib
+import errno
 import os
 import re
 from pathlib import Path
@@ -50,7 +51,7 @@ def looks_like_path(name: str) -> bool:
     if name.startswith(("./", "../", "/", "~")) or os.sep != "/" and os.sep in name:
         return True
     first = name.split("/", 1)[0]
-    return "/" in name and bool(first) and Path(first).exists()
+    return "/" in name and bool(first) and (Path(first).exists() or Path(first).is_symlink())
 
 
 def missing_path_error(name: str) -> CheckpointError:
@@ -66,6 +67,8 @@ def missing_path_error(name: str) -> CheckpointError:
         base = base / part
     else:  # every part exists: cannot happen for a missing path, but say something plain
         return CheckpointError(f"{name}: no such file or directory")
+    if (base / part).is_symlink():
+        return _link_error(name, base / part)
     try:
         names = sorted(p.name for p in base.iterdir()) if base.is_dir() else []
     except OSError:
@@ -78,6 +81,20 @@ def missing_path_error(name: str) -> CheckpointError:
     where = f"{base}/" if str(base) != "." else "the current folder"
     return CheckpointError(f"{name}: no such file or directory ({part!r} is not in {where})"
                            f"{hint}")
+
+
+def _link_error(name: str, link: Path) -> CheckpointError:
+    """A symbolic link on the way that leads nowhere: one that loops, or a dangling one."""
+    try:
+        os.stat(link)
+        where = "is a symbolic link that cannot be followed"
+    except OSError as err:
+        target = os.readlink(link)
+        where = (f"is a symbolic link that loops ({link} -> {target})" if err.errno == errno.ELOOP
+                 else f"is a symbolic link to {target}, which does not exist")
+    at = "" if str(link) == name else f" ({link})"
+    return CheckpointError(f"{name}{at}: {where}; point it at a checkpoint, or give the "
+                           "checkpoint's own path")
 
 
 def _resolve_name(name: str) -> Path:
@@ -111,6 +128,8 @@ def detect(path) -> tuple[str, Path]:
     """(format, path) with format one of npz, hf, timm, orbax."""
     path = Path(path)
     if not path.exists():
+        if path.is_symlink():
+            raise _link_error(str(path), path)
         path = _resolve_name(str(path))
     if path.is_file():
         if path.suffix == ".npz":

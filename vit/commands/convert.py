@@ -30,8 +30,9 @@ def run(args) -> int:
     from pathlib import Path
 
     from vit.checkpoints import load_checkpoint, save_checkpoint
-    from vit.checkpoints.files import check_destination, written_whole
+    from vit.checkpoints.files import check_destination
     from vit.checkpoints.timm import BARE_FILE
+    from vit.checkpoints.written_whole import written_whole
     from vit.errors import CheckpointError
 
     dst = Path(args.dst)

@@ -134,7 +134,9 @@ def _scorer(loaded, batch_size: int, task: str, tokenize=None):
     from vit import device_mesh
     from vit.data import eval_batches
     from vit.inference.evaluate import evaluate_task, make_logits_fn
+    from vit.inference.memory import check_fits
 
+    check_fits(loaded.config, batch_size, lower=("--batch-size",))  # before the model is built
     graphdef, params = nnx.split(loaded.build_model(), nnx.Param)
     mesh = device_mesh.local_mesh()
     logits_fn = make_logits_fn(graphdef, mesh)

@@ -52,6 +52,7 @@ def run(args) -> int:
     if not arrays:
         raise DataError(f"{args.data}:{args.split} gave no images to score")
     everything = np.concatenate(arrays)
+    _check_fits(ckpt.config, len(arrays[0]), args.steps)
     model = ckpt.build_model()
     grid = model.grid_for(everything.shape[1:3])
     if args.steps is not None and args.steps > grid[0] * grid[1]:  # repeated points, no detail
@@ -79,3 +80,16 @@ def run(args) -> int:
         line = f"{name:<14}{r['auc']:>8.4f}   [{r['ci95'][0]:.4f}, {r['ci95'][1]:.4f}]  {paired}"
         print(line.rstrip())
     return 0
+
+
+def _check_fits(config, batch: int, steps: int | None) -> None:
+    """Before the model is built: a batch's maps (every block's attention kept), and its
+    perturbed copies, one per point of the curve, in one forward."""
+    from vit.explain import faithfulness
+    from vit.inference.memory import check_fits
+
+    (h, w), (ph, pw) = config.image_size, config.patch_size
+    points = (steps or faithfulness.default_steps((h // ph) * (w // pw))) + 1
+    lower = ("--batch-size", "--limit")
+    check_fits(config, batch, maps=True, lower=lower)
+    check_fits(config, batch * points, lower=lower)

@@ -25,12 +25,14 @@ def start(args):
 
     from vit.inference.compile_cache import configure
 
-    folder = configure(args.no_cache)
+    command = getattr(args, "command", "")
+    folder = configure(args.no_cache, note=lambda text: print(f"vit {command}: note: {text}",
+                                                              file=sys.stderr))
     if args.dtype == "bfloat16":
         import jax
 
         if jax.default_backend() == "cpu":  # XLA widens bfloat16 matmuls to float32 on CPUs
-            print(f"vit {getattr(args, 'command', '')}: note: bfloat16 is no faster than float32 "
+            print(f"vit {command}: note: bfloat16 is no faster than float32 "
                   "on a CPU (XLA computes its matmuls in float32); it is meant for GPUs and TPUs",
                   file=sys.stderr)
     return folder

@@ -204,6 +204,10 @@ def _open(args, batch_size: int, text_flags: list[str], cache_root):
     prepared = f" (prepared: {opened.entry})" if opened.entry is not None else ""
     print(f"vit predict: {opened.source}{prepared}", file=sys.stderr)
     _check_warnings(opened.warnings, args.checkpoint, text_flags)
+    if opened.loaded is not None:  # a prepared classifier has run at this size and batch
+        from vit.inference.memory import check_fits
+
+        check_fits(opened.loaded.config, batch_size)  # before the model is built
     prompts, zero_shot = _text_inputs(args, opened.loaded.config) if text_flags else (None, None)
     labels = _labels(args, opened.num_classes) or opened.labels
     return opened, opened.predictor(labels, top_k=args.top_k, batch_size=batch_size,

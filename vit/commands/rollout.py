@@ -79,6 +79,10 @@ def run(args) -> int:
         wanted = None
     else:
         wanted = inputs.resolve_class(args.class_, labels, ckpt.config.num_classes)
+    from vit.inference.memory import check_fits
+
+    # Before the model is built: every block's attention is kept for the maps.
+    check_fits(ckpt.config, min(args.batch_size, len(items)), maps=True)
     model = ckpt.build_model()
     new_output = checks.NewOutput(out, deep=True)
     try:
@@ -193,8 +197,10 @@ def _check_prompt(prompt: str, checkpoint: str, text_config) -> None:
     import warnings
 
     from vit.errors import ConfigError
+    from vit.inference.prompts import require_utf8
     from vit.models.text import tokenize
 
+    require_utf8("--prompt", prompt)
     if text_config is None:
         raise ConfigError(f"--prompt: {checkpoint} is a plain image model without a text path; "
                           "drop --prompt, or use a text-conditioned checkpoint")

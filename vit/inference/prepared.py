@@ -82,7 +82,7 @@ def _files_of(checkpoint) -> list | None:
                 files.append([os.path.relpath(Path(root) / name, path), st.st_size,
                               st.st_mtime_ns])
         return [[str(path), 0, 0], *files]
-    except OSError:
+    except (OSError, RuntimeError):  # RuntimeError: a symbolic link that loops
         return None
 
 

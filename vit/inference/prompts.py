@@ -45,6 +45,19 @@ def require_text(config, flag: str, *, source: str | None = None,
                               "not embeddings; give --prompt TEXT")
 
 
+def require_utf8(flag: str, text: str) -> None:
+    """Refuses text that is not UTF-8: bytes the shell passed in another encoding reach
+    Python as surrogate escapes, which no tokenizer can encode."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raw = text.encode("utf-8", "surrogateescape")
+        shown = raw.decode("utf-8", "backslashreplace")
+        raise DataError(f"{flag} '{shown}': not UTF-8 text (byte "
+                        f"{text[err.start].encode('utf-8', 'surrogateescape')[0]:#04x} at "
+                        f"character {err.start + 1}); give the text in UTF-8") from None
+
+
 def encode_prompts(config, texts: Sequence[str], *, labels: Sequence[str] | None = None,
                    flag: str = "--prompt") -> Prompts:
     """Tokenizes once at the model's fixed `max_len` (so a new prompt never recompiles).
@@ -57,6 +70,8 @@ def encode_prompts(config, texts: Sequence[str], *, labels: Sequence[str] | None
     texts = list(texts)
     if not texts:
         raise DataError(f"{flag}: no texts given")
+    for text in texts:
+        require_utf8(flag, text)
     tokens, mask = tokenize(texts, config.text.max_len)
     return Prompts(list(labels) if labels is not None else texts, tokens, mask)
 
@@ -119,6 +134,7 @@ def read_names(path) -> list[str]:
 def zero_shot_prompts(config, names: Sequence[str], template: str = "{}") -> Prompts:
     """Names written into `template` ("a photo of a {}") and tokenized; labelled by the names."""
     require_text(config, "--zero-shot", source="bytes", similarity=True)
+    require_utf8("--template", template)
     if "{}" not in template:
         raise DataError(f"--template {template!r}: has no {{}} where the name goes")
     return encode_prompts(config, [template.replace("{}", n) for n in names], labels=names,

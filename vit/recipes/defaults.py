@@ -3,6 +3,8 @@
 
 The defaults are a fine-tuning run in the style of big_vision's transfer recipe: SGD with
 momentum, a cosine schedule, inception crop and flips at 224 px, from `--init CHECKPOINT`.
+A number whose sense has limits states them (`Range`), a name its choices; `load_config`
+refuses a value outside them, naming the key, so nothing trains to nonsense or fails later.
 The `model` section holds `name` and any `ViTConfig` field (vit/models/config.py, whose own
 defaults apply to the fields a recipe leaves out); `stages` (vit/train/stages.py) has no
 defaults. Standard library only.
@@ -11,8 +13,47 @@ defaults. Standard library only.
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import dataclass
 from typing import Any
+
+
+@dataclass(frozen=True)
+class Range:
+    """The values a number may take: finite, between `low` and `high` (None: no bound), each
+    bound included unless open; `whole` for counts."""
+
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+    whole: bool = False
+
+    def __contains__(self, value) -> bool:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return False
+        if not math.isfinite(value) or (self.whole and value != int(value)):
+            return False
+        if self.low is not None and (value <= self.low if self.low_open else value < self.low):
+            return False
+        return self.high is None or (value < self.high if self.high_open
+                                     else value <= self.high)
+
+    def __str__(self) -> str:
+        kind = "a whole number" if self.whole else "a finite number"
+        if self.low is not None and self.high is not None:
+            if self.whole:
+                return f"{kind} from {self.low} to {self.high}"
+            return (f"in {'(' if self.low_open else '['}{self.low}, {self.high}"
+                    f"{')' if self.high_open else ']'}")
+        if self.low is not None:
+            return f"{kind} {'above' if self.low_open else 'of'} {self.low}" + (
+                "" if self.low_open else " or more")
+        return kind
+
+
+AT_LEAST_0 = Range(0)
+UNIT = Range(0, 1, high_open=True)  # [0, 1): decays and momenta
 
 
 @dataclass(frozen=True)
@@ -22,10 +63,14 @@ class Key:
     # What `--set` expects where the default does not say (None, a pair, a list of pairs);
     # otherwise the default's own type.
     type: Any = None
+    range: Range | None = None  # a number's limits
+    choices: tuple[str, ...] | None = None  # a name's choices
 
 
 DEFAULTS: dict[str, Key] = {
-    "seed": Key(0, "seeds the initial weights, dropout and the data order"),
+    "seed": Key(0, "seeds the initial weights, dropout and the data order",
+                # Traced as an int32 by the training step.
+                range=Range(0, 2**31 - 1, whole=True)),
     "init": Key("", "a pretrained checkpoint to start from ('' for none; --init wins)"),
 
     "data.name": Key("", "the dataset: 'digits', 'promptshapes', 'tfds:NAME' or a folder of "
@@ -59,23 +104,28 @@ DEFAULTS: dict[str, Key] = {
     "input.crop_area": Key((0.05, 1.0), "the area range of the inception crop",
                            tuple[float, float]),
     "input.flip": Key(True, "random horizontal flips"),
-    "input.shift": Key(0.0, "random shifts of up to this many pixels (for tiny images)"),
-    "input.rotate": Key(0.0, "random rotations of up to this many degrees"),
-    "input.scale": Key(0.0, "random zoom over this log-scale range"),
-    "input.mixup": Key(0.0, "mixup's Beta alpha (0: off)"),
-    "input.cutmix": Key(0.0, "cutmix's Beta alpha (0: off)"),
-    "input.label_smoothing": Key(0.0, "label smoothing, in [0, 1)"),
+    "input.shift": Key(0.0, "random shifts of up to this many pixels (for tiny images)",
+                       range=AT_LEAST_0),
+    "input.rotate": Key(0.0, "random rotations of up to this many degrees", range=AT_LEAST_0),
+    "input.scale": Key(0.0, "random zoom over this log-scale range", range=AT_LEAST_0),
+    "input.mixup": Key(0.0, "mixup's Beta alpha (0: off)", range=AT_LEAST_0),
+    "input.cutmix": Key(0.0, "cutmix's Beta alpha (0: off)", range=AT_LEAST_0),
+    "input.label_smoothing": Key(0.0, "label smoothing (0.1 is usual)", range=UNIT),
 
-    "optim.name": Key("sgd", "sgd (with momentum) or adamw"),
-    "optim.lr": Key(0.01, "the peak learning rate"),
-    "optim.warmup_steps": Key(100, "steps of linear warmup from 0 to lr"),
-    "optim.schedule": Key("cosine", "the decay after warmup: cosine, linear or constant"),
-    "optim.weight_decay": Key(0.0, "adamw's decoupled weight decay"),
-    "optim.b1": Key(0.9, "adamw's first-moment decay"),
-    "optim.b2": Key(0.999, "adamw's second-moment decay"),
-    "optim.momentum": Key(0.9, "sgd's momentum"),
-    "optim.clip_norm": Key(1.0, "clip gradients to this global norm (0: no clipping)"),
-    "optim.layer_decay": Key(1.0, "layer-wise lr decay: block i gets lr * decay**(depth - i)"),
+    "optim.name": Key("sgd", "sgd (with momentum) or adamw", choices=("sgd", "adamw")),
+    "optim.lr": Key(0.01, "the peak learning rate", range=AT_LEAST_0),
+    "optim.warmup_steps": Key(100, "steps of linear warmup from 0 to lr",
+                              range=Range(0, whole=True)),
+    "optim.schedule": Key("cosine", "the decay after warmup: cosine, linear or constant",
+                          choices=("cosine", "linear", "constant")),
+    "optim.weight_decay": Key(0.0, "adamw's decoupled weight decay", range=AT_LEAST_0),
+    "optim.b1": Key(0.9, "adamw's first-moment decay", range=UNIT),
+    "optim.b2": Key(0.999, "adamw's second-moment decay", range=UNIT),
+    "optim.momentum": Key(0.9, "sgd's momentum", range=UNIT),
+    "optim.clip_norm": Key(1.0, "clip gradients to this global norm (0: no clipping)",
+                           range=AT_LEAST_0),
+    "optim.layer_decay": Key(1.0, "layer-wise lr decay: block i gets lr * decay**(depth - i)",
+                             range=Range(0, 1, low_open=True)),
     "optim.trainable": Key(".*", "regex of the parameter paths that train; others are frozen"),
     "optim.lr_mults": Key([], "[[regex, factor], ...]: the matching parameters' lr times "
                               "factor", list),
@@ -89,10 +139,11 @@ DEFAULTS: dict[str, Key] = {
     "train.keep_checkpoints": Key(2, "the latest checkpoints kept (the best one is kept too)"),
     "train.log_every": Key(50, "write training metrics every this many steps"),
     "train.ema_decay": Key(0.0, "decay of an exponential moving average of the weights (0: "
-                                "none)"),
+                                "none)", range=UNIT),
     "train.eval_batch_size": Key(128, "images per validation batch, over all devices"),
     "train.loss": Key("softmax_xent", "softmax_xent (one label), sigmoid_xent (multi-hot) or "
-                                      "prompt_xent (answers to prompts)"),
+                                      "prompt_xent (answers to prompts)",
+                      choices=("softmax_xent", "sigmoid_xent", "prompt_xent")),
 
     "parallel.data": Key(-1, "the mesh's data axis (-1: the devices fsdp leaves)"),
     "parallel.fsdp": Key(1, "the mesh's fsdp axis: > 1 shards parameters and optimiser state"),

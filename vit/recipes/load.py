@@ -8,7 +8,6 @@ file or in a `--set`, is a one-line error suggesting the nearest known keys.
 from __future__ import annotations
 
 import difflib
-import math
 import re
 import types
 from collections.abc import Callable
@@ -182,28 +181,26 @@ def _sections(config: ml_collections.ConfigDict, name: str) -> list[tuple[str, A
 
 
 def check_ranges(config: ml_collections.ConfigDict) -> None:
-    """One-line ConfigErrors for values that train without an error, but to nothing or to
-    nonsense: a negative or infinite learning rate (the loss climbs), label smoothing outside
-    [0, 1) (the targets stop being a distribution), a negative mixup or cutmix strength."""
-    for prefix, optim in _sections(config, "optim"):
-        lr = (optim or {}).get("lr")
-        if _is_real(lr) and not (math.isfinite(lr) and lr >= 0):
-            raise ConfigError(f"{prefix}.lr={lr}: must be a finite number of 0 or more; a "
-                              "negative rate climbs the loss")
-    for prefix, inp in _sections(config, "input"):
-        smoothing = (inp or {}).get("label_smoothing")
-        if _is_real(smoothing) and not 0 <= smoothing < 1:
-            raise ConfigError(f"{prefix}.label_smoothing={smoothing}: must lie in [0, 1) (0.1 "
-                              "is usual)")
-        for key in ("mixup", "cutmix"):
-            value = (inp or {}).get(key)
-            if _is_real(value) and not (math.isfinite(value) and value >= 0):
-                raise ConfigError(f"{prefix}.{key}={value}: must be 0 (off) or more (the Beta "
-                                  "distribution's alpha)")
-
-
-def _is_real(value) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
+    """One-line ConfigErrors for values that would train to nothing or to nonsense, or fail
+    deep inside: every number outside the `Range` its key states in the defaults (a negative
+    or infinite learning rate, a momentum or decay of 1 or more, label smoothing outside
+    [0, 1), a seed the step cannot hold), and every name outside its choices; in the recipe
+    and in each stage."""
+    for key, entry in DEFAULTS.items():
+        if entry.range is None and entry.choices is None:
+            continue
+        section, _, leaf = key.rpartition(".")
+        for prefix, node in (_sections(config, section) if section else [("", config)]):
+            if not node or leaf not in node:
+                continue
+            name, value = f"{prefix}.{leaf}" if prefix else leaf, node[leaf]
+            if entry.range is not None and value not in entry.range:
+                raise ConfigError(f"{name}={value}: must be {entry.range}")
+            if entry.choices is not None and value not in entry.choices:
+                near = difflib.get_close_matches(str(value), entry.choices, n=1)
+                hint = f"; did you mean {near[0]}?" if near else ""
+                raise ConfigError(f"{name}={value!r}: must be one of "
+                                  f"{', '.join(entry.choices)}{hint}")
 
 
 def check_patterns(config: ml_collections.ConfigDict) -> None:

@@ -1,0 +1,58 @@
+"""Around any checkpoint writer: what a failed write began is removed, a full disk is one
+line naming the destination and the size it needs, and orbax's writer threads stay quiet."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+from vit.checkpoints.files import remove
+from vit.checkpoints.orbax_io import _read_event_loops
+from vit.errors import OutOfSpace, is_out_of_space
+
+
+@contextlib.contextmanager
+def written_whole(dst, needed: int | None = None) -> Iterator[Path]:
+    """Around any writer that makes `dst` (a file or a folder, and its missing parents): when
+    the block fails, what it began is removed (`dst`, temporary siblings named `dst.*` or
+    `.dst.*` such as orbax's `dst.orbax-checkpoint-tmp`, the parents it made), and a full disk
+    is one `OutOfSpace` naming `dst` and the `needed` bytes. Orbax's writer threads print
+    nothing meanwhile: the block's own error is the report."""
+    shown, dst = dst, Path(dst).absolute()
+    made, parent = None, dst.parent
+    while not parent.exists() and parent.parent != parent:
+        made, parent = parent, parent.parent
+    existing = set(os.listdir(dst.parent)) if made is None else set()
+    try:
+        with _quiet_orbax_threads():
+            yield dst
+    except BaseException as err:
+        if made is not None:
+            shutil.rmtree(made, ignore_errors=True)
+        elif dst.parent.is_dir():
+            for name in set(os.listdir(dst.parent)) - existing:
+                if name == dst.name or name.startswith((f"{dst.name}.", f".{dst.name}.")):
+                    remove(dst.parent / name)
+        if is_out_of_space(err):
+            raise OutOfSpace(shown, needed) from None
+        raise
+
+
+@contextlib.contextmanager
+def _quiet_orbax_threads() -> Iterator[None]:
+    """Orbax writes every array at once in its own threads; when one write fails (a full disk)
+    absl logs each thread's traceback, and tensorstore's late callbacks print "Event loop is
+    closed" tracebacks. The loops orbax reads with (`orbax_io`) serve its writes as well, and
+    absl stays quiet until the block is over."""
+    absl = logging.getLogger("absl")
+    level = absl.level
+    absl.setLevel(logging.CRITICAL)
+    try:
+        with _read_event_loops():
+            yield
+    finally:
+        absl.setLevel(level)
