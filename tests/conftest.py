@@ -107,8 +107,8 @@ def tiny():
 def tiny_files(tmp_path_factory, tiny):
     """`tiny` written by our writers in every format we read, as a user would convert it:
     {"orbax": export folder, "hf": folder, "timm": folder, "npz": file (no class names: an npz
-    holds none), "workdir": what `vit train` leaves (config.json, checkpoints/1)}. Read-only:
-    a test that damages one copies it first."""
+    holds none), "workdir": what `vit train` leaves (config.json, checkpoints/1)}. Read-only
+    (checked when the run ends): a test that damages one copies it first."""
     from vit.checkpoints import save_checkpoint
     from vit.recipes.load import load_config
 
@@ -122,7 +122,9 @@ def tiny_files(tmp_path_factory, tiny):
     shutil.copytree(files["orbax"], workdir / "checkpoints" / "1")
     (workdir / "config.json").write_text(load_config(DIGITS_RECIPE).to_json())
     files["workdir"] = workdir
-    return files
+    before = _tree(root)
+    yield files
+    assert _tree(root) == before, "a test changed the shared tiny checkpoint files"
 
 
 # -- one trained model ---------------------------------------------------------------------------

@@ -77,7 +77,7 @@ def refused(run_vit):
 # --- resuming: refused before anything is written, the workdir left as it was ---
 
 @pytest.mark.parametrize("extra, names", [
-    # The audit's case: a typo'd dataset used to leave config.json naming it.
+    # A typo'd dataset must not leave config.json naming it.
     (["data.name={tmp}/no_data"], ["no_data"]),
     # The checkpoint's model would train on while config.json said depth 2.
     (["train.steps=3", "model.depth=2"], ["model.depth=2 (was 1)", "--workdir"]),
@@ -159,7 +159,7 @@ def test_unexpected_error_removes_the_new_workdir_and_is_reraised(tmp_path, monk
 def test_checkpoint_manager_is_closed_before_the_new_workdir_is_removed(tmp_path, monkeypatch,
                                                                         refused):
     """Removing the workdir under a running orbax manager printed a thread's traceback after
-    the error line (a race, 1 run in 3 in the audit): the order is what makes it impossible."""
+    the error line (a race, about 1 run in 3): the order is what makes it impossible."""
     import orbax.checkpoint as ocp
 
     from vit.train.workdir import Claim

@@ -3,15 +3,11 @@
 import json
 import urllib.parse
 
-import jax
 import numpy as np
 import pytest
-from flax import nnx
 from PIL import Image
 
-import vit
 from vit.cli import main
-from vit.preprocess import Preprocessing
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -20,18 +16,9 @@ MANIFEST_KEYS = {"image", "label", "pred", "pred_label", "prob", "method", "clas
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    from vit.checkpoints import save_orbax
-
-    model = vit.create_model("Ti/16", width=32, depth=2, mlp_dim=64, num_heads=4, patch_size=4,
-                             image_size=8, num_classes=10, attention_impl="xla",
-                             rngs=nnx.Rngs(0))
-    k = model.head.kernel
-    k[...] = jax.random.normal(jax.random.key(1), k.shape) * 0.5
-    path = tmp_path_factory.mktemp("ckpt") / "digits-tiny"
-    save_orbax(path, model, preprocessing=Preprocessing(size=(8, 8)),
-               labels=[f"digit{i}" for i in range(10)])
-    return str(path)
+def checkpoint(tiny_files):
+    """The tiny orbax export (tests/conftest.py): 8x8 inputs, classes digit0..digit9."""
+    return str(tiny_files["orbax"])
 
 
 def test_rollout_writes_overlays_maps_manifest_and_gallery(checkpoint, tmp_path, capsys):

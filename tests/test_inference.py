@@ -30,7 +30,7 @@ def image_files(tmp_path_factory):
 @pytest.fixture
 def cache_on(tmp_path):
     """JAX's persistent cache on in a fresh folder with minimum compile time 0, then restored
-    (the test session keeps it off: tests/conftest.py)."""
+    (tests keep it off: tests/conftest.py)."""
     from jax._src import compilation_cache as cc
 
     keys = ("jax_enable_compilation_cache", "jax_compilation_cache_dir",

@@ -8,28 +8,17 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from vit.checkpoints import LoadedCheckpoint, expected_shapes, nest, save_checkpoint
+from vit.checkpoints import save_checkpoint
 from vit.cli import main
 from vit.images import open_image
-from vit.models.config import get_config
-from vit.preprocess import INCEPTION
 
 pytestmark = pytest.mark.timeout(300)
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    """A tiny random-weight model exported as a Hugging Face folder, labels included."""
-    cfg = get_config("Ti/16", width=32, depth=1, mlp_dim=64, num_heads=4, patch_size=8,
-                     image_size=32, num_classes=6)
-    rng = np.random.RandomState(0)
-    params = nest({p: rng.randn(*s).astype(np.float32) * 0.5
-                   for p, s in expected_shapes(cfg).items()})
-    loaded = LoadedCheckpoint(cfg, params, INCEPTION.with_size(32),
-                              [f"class {i}" for i in range(6)])
-    folder = tmp_path_factory.mktemp("ckpt") / "hf"
-    save_checkpoint(loaded, folder, "hf")
-    return folder
+def checkpoint(tiny_files):
+    """The tiny model as a Hugging Face folder (tests/conftest.py), classes digit0..digit9."""
+    return tiny_files["hf"]
 
 
 def png_bomb(path, side=40_000):
@@ -94,7 +83,7 @@ def test_predict_json_lines_with_bad_files(checkpoint, image_dir, capsys):
         probs /= probs.sum()
         expect = np.argsort(-probs)[:3]
         assert [t["index"] for t in row["top_k"]] == expect.tolist()
-        assert [t["label"] for t in row["top_k"]] == [f"class {i}" for i in expect]
+        assert [t["label"] for t in row["top_k"]] == [f"digit{i}" for i in expect]
         np.testing.assert_allclose([t["prob"] for t in row["top_k"]], probs[expect], atol=1e-5)
     assert "images/s" in err and "6 images classified, 3 failed" in err
 
@@ -112,16 +101,16 @@ def test_predict_matches_the_transformers_pipeline_on_the_same_folder(checkpoint
     transformers = pytest.importorskip("transformers")
 
     paths = [str(next(image_dir.rglob(name))) for name in SAME_DECODING]
-    assert main(["predict", *paths, "--checkpoint", str(checkpoint), "--json", "--top-k", "6",
+    assert main(["predict", *paths, "--checkpoint", str(checkpoint), "--json", "--top-k", "10",
                  "--batch-size", "4"]) == 0
     ours = {r["image"]: r["top_k"] for r in map(json.loads, capsys.readouterr().out.splitlines())}
     classify = transformers.pipeline("image-classification", model=str(checkpoint),
                                      device="cpu")
     tops = set()
     for path in paths:
-        theirs = {t["label"]: t["score"] for t in classify(path, top_k=6)}
+        theirs = {t["label"]: t["score"] for t in classify(path, top_k=10)}
         mine = {t["label"]: t["prob"] for t in ours[path]}
-        assert sorted(mine) == sorted(theirs) == [f"class {i}" for i in range(6)]
+        assert sorted(mine) == sorted(theirs) == [f"digit{i}" for i in range(10)]
         np.testing.assert_allclose([mine[k] for k in sorted(mine)],
                                    [theirs[k] for k in sorted(mine)], atol=2e-5)
         assert ours[path][0]["label"] == max(theirs, key=theirs.get)
@@ -134,9 +123,9 @@ def test_predictor_compiles_once_and_labels_file(checkpoint, image_dir, tmp_path
     from vit.inference.predictor import Predictor, load_pretrained
 
     names = tmp_path / "names.txt"
-    names.write_text("\n".join(f"n{i}" for i in range(6)) + "\n")
+    names.write_text("\n".join(f"n{i}" for i in range(10)) + "\n")
     model, preprocess, labels = load_pretrained(checkpoint, labels=names)
-    assert labels == [f"n{i}" for i in range(6)] and preprocess.size == (32, 32)
+    assert labels == [f"n{i}" for i in range(10)] and preprocess.size == (8, 8)
     predictor = Predictor(model, preprocess, labels, top_k=2, batch_size=4)
     paths = list_images([image_dir / "a_rgb.png", image_dir / "sub", image_dir / "missing.png"])
     rows = list(predictor.predict_files(paths))
@@ -167,29 +156,24 @@ def test_errors_are_one_line_exit_2(checkpoint, image_dir, tmp_path, capsys):
     assert code == 2 and len(err) == 1 and "do not fit" in err[0]
 
 
-def test_zero_head_refuses_to_predict(tmp_path, image_dir, capsys):
-    cfg = get_config("Ti/16", width=32, depth=1, mlp_dim=64, num_heads=4, patch_size=8,
-                     image_size=32, num_classes=4, gelu="tanh")  # npz holds only tanh GELU
-    params = nest({p: np.ones(s, np.float32) * 0.1 for p, s in expected_shapes(cfg).items()})
-    params["head"] = {"kernel": np.zeros((32, 4), np.float32), "bias": np.zeros(4, np.float32)}
-    save_checkpoint(LoadedCheckpoint(cfg, params, INCEPTION.with_size(32)), tmp_path / "z.npz",
-                    "npz")
+def test_zero_head_refuses_to_predict(tmp_path, image_dir, make_tiny, capsys):
+    zero = make_tiny(labels=None)  # an npz holds no class names
+    zero.params["head"] = {k: np.zeros_like(v) for k, v in zero.params["head"].items()}
+    save_checkpoint(zero, tmp_path / "z.npz", "npz")
     code, err = run_cli(["predict", str(image_dir / "a_rgb.png"), "--checkpoint",
                          str(tmp_path / "z.npz")], capsys)
     assert code == 2 and "all zeros" in err[-1] and "fine-tune" in err[-1]
 
 
-def test_convert_cli_and_unrepresentable_exit_2(checkpoint, tmp_path, capsys):
+def test_convert_cli_and_unrepresentable_exit_2(checkpoint, tmp_path, make_tiny, capsys):
     code, err = run_cli(["convert", str(checkpoint), str(tmp_path / "m.safetensors")], capsys)
     assert code == 2 and "bare .safetensors" in err[-1] and "--format timm" in err[-1]
     assert not (tmp_path / "m.safetensors").exists()
     code, _ = run_cli(["convert", str(checkpoint), str(tmp_path / "m"), "--format", "timm"],
                       capsys)
     assert code == 0 and (tmp_path / "m" / "model.safetensors").exists()
-    cfg = get_config("Ti/16", width=32, depth=1, mlp_dim=64, num_heads=4, patch_size=8,
-                     image_size=32, num_classes=4, classifier="gap", num_registers=2)
-    params = nest({p: np.ones(s, np.float32) for p, s in expected_shapes(cfg).items()})
-    save_checkpoint(LoadedCheckpoint(cfg, params, INCEPTION), tmp_path / "t", "timm")
+    save_checkpoint(make_tiny(classifier="gap", class_token=False, num_registers=2),
+                    tmp_path / "t", "timm")
     code, err = run_cli(["convert", str(tmp_path / "t"), str(tmp_path / "hf"), "--format", "hf"],
                         capsys)
     assert code == 2 and len(err) == 1

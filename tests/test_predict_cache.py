@@ -13,30 +13,18 @@ import pytest
 from PIL import Image
 
 import vit.checkpoints
-from vit.checkpoints import LoadedCheckpoint, expected_shapes, nest, save_checkpoint
+from vit.checkpoints import save_checkpoint
 from vit.cli import main
 from vit.inference import prepared as predict_cache
 from vit.inference.predictor import Predictor
-from vit.models.config import get_config
-from vit.preprocess import INCEPTION
 
 pytestmark = pytest.mark.timeout(300)
 
 
-def tiny_loaded(seed=0, num_classes=6):
-    cfg = get_config("Ti/16", width=32, depth=2, mlp_dim=64, num_heads=4, patch_size=8,
-                     image_size=32, num_classes=num_classes)
-    rng = np.random.RandomState(seed)
-    params = nest({p: rng.randn(*s).astype(np.float32) * 0.5
-                   for p, s in expected_shapes(cfg).items()})
-    return LoadedCheckpoint(cfg, params, INCEPTION.with_size(32),
-                            [f"class {i}" for i in range(num_classes)])
-
-
 @pytest.fixture
-def setup(tmp_path, monkeypatch):
+def setup(tmp_path, monkeypatch, make_tiny):
     monkeypatch.setenv("VIT_CACHE_DIR", str(tmp_path / "cache"))
-    save_checkpoint(tiny_loaded(), tmp_path / "ckpt", "hf")
+    save_checkpoint(make_tiny(), tmp_path / "ckpt", "hf")
     rng = np.random.RandomState(1)
     for i in range(5):
         h, w = rng.randint(20, 60, size=2)
@@ -89,7 +77,7 @@ def test_a_warm_run_reads_neither_the_checkpoint_nor_the_model(setup, capsys, mo
 
 
 def test_a_changed_checkpoint_or_batch_is_a_miss_and_a_new_batch_reuses_the_weights(
-        setup, capsys):
+        setup, capsys, make_tiny):
     predict(capsys, setup)
     [entry] = entries(setup)
     weights = (entry / "weights.bin").stat()
@@ -98,7 +86,7 @@ def test_a_changed_checkpoint_or_batch_is_a_miss_and_a_new_batch_reuses_the_weig
     assert len(list(entry.glob("forward-*.jaxexport"))) == 2
     assert (entry / "weights.bin").stat().st_mtime_ns == weights.st_mtime_ns
     # New weights under the same path: a new entry, and the answers are the new model's.
-    save_checkpoint(tiny_loaded(seed=7), setup / "new", "hf")
+    save_checkpoint(make_tiny(seed=7), setup / "new", "hf")
     os.replace(setup / "new" / "model.safetensors", setup / "ckpt" / "model.safetensors")
     got, err = predict(capsys, setup)
     assert "prepared:" not in err and len(entries(setup)) == 2
@@ -124,14 +112,15 @@ def test_a_damaged_entry_is_dropped_and_the_run_goes_on(setup, capsys):
     same(got, want)
 
 
-def test_labels_a_refused_head_and_only_the_newest_entries_stay(setup, capsys, monkeypatch):
+def test_labels_a_refused_head_and_only_the_newest_entries_stay(setup, capsys, monkeypatch,
+                                                                 make_tiny):
     labels = setup / "labels.txt"
-    labels.write_text("\n".join(f"name {i}" for i in range(6)))
+    labels.write_text("\n".join(f"name {i}" for i in range(10)))
     predict(capsys, setup)
     got, err = predict(capsys, setup, "--labels", str(labels))  # --labels applies warm too
     assert "prepared:" in err and got[0]["top_k"][0]["label"].startswith("name ")
     # An all-zero head is refused, and so never stored: refused again on the next run.
-    zero = tiny_loaded()
+    zero = make_tiny()
     zero.params["head"] = {k: np.zeros_like(v) for k, v in zero.params["head"].items()}
     save_checkpoint(zero, setup / "zero", "hf")
     for _ in range(2):
@@ -141,7 +130,7 @@ def test_labels_a_refused_head_and_only_the_newest_entries_stay(setup, capsys, m
     assert len(entries(setup)) == 1
     # A second checkpoint with KEEP=1: storing it drops the older entry.
     monkeypatch.setattr(predict_cache, "KEEP", 1)
-    save_checkpoint(tiny_loaded(seed=3), setup / "other", "hf")
+    save_checkpoint(make_tiny(seed=3), setup / "other", "hf")
     [old] = entries(setup)
     assert main(["predict", str(setup / "0.png"), "--checkpoint", str(setup / "other")]) == 0
     [new] = entries(setup)
@@ -177,13 +166,14 @@ def test_a_prepared_forward_runs_split_over_several_devices(setup):
 
 
 def test_a_hub_id_is_prepared_by_its_snapshot_and_a_new_revision_is_a_miss(setup, capsys,
-                                                                            monkeypatch):
+                                                                            monkeypatch,
+                                                                            make_tiny):
     """A hub id in a local Hugging Face cache (made here; nothing downloads): the warm run
     finds the snapshot it resolved to; a new revision under refs/main is read cold."""
     hub = setup / "hub"
     repo = hub / "models--someorg--tiny-vit"
     monkeypatch.setenv("HF_HUB_CACHE", str(hub))
-    save_checkpoint(tiny_loaded(), repo / "snapshots" / "rev1", "hf")
+    save_checkpoint(make_tiny(), repo / "snapshots" / "rev1", "hf")
     (repo / "refs").mkdir()
     (repo / "refs" / "main").write_text("rev1")
 
@@ -200,7 +190,7 @@ def test_a_hub_id_is_prepared_by_its_snapshot_and_a_new_revision_is_a_miss(setup
     assert f"prepared: {entries(setup)[0]}" in err
     same(got, want)
     # A new revision becomes main: the old snapshot must not answer for the name any more.
-    save_checkpoint(tiny_loaded(seed=5), repo / "snapshots" / "rev2", "hf")
+    save_checkpoint(make_tiny(seed=5), repo / "snapshots" / "rev2", "hf")
     (repo / "refs" / "main").write_text("rev2")
     new_want, _ = run("--no-cache")
     assert [r["top_k"][0]["prob"] for r in new_want] != [r["top_k"][0]["prob"] for r in want]

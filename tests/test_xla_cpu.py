@@ -7,27 +7,20 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from vit.checkpoints import LoadedCheckpoint, expected_shapes, nest
 from vit.inference import xla_cpu
 from vit.inference.predictor import Predictor
-from vit.models.config import get_config
-from vit.preprocess import INCEPTION
 
 pytestmark = pytest.mark.timeout(300)
 
 
-def predictor():
-    cfg = get_config("Ti/16", width=32, depth=1, mlp_dim=64, num_heads=4, patch_size=8,
-                     image_size=32, num_classes=5)
-    rng = np.random.RandomState(0)
-    params = nest({p: rng.randn(*s).astype(np.float32) * 0.5
-                   for p, s in expected_shapes(cfg).items()})
-    loaded = LoadedCheckpoint(cfg, params, INCEPTION.with_size(32))
-    return Predictor(loaded.build_model(), loaded.preprocessing, batch_size=2)
-
-
 @pytest.mark.skipif(jax.default_backend() != "cpu", reason="the options are XLA:CPU's")
-def test_the_predictor_compiles_with_xla_dots_unless_opted_out(monkeypatch):
+def test_the_predictor_compiles_with_xla_dots_unless_opted_out(monkeypatch, make_tiny):
+    # The arrays below are 32x32.
+    loaded = make_tiny(image_size=32, patch_size=8, depth=1, num_classes=5)
+
+    def predictor():
+        return Predictor(loaded.build_model(), loaded.preprocessing, batch_size=2)
+
     monkeypatch.delenv(xla_cpu.OPT_OUT, raising=False)
     fast = predictor()
     fast.compile()
