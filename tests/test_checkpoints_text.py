@@ -22,19 +22,16 @@ from vit.preprocess import Preprocessing
 
 pytestmark = pytest.mark.timeout(600)
 
-# tanh GELU and eps 1e-6: the numerics every format implies, so each file reloads the same
-# function (a vit_jax npz always reads back as tanh GELU).
-TINY = dict(num_classes=3, image_size=32, depth=2, width=64, num_heads=4, mlp_dim=128,
-            gelu="tanh")
 TEXT = TextConfig(width=32, depth=1, num_heads=2, mlp_dim=64, max_len=16)
-LABELS = ["cat", "dog", "fish"]
+LABELS = ["cat", "dog", "fish", "bird", "frog", "deer", "ship", "car", "truck", "horse"]
 INIT_NOTE = "text-conditioning weights initialised fresh (text_path, xattn, prompt_head)"
 DROP_NOTE = ("text-conditioning weights dropped (text_path, xattn, prompt_head{}): this model "
              "has no text path")
 
 
-def tiny(text=None, seed=0):
-    model = vit.create_model("Ti/16", text=text, rngs=nnx.Rngs(seed), **TINY)
+def with_text(plain, text, seed=0):
+    """A text model of the plain model's architecture (the shared tiny ViT), fresh weights."""
+    model = vit.create_model(plain.config.replace(text=text), rngs=nnx.Rngs(seed))
     # The head is zero at init: randomise it so equal class logits compare something.
     model.head.kernel[...] = jax.random.normal(jax.random.key(7), model.head.kernel.shape)
     model.head.bias[...] = jax.random.normal(jax.random.key(8), model.head.bias.shape)
@@ -42,7 +39,7 @@ def tiny(text=None, seed=0):
 
 
 def images(n=2, seed=0):
-    return np.random.RandomState(seed).randn(n, 32, 32, 3).astype(np.float32)
+    return np.random.RandomState(seed).randn(n, 8, 8, 3).astype(np.float32)
 
 
 def params_of(model) -> dict:
@@ -61,45 +58,17 @@ def text_part(params: dict) -> dict:
     return {k: v for k, v in params.items() if k in TEXT_SUBTREES}
 
 
-def write_workdir(model, path):
-    """A training workdir with one step, as the trainer lays it out."""
-    import orbax.checkpoint as ocp
-
-    from vit.checkpoints import orbax_format
-
-    meta = orbax_format.make_meta(model.config.to_dict(), Preprocessing(size=(32, 32)).to_dict(),
-                            LABELS, 10)
-    manager = ocp.CheckpointManager(path / "checkpoints", item_names=(orbax_format.PARAMS, orbax_format.META))
-    manager.save(10, args=ocp.args.Composite(
-        params=ocp.args.StandardSave(nnx.to_pure_dict(nnx.state(model, nnx.Param))),
-        meta=ocp.args.JsonSave(meta)))
-    manager.wait_until_finished()
-    manager.close()
-
-
 @pytest.fixture(scope="module")
-def plain():
-    return tiny()
-
-
-@pytest.fixture(scope="module")
-def plain_files(plain, tmp_path_factory):
-    """The plain model written in every format we read (our writers, as users would)."""
-    root = tmp_path_factory.mktemp("plain")
-    files = {}
-    for fmt, name in (("npz", "vit.npz"), ("hf", "hf"), ("timm", "timm"), ("orbax", "orbax")):
-        # an npz holds no class names (converting one with names is refused)
-        save_checkpoint(plain, root / name, fmt, labels=None if fmt == "npz" else LABELS)
-        files[fmt] = root / name
-    write_workdir(plain, root / "workdir")
-    files["workdir"] = root / "workdir"
-    return files
+def plain(tiny):
+    """The shared tiny ViT (tests/conftest.py); `tiny_files` holds it in every format we read,
+    written by our writers as a user would convert it, and as a workdir."""
+    return tiny.build_model()
 
 
 @pytest.mark.parametrize("fmt", ["npz", "hf", "timm", "orbax", "workdir"])
-def test_plain_checkpoint_loads_into_a_text_model(plain, plain_files, fmt):
-    file = load_checkpoint(plain_files[fmt])
-    loaded = load_checkpoint(plain_files[fmt], text=TEXT)
+def test_plain_checkpoint_loads_into_a_text_model(plain, tiny_files, fmt):
+    file = load_checkpoint(tiny_files[fmt])
+    loaded = load_checkpoint(tiny_files[fmt], text=TEXT)
     assert loaded.config == file.config.replace(text=TEXT)
     # Image weights: exactly the file's. Text weights: a fresh Rngs(0) init of the new model.
     assert_equal_trees({k: v for k, v in loaded.params.items() if k not in TEXT_SUBTREES},
@@ -120,9 +89,9 @@ def test_plain_checkpoint_loads_into_a_text_model(plain, plain_files, fmt):
     assert prompt.shape == (2, 3) and np.isfinite(prompt).all()
 
 
-def test_similarity_head_is_initialised_too(plain_files):
+def test_similarity_head_is_initialised_too(tiny_files):
     text = TextConfig(width=32, depth=1, num_heads=2, mlp_dim=64, max_len=16, similarity_dim=8)
-    loaded = load_checkpoint(plain_files["orbax"], text=text)
+    loaded = load_checkpoint(tiny_files["orbax"], text=text)
     assert "similarity" in loaded.params
     notes = [w for w in loaded.warnings if "text-conditioning" in w]
     assert len(notes) == 1
@@ -132,9 +101,9 @@ def test_similarity_head_is_initialised_too(plain_files):
     assert model.image_embedding(images()).shape == (2, 8)
 
 
-def test_build_model_and_load_params_fit_text_weights(plain, plain_files):
+def test_build_model_and_load_params_fit_text_weights(plain, tiny_files):
     """A config edited after loading: build_model fits the weights to it, with a warning."""
-    file = load_checkpoint(plain_files["orbax"])
+    file = load_checkpoint(tiny_files["orbax"])
     edited = LoadedCheckpoint(file.config.replace(text=TEXT), file.params, file.preprocessing)
     model = edited.build_model(nnx.Rngs(3))  # the model's own init supplies the text weights
     assert len(edited.warnings) == 1 and edited.warnings[0].startswith(INIT_NOTE)
@@ -155,9 +124,9 @@ def test_build_model_and_load_params_fit_text_weights(plain, plain_files):
 
 # -- text checkpoints: orbax round trips, into a plain model, refused elsewhere -----------------
 @pytest.fixture(scope="module")
-def text_model():
+def text_model(plain):
     text = TextConfig(width=32, depth=1, num_heads=2, mlp_dim=64, max_len=16, similarity_dim=8)
-    model = tiny(text)
+    model = with_text(plain, text)
     for block in model.xattn:  # open the gates: the text must change the image tokens
         block.attn_gate[...] = 0.7
         block.mlp_gate[...] = -0.4
@@ -167,7 +136,7 @@ def text_model():
 @pytest.fixture(scope="module")
 def text_orbax(text_model, tmp_path_factory):
     path = tmp_path_factory.mktemp("text") / "orbax"
-    pre = Preprocessing(size=(32, 32), resample="bilinear", crop_pct=None, mean=(0.1, 0.2, 0.3),
+    pre = Preprocessing(size=(8, 8), resample="bilinear", crop_pct=None, mean=(0.1, 0.2, 0.3),
                         std=(0.4, 0.5, 0.6))
     assert save_checkpoint(text_model, path, "orbax", preprocessing=pre, labels=LABELS) == []
     return path, pre
@@ -188,10 +157,10 @@ def test_text_model_round_trips_through_orbax(text_model, text_orbax):
     assert again.warnings == [] and again.config == back.config
 
 
-def test_embeddings_text_model_round_trips_through_orbax(tmp_path):
+def test_embeddings_text_model_round_trips_through_orbax(plain, tmp_path):
     text = TextConfig(source="embeddings", embed_dim=24, width=32, depth=1, num_heads=2,
                       mlp_dim=64, max_len=8)
-    model = tiny(text)
+    model = with_text(plain, text)
     save_checkpoint(model, tmp_path / "emb", "orbax", labels=LABELS)
     back = load_checkpoint(tmp_path / "emb")
     assert back.config == model.config and back.config.text.source == "embeddings"
