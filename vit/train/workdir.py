@@ -32,6 +32,7 @@ import json
 import os
 import shutil
 import socket
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -182,12 +183,16 @@ def _same_file(fd: int, path: Path) -> bool:
 
 
 def _read_holder(fd: int) -> str:
-    try:
-        holder = json.loads(os.pread(fd, 4096, 0) or b"null")
-        return (f"pid {holder['pid']} on host {holder['host']}, started "
-                f"{holder['started']}")
-    except (OSError, ValueError, TypeError, KeyError):
-        return "it has just started"
+    """Who holds the lock, as its holder wrote it; a holder that has just taken the lock writes
+    that a moment later, so an empty file is read again for up to a second."""
+    for _ in range(20):
+        try:
+            holder = json.loads(os.pread(fd, 4096, 0))
+            return (f"pid {holder['pid']} on host {holder['host']}, started "
+                    f"{holder['started']}")
+        except (OSError, ValueError, TypeError, KeyError):
+            time.sleep(0.05)
+    return "it has just started"
 
 
 # -- a claim: checked, locked, and undone when the run fails before its first checkpoint -----
