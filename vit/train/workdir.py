@@ -119,9 +119,7 @@ def mark(path) -> None:
     marker = Path(path) / MARKER
     if marker.exists():
         return
-    from vit import __version__
-
-    record = {"format": FORMAT, "created": _now(), "by": f"vit {__version__}"}
+    record = {"format": FORMAT, "created": _now()}
     replace_file(marker, json.dumps(record) + "\n")
 
 
