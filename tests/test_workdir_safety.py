@@ -235,10 +235,13 @@ def test_a_folder_that_is_not_a_run_is_refused_and_untouched(kind, tiny_files, t
 
 # -- two writers --------------------------------------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_two_runs_started_together_into_one_new_workdir_one_runs(tmp_path):
     """Guards: two runs racing into one new workdir ended in tracebacks, a deleted workdir or
-    both "succeeding". Both wait at the lock until both are there, then race."""
+    both "succeeding". Both wait at the lock until both are there, then race. Slow set: two
+    fresh `vit train` processes; the default set checks a held lock's refusal in
+    test_a_lock_left_by_a_killed_run_is_no_lock."""
     workdir = tmp_path / "new" / "run"
     procs = [driver("together", tmp_path / "sync", argv(workdir)) for _ in range(2)]
     outs = [p.communicate(timeout=500) for p in procs]
@@ -579,8 +582,11 @@ def test_a_batch_larger_than_the_data_is_capped_under_a_memory_cap(tmp_path):
     assert saved["train"]["batch_size"] == 1293
 
 
+@pytest.mark.slow
 def test_a_first_step_that_cannot_fit_says_what_to_lower(tmp_path):
-    """Guards: a compile or allocation that cannot fit ended in XLA's traceback."""
+    """Guards: a compile or allocation that cannot fit ended in XLA's traceback. Slow set: a
+    2048-pixel training step compiled under a memory cap (a minute or more); the default set
+    checks the out-of-memory line in tests/test_faults.py's memory rows."""
     workdir = tmp_path / "new" / "run"
     done = _capped(argv(workdir, "input.image_size=2048", "train.steps=1"))
     assert_outcome(done.returncode, done.stderr, 2, "memory", "train.batch_size=8",
@@ -590,10 +596,12 @@ def test_a_first_step_that_cannot_fit_says_what_to_lower(tmp_path):
 
 # -- signals ------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_a_second_ctrl_c_ends_the_run_cleanly_and_keeps_the_last_checkpoint(tmp_path):
     """Guards: a double Ctrl-C printed orbax's thread tracebacks or crashed at exit. The second
-    SIGINT is sent once the first was handled: the run is then finishing its step or saving."""
+    SIGINT is sent once the first was handled: the run is then finishing its step or saving.
+    Slow set, as test_train's SIGTERM/SIGKILL test: real signals to a real training process."""
     from vit.checkpoints import load_checkpoint
 
     workdir = tmp_path / "run"
