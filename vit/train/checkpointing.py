@@ -179,11 +179,13 @@ class TrainCheckpoints:
         with contextlib.suppress(Exception):  # the run's own error is the one to report
             self.manager.close()
         # A failed save stops waiting at its first error; the writes still in flight end in
-        # orbax's own threads, which must be done before their folder is removed.
+        # orbax's own threads, which must be done before their folder is removed (orbax's
+        # threads raise their own error again when joined).
         for thread in threading.enumerate():
             if thread is not threading.current_thread() and \
                     type(thread).__module__.startswith("orbax."):
-                thread.join(timeout=60)
+                with contextlib.suppress(Exception):
+                    thread.join(timeout=60)
 
 
 class _NotFullDisk(logging.Filter):
