@@ -141,10 +141,27 @@ def vit_train(capsys):
     return run
 
 
+SPAWNED: list[subprocess.Popen] = []
+
+
+@pytest.fixture(autouse=True)
+def _no_process_left():
+    """A row that fails part-way leaves no process behind (one held at a barrier would wait
+    for ever)."""
+    yield
+    while SPAWNED:
+        proc = SPAWNED.pop()
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
 def driver(hook: str, sync: Path, args: list[str]) -> subprocess.Popen:
     sync.mkdir(parents=True, exist_ok=True)
-    return subprocess.Popen([sys.executable, "-c", DRIVER, hook, str(sync), *args], cwd=ROOT,
-                            env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    SPAWNED.append(subprocess.Popen(
+        [sys.executable, "-c", DRIVER, hook, str(sync), *args], cwd=ROOT, env=ENV,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    return SPAWNED[-1]
 
 
 def wait_for(path: Path, proc: subprocess.Popen, timeout: float = 240) -> None:
@@ -290,6 +307,7 @@ def test_a_lock_left_by_a_killed_run_is_no_lock(finished, copy_of, vit_train):
         [sys.executable, "-c", "import sys, time; from vit.train.workdir import WorkdirLock; "
          "WorkdirLock(sys.argv[1]).acquire(); print('locked', flush=True); time.sleep(600)",
          str(workdir)], cwd=ROOT, env=ENV, stdout=subprocess.PIPE, text=True)
+    SPAWNED.append(holder)
     assert holder.stdout.readline().strip() == "locked"
     code, err = vit_train(workdir)
     assert_outcome(code, err, 2, f"pid {holder.pid}")  # held: refused
