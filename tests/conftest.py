@@ -138,34 +138,52 @@ TRAINED_DIGITS = ["train.steps=300", "model.depth=2", "model.classifier=token",
 
 
 @pytest.fixture(scope="session")
-def trained_digits(tmp_path_factory):
-    """A small ViT trained by `vit train`'s loop on the bundled digits, once per test process
-    (its tests share an xdist group, so one process): -> its workdir. A trained model has
-    decided margins, as a real checkpoint does; random weights are full of float32 near-ties."""
-    from vit.recipes.load import load_config
-    from vit.train.loop import train
+def once(tmp_path_factory):
+    """-> once(name, build): `build(folder)` runs in one test process of the run (pytest-xdist
+    starts several); the others wait for it and get the same folder, to read, not to change."""
+    import fcntl
 
-    workdir = tmp_path_factory.mktemp("trained_digits")
-    result = train(load_config(DIGITS_RECIPE, TRAINED_DIGITS), workdir)
-    assert result["step"] == 300
-    return workdir
+    base = tmp_path_factory.getbasetemp()
+    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+    def run(name, build):
+        folder = root / name
+        with open(root / f"{name}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not (root / f"{name}.done").exists():
+                shutil.rmtree(folder, ignore_errors=True)  # a build that failed part way
+                folder.mkdir()
+                build(folder)
+                (root / f"{name}.done").touch()
+        return folder
+
+    return run
 
 
 @pytest.fixture(scope="session")
-def trained_digits_hf(trained_digits, tmp_path_factory):
+def trained_digits(once):
+    """A small ViT trained by `vit train`'s loop on the bundled digits, once per run: -> its
+    workdir. A trained model has decided margins, as a real checkpoint does; random weights are
+    full of float32 near-ties."""
+    def build(folder):
+        from vit.recipes.load import load_config
+        from vit.train.loop import train
+
+        result = train(load_config(DIGITS_RECIPE, TRAINED_DIGITS), folder / "run")
+        assert result["step"] == 300
+
+    return once("trained_digits", build) / "run"
+
+
+@pytest.fixture(scope="session")
+def trained_digits_hf(trained_digits, once):
     """The trained model converted to a Hugging Face folder by `save_checkpoint`."""
-    from vit.checkpoints import load_checkpoint, save_checkpoint
+    def build(folder):
+        from vit.checkpoints import load_checkpoint, save_checkpoint
 
-    folder = tmp_path_factory.mktemp("trained_digits_hf") / "hf"
-    save_checkpoint(load_checkpoint(trained_digits), folder, "hf")
-    return folder
+        save_checkpoint(load_checkpoint(trained_digits), folder / "hf", "hf")
 
-
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups (--dist loadgroup)
-def pytest_collection_modifyitems(items):
-    for item in items:
-        if "trained_digits" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.xdist_group("trained_digits"))
+    return once("trained_digits_hf", build) / "hf"
 
 
 # -- a tiny TFDS dataset -------------------------------------------------------------------------

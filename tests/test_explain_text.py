@@ -269,7 +269,8 @@ PLAIN_KEYS = {"image", "label", "pred", "pred_label", "prob", "method", "class",
 
 
 @pytest.fixture(scope="module")
-def checkpoints(tmp_path_factory):
+def checkpoints(tmp_path_factory, tiny_files):
+    """A text model of the shared tiny ViT's size, and the plain tiny ViT itself."""
     from vit.checkpoints import save_orbax
     from vit.preprocess import Preprocessing
 
@@ -277,11 +278,9 @@ def checkpoints(tmp_path_factory):
     common = dict(width=32, depth=2, mlp_dim=64, num_heads=4, patch_size=4, image_size=8,
                   num_classes=10)
     text = tiny_text(0.8, **common, text=dict(TEXT, max_len=16))
-    plain = vit.create_model("Ti/16", rngs=nnx.Rngs(0), attention_impl="xla", **common)
-    for model, name in ((text, "text"), (plain, "plain")):
-        save_orbax(root / name, model, preprocessing=Preprocessing(size=(8, 8)),
-                   labels=[f"digit{i}" for i in range(10)])
-    return {"text": str(root / "text"), "plain": str(root / "plain"), "model": text}
+    save_orbax(root / "text", text, preprocessing=Preprocessing(size=(8, 8)),
+               labels=[f"digit{i}" for i in range(10)])
+    return {"text": str(root / "text"), "plain": str(tiny_files["orbax"]), "model": text}
 
 
 def test_rollout_prompt_writes_maps_prompt_probability_and_token_scores(checkpoints, tmp_path,

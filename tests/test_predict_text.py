@@ -31,23 +31,22 @@ NAMES = ["cat", "dog", "red triangle", "blue circle", "tree"]
 
 def _save(path, text_config):
     model = vit.create_model("Ti/16", **SIZES, text=text_config, rngs=nnx.Rngs(0))
-    if text_config is not None:
-        for block in model.xattn:  # gates start at 0 (text ignored); open them so text matters
-            block.attn_gate[...] = 0.8
-        model.prompt_head.out.kernel[...] *= 10  # spread the match logits apart
-        if model.similarity is not None:
-            model.similarity.bias[...] = 0.0  # SigLIP's -10 init puts every prob near 0
+    for block in model.xattn:  # gates start at 0 (text ignored); open them so text matters
+        block.attn_gate[...] = 0.8
+    model.prompt_head.out.kernel[...] *= 10  # spread the match logits apart
+    if model.similarity is not None:
+        model.similarity.bias[...] = 0.0  # SigLIP's -10 init puts every prob near 0
     save_orbax(path, model)
     return path
 
 
 @pytest.fixture(scope="module")
-def ckpts(tmp_path_factory):
+def ckpts(tmp_path_factory, tiny_files):
     d = tmp_path_factory.mktemp("ckpts")
     return {"text": _save(d / "text", vit.TextConfig(**TEXT, similarity_dim=16)),
             "emb": _save(d / "emb", vit.TextConfig(**TEXT, source="embeddings",
                                                    embed_dim=EMBED_DIM)),
-            "plain": _save(d / "plain", None)}
+            "plain": tiny_files["orbax"]}
 
 
 @pytest.fixture(scope="module")
