@@ -311,8 +311,9 @@ def test_rollout_prompt_writes_maps_prompt_probability_and_token_scores(checkpoi
     ckpt = load_checkpoint(checkpoints["text"])
     blue = ckpt.preprocessing(Image.open(pics / "blue.png"))[None]
     tokens, mask = vit.tokenize(prompt, 16)
-    want = jax.nn.sigmoid(checkpoints["model"](jnp.asarray(blue), text=jnp.asarray(tokens),
-                                               text_mask=jnp.asarray(mask)))
+    forward = nnx.jit(lambda m, x, t, k: m(x, text=t, text_mask=k))
+    want = jax.nn.sigmoid(forward(checkpoints["model"], jnp.asarray(blue), jnp.asarray(tokens),
+                                  jnp.asarray(mask)))
     row = next(r for r in rows if r["image"].endswith("blue.png"))
     np.testing.assert_allclose(row["prob"], float(want[0]), rtol=1e-4)
     page = (out / "index.html").read_text(encoding="utf-8")
