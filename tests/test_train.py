@@ -202,7 +202,7 @@ def test_optimizer_recipes():
                 b1=0.9, b2=0.999, momentum=0.9, clip_norm=1.0, layer_decay=1.0, trainable=".*")
     # Weight decay only on kernels: a zero gradient moves kernels, nothing else.
     tx, _ = make_optimizer(ml_collections.ConfigDict(base), params, depth=1, steps=10)
-    updates, _ = tx.update(zero_grads, tx.init(params), params)
+    updates, _ = jax.jit(tx.update)(zero_grads, tx.init(params), params)
     moved = jax.tree.map(lambda u: bool(jnp.any(u != 0)), updates)
     assert moved["patch_kernel"] and moved["blocks"][0]["mlp"]["fc1"]["kernel"]
     assert not moved["pos_embed"] and not moved["blocks"][0]["mlp"]["fc1"]["bias"]
@@ -213,21 +213,21 @@ def test_optimizer_recipes():
         np.testing.assert_allclose(u, -0.05 if n in decayed else 0.0, atol=1e-7, err_msg=n)
     # And with a unit gradient (clipped, but Adam's first step is g / |g| = 1 whatever the scale):
     # -lr * (1 + wd * p) = -0.15 on kernels, -0.1 on the rest.
-    updates, _ = tx.update(jax.tree.map(jnp.ones_like, params), tx.init(params), params)
+    updates, _ = jax.jit(tx.update)(jax.tree.map(jnp.ones_like, params), tx.init(params), params)
     for u, n in zip(jax.tree.leaves(updates), jax.tree.leaves(path_names(params)), strict=True):
         np.testing.assert_allclose(u, -0.15 if n in decayed else -0.1, rtol=1e-5, err_msg=n)
     # Freezing: only the head trains.
     tx, _ = make_optimizer(ml_collections.ConfigDict({**base, "trainable": "head/.*"}), params,
                            depth=1, steps=10)
     grads = jax.tree.map(jnp.ones_like, params)
-    updates, _ = tx.update(grads, tx.init(params), params)
+    updates, _ = jax.jit(tx.update)(grads, tx.init(params), params)
     assert all(not jnp.any(u) for u in jax.tree.leaves({k: v for k, v in updates.items()
                                                          if k != "head"}))
     assert jnp.all(updates["head"]["kernel"] != 0)
     # Layer-wise decay: SGD updates scale by decay ** (depth + 1 - layer).
     sgd = {**base, "name": "sgd", "momentum": 0.0, "clip_norm": 0.0, "layer_decay": 0.5}
     tx, _ = make_optimizer(ml_collections.ConfigDict(sgd), params, depth=1, steps=10)
-    updates, _ = tx.update(grads, tx.init(params), params)
+    updates, _ = jax.jit(tx.update)(grads, tx.init(params), params)
     # By hand, depth 1: embeddings are layer 0 (0.5 ** 2), block 0 layer 1 (0.5), the head 2.
     factor = {"patch_kernel": 0.25, "pos_embed": 0.25, "blocks/0/norm1/scale": 0.5,
               "blocks/0/mlp/fc1/kernel": 0.5, "blocks/0/mlp/fc1/bias": 0.5,
