@@ -601,6 +601,7 @@ def test_a_batch_larger_than_the_data_is_capped_under_a_memory_cap(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)
 def test_a_first_step_that_cannot_fit_says_what_to_lower(tmp_path):
     """Guards: a compile or allocation that cannot fit ended in XLA's traceback. Slow set: a
     512-pixel training step (52 GB of attention) compiled under a memory cap, about 20 s; the
