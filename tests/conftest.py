@@ -97,14 +97,15 @@ def make_tiny():
     return _tiny
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture
 def tiny():
-    """The tiny ViT (seed 0) as a LoadedCheckpoint; the files in `tiny_files` hold it."""
+    """The tiny ViT (seed 0) as a LoadedCheckpoint, a fresh copy for each test; the files in
+    `tiny_files` hold it."""
     return _tiny()
 
 
 @pytest.fixture(scope="session")
-def tiny_files(tmp_path_factory, tiny):
+def tiny_files(tmp_path_factory):
     """`tiny` written by our writers in every format we read, as a user would convert it:
     {"orbax": export folder, "hf": folder, "timm": folder, "npz": file (no class names: an npz
     holds none), "workdir": what `vit train` leaves (config.json, checkpoints/1)}. Read-only
@@ -115,7 +116,7 @@ def tiny_files(tmp_path_factory, tiny):
     root = tmp_path_factory.mktemp("tiny_files")
     files = {}
     for fmt, name in (("orbax", "orbax"), ("hf", "hf"), ("timm", "timm"), ("npz", "tiny.npz")):
-        src = _tiny(labels=None) if fmt == "npz" else tiny
+        src = _tiny(labels=None) if fmt == "npz" else _tiny()
         save_checkpoint(src, root / name, fmt)
         files[fmt] = root / name
     workdir = root / "workdir"

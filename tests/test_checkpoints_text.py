@@ -59,10 +59,10 @@ def text_part(params: dict) -> dict:
 
 
 @pytest.fixture(scope="module")
-def plain(tiny):
+def plain(make_tiny):
     """The shared tiny ViT (tests/conftest.py); `tiny_files` holds it in every format we read,
     written by our writers as a user would convert it, and as a workdir."""
-    return tiny.build_model()
+    return make_tiny().build_model()
 
 
 @pytest.mark.parametrize("fmt", ["npz", "hf", "timm", "orbax", "workdir"])
