@@ -40,11 +40,12 @@ def scores_materialised(config, batch: int) -> bool:
 def forward_bytes(config, batch: int, *, maps: bool = False) -> tuple[int, str]:
     """A lower bound of a forward's peak memory over `batch` images, and what dominates it.
 
-    One block's largest tensor: the float32 attention scores (when materialised) or the MLP's
-    hidden layer; plus the weights. `maps`: every block's attention probabilities are kept
-    besides (rollout and the other explanations).
+    The float32 input batch, the weights, and one block's largest tensor: the float32
+    attention scores (when materialised) or the MLP's hidden layer. `maps`: every block's
+    attention probabilities are kept besides (rollout and the other explanations).
     """
-    n = tokens(config)
+    n, (h, w) = tokens(config), config.image_size
+    inputs = 4 * batch * h * w * config.in_channels
     act = 2 if config.dtype in ("bfloat16", "float16") else 4
     weights = 4 * config.depth * (4 * config.width ** 2 + 2 * config.width * config.mlp_dim)
     scores = 4 * batch * config.num_heads * n * n
@@ -52,7 +53,9 @@ def forward_bytes(config, batch: int, *, maps: bool = False) -> tuple[int, str]:
     kept = config.depth * scores if maps else 0
     block = max(scores if maps or scores_materialised(config, batch) else 0, mlp)
     what = "attention scores" if block > mlp or kept else "MLP activations"
-    return weights + block + kept, what
+    if inputs > block + kept:
+        what = "input images"
+    return inputs + weights + block + kept, what
 
 
 def available_bytes() -> tuple[int, str] | None:
