@@ -19,7 +19,8 @@ Sections, in this order, each written to DIR/bench_attention.json as soon as it 
   train_step   `vit train`'s step (scripts/train_step.py: configs/imagefolder.py with AdamW) on
                ViT-B/16 in bfloat16, in images/s and MFU, with each attention path.
 Each timed section has its own share of --budget-s. Every row has a status: "ok", "failed" (it
-raised, or a correctness check missed) or "skipped" (the time budget ran out before it started, or a training dependency is missing).
+raised, or a correctness check missed) or "skipped" (the time budget ran out before it started,
+or a training dependency is missing).
 The exit code keeps them apart: 1 if any row failed, else 3 if any was skipped, else 0.
 
 --quick: the seq-577 attention rows only. --dry-run: tiny shapes in Pallas interpret mode, so CI
