@@ -144,17 +144,17 @@ def run(args) -> int:
 
 
 def _store(opened, predictor) -> None:
-    """Keeps the prepared classifier for the next run. The cache is an aid: a disk too full
-    for it is a warning, and the answers printed stand."""
-    from vit.errors import OutOfSpace, megabytes
+    """Keeps the prepared classifier for the next run. The answers are printed first; a disk too
+    full for the cache then ends the run with exit 2 as any full disk does, nothing stored."""
+    from vit.errors import OutOfSpace, VitError, megabytes
 
     try:
         opened.store(predictor)
     except OutOfSpace as err:
         size = f" (needs about {megabytes(err.needed)})" if err.needed else ""
-        print(f"vit predict: warning: {err.path}: no space left on device{size}, so the "
-              "prepared classifier was not stored; free some space, set VIT_CACHE_DIR to "
-              "another folder, or pass --no-cache", file=sys.stderr)
+        raise VitError(f"{err.path}: no space left on device{size}, so the prepared classifier "
+                       "was not stored (the answers above stand); free some space, set "
+                       "VIT_CACHE_DIR to another folder, or pass --no-cache") from None
 
 
 def _check_flags(args) -> list[str]:
