@@ -88,7 +88,7 @@ _LOOPS_OF_FAILED_READS: list[asyncio.AbstractEventLoop] = []
 
 
 class _ReadEventLoop(asyncio.SelectorEventLoop):
-    """The loop orbax makes for a read, closed by `_read_event_loops` rather than by orbax.
+    """The loop orbax makes for a read, closed by `quiet_event_loops` rather than by orbax.
 
     Orbax reads every array at once and closes its loop as soon as one read fails (a chunk file
     cut short). The other reads still finish, in tensorstore's threads, and each then prints an
@@ -106,7 +106,7 @@ class _ReadEventLoop(asyncio.SelectorEventLoop):
 
 
 @contextlib.contextmanager
-def _read_event_loops(keep: int | None = None):
+def quiet_event_loops(keep: int | None = None):
     """Inside the block, new event loops are `_ReadEventLoop`s: closed at its end when it
     succeeds, kept open when it fails. With `keep` (a long block: a training run making loops
     at every save), only the `keep` newest stay open meanwhile; older ones, long done, close."""
@@ -145,7 +145,7 @@ def _restore_params(directory: Path) -> dict:
 
     checkpointer = ocp.PyTreeCheckpointer()
     try:
-        with _read_event_loops():
+        with quiet_event_loops():
             # An item saved inside a composite checkpoint has no _CHECKPOINT_METADATA of its
             # own; orbax logs that as a warning on every load although the tree metadata it
             # needs is there. When that tree metadata cannot be read, orbax logs a warning too

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from vit.checkpoints.files import remove
-from vit.checkpoints.orbax_io import _read_event_loops
+from vit.checkpoints.orbax_io import quiet_event_loops
 from vit.errors import OutOfSpace, is_out_of_space
 
 
@@ -52,7 +52,7 @@ def _quiet_orbax_threads() -> Iterator[None]:
     level = absl.level
     absl.setLevel(logging.CRITICAL)
     try:
-        with _read_event_loops():
+        with quiet_event_loops():
             yield
     finally:
         absl.setLevel(level)

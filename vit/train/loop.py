@@ -28,7 +28,7 @@ import jax
 
 from vit import device_mesh
 from vit.checkpoints import orbax_format
-from vit.checkpoints.orbax_io import _read_event_loops, finished_steps
+from vit.checkpoints.orbax_io import finished_steps, quiet_event_loops
 from vit.data import open_source, train_iterator
 from vit.errors import ConfigError, OutOfMemory, OutOfSpace, is_out_of_memory
 from vit.inference.evaluate import evaluate_task, make_logits_fn, sharded_eval_batches
@@ -80,7 +80,7 @@ def train_claimed(config, workdir: Path, claim: workdirs.Claim | None, *, init: 
                   stop_after: int | None) -> dict:
     """`train` in a workdir already claimed (`claim` is None on processes other than 0)."""
     quiet_full_disk_logs()
-    with _read_event_loops(keep=64):  # orbax's loops wait for every write, failed ones too
+    with quiet_event_loops(keep=64):  # orbax's loops wait for every write, failed ones too
         ckpts = None
         try:
             ckpts = TrainCheckpoints(workdir, keep=config.train.keep_checkpoints)
