@@ -7,6 +7,8 @@ import contextlib
 import logging
 import os
 import shutil
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -47,12 +49,23 @@ def _quiet_orbax_threads() -> Iterator[None]:
     """Orbax writes every array at once in its own threads; when one write fails (a full disk)
     absl logs each thread's traceback, and tensorstore's late callbacks print "Event loop is
     closed" tracebacks. The loops orbax reads with (`orbax_io`) serve its writes as well, and
-    absl stays quiet until the block is over."""
+    absl stays quiet until the block is over. A failed block may end while threads it started
+    are still failing one by one: absl stays quiet until they have ended too."""
     absl = logging.getLogger("absl")
     level = absl.level
+    before = set(threading.enumerate())
     absl.setLevel(logging.CRITICAL)
     try:
         with quiet_event_loops():
-            yield
+            try:
+                yield
+            except BaseException:
+                # Orbax's writer threads end soon after a failure, each logging it; the wait
+                # is bounded all the same. Thread.join: orbax's own join waits on its signals.
+                deadline = time.monotonic() + 15
+                for thread in set(threading.enumerate()) - before:
+                    if type(thread).__name__ == "_SignalingThread":
+                        threading.Thread.join(thread, max(0.0, deadline - time.monotonic()))
+                raise
     finally:
         absl.setLevel(level)

@@ -13,8 +13,9 @@ import sys
 from pathlib import Path
 
 from vit.commands import inference_options
-from vit.commands.checks import check_output_dir, require_positive, write_outputs
-from vit.errors import ConfigError, DataError
+from vit.commands.checks import check_output_dir, require_positive
+from vit.commands.eval_shared import batch_size, save_report, scorer
+from vit.errors import ConfigError
 
 
 def add_arguments(parser) -> None:
@@ -61,7 +62,9 @@ def run(args) -> int:
     if loaded.config.text is not None:  # a text model answers prompts: score its answers
         heldout = args.heldout_split if args.heldout_split is not None else (
             config.data.get("heldout_split") if args.workdir else None)
-        return _eval_prompts(args, loaded, source, name, data_dir, split, heldout, out)
+        from vit.commands.eval_prompts import eval_prompts
+
+        return eval_prompts(args, loaded, source, name, data_dir, split, heldout, out)
     class_names = source.class_names
     if loaded.config.num_classes != len(class_names):
         raise ConfigError(f"the checkpoint has {loaded.config.num_classes} classes but "
@@ -70,7 +73,7 @@ def run(args) -> int:
         print(f"warning: checkpoint labels {loaded.labels[:3]}... differ from the dataset's "
               f"{class_names[:3]}...; scoring by index", file=sys.stderr)
 
-    res = _scorer(loaded, _batch(args, source), "softmax_xent")(source)
+    res = scorer(loaded, batch_size(args, source), "softmax_xent")(source)
     shown = [display_name(c) for c in class_names]  # a folder name that is not UTF-8, too
     report = {"checkpoint": loaded.source, "data": source.name, "split": split,
               "accuracy": res["accuracy"], "top5_accuracy": res["top5_accuracy"],
@@ -78,7 +81,7 @@ def run(args) -> int:
               "per_class_accuracy": dict(zip(shown, res["per_class_accuracy"], strict=True)),
               "confusion_png": str(out / "confusion.png")}
     png = confusion_png(res["confusion"], class_names)
-    if _save_report(args, out, report, {"confusion.png": png}, confusion=res["confusion"]):
+    if save_report(args, out, report, {"confusion.png": png}, confusion=res["confusion"]):
         return 0
     print(f"{loaded.source} on {source.name}: {res['num_examples']} images")
     print(f"  top-1 accuracy {res['accuracy']:.4f}")
@@ -87,84 +90,6 @@ def run(args) -> int:
     print("  lowest per-class: " + ", ".join(f"{k} {v:.3f}" for k, v in worst))
     print(f"  confusion matrix {out / 'confusion.png'}, figures {out / 'eval.json'}")
     return 0
-
-
-def _eval_prompts(args, loaded, source, name, data_dir, split, heldout, out) -> int:
-    """A text model: answer accuracy on the split, the same examples under each control
-    (shuffled prompt, null prompt, blank image), and on the held-out split when there is one."""
-    import functools
-
-    from vit.data import open_source
-    from vit.data.prompt_controls import CONTROLS, PromptControl
-    from vit.models.text import tokenize
-
-    if len(source) and "prompt" not in source[0]:  # before the model is built
-        raise DataError(f"{source.name} has no prompts, and {loaded.source} is a text model "
-                        "that answers them; evaluate it on a dataset with prompts, e.g. "
-                        "--data promptshapes")
-    score = _scorer(loaded, _batch(args, source), "prompt_xent",
-                    tokenize=functools.partial(tokenize, max_len=loaded.config.text.max_len))
-    res = score(source)
-    report = {"checkpoint": loaded.source, "data": source.name, "split": split,
-              "accuracy": res["accuracy"], "loss": res["loss"],
-              "num_examples": res["num_examples"],
-              "controls": {kind: score(PromptControl(source, kind))["accuracy"]
-                           for kind in CONTROLS}}
-    if heldout:
-        report["heldout_split"] = heldout
-        report["heldout_accuracy"] = score(open_source(name, heldout,
-                                                       data_dir=data_dir))["accuracy"]
-    if _save_report(args, out, report):
-        return 0
-    print(f"{loaded.source} on {source.name}: {res['num_examples']} (image, prompt) examples")
-    print(f"  answer accuracy {res['accuracy']:.4f}")
-    print("  controls (chance is 0.5): " + ", ".join(
-        f"{k} {v:.4f}" for k, v in report["controls"].items()))
-    if heldout:
-        print(f"  held-out ({heldout}) accuracy {report['heldout_accuracy']:.4f}")
-    print(f"  figures {out / 'eval.json'}")
-    return 0
-
-
-def _scorer(loaded, batch_size: int, task: str, tokenize=None):
-    """`score(source) -> figures` (`vit.inference.evaluate.evaluate_task`'s) for the loaded
-    checkpoint's model, run on every local device with batches padded to fit them."""
-    from flax import nnx
-
-    from vit import device_mesh
-    from vit.data import eval_batches
-    from vit.inference.evaluate import evaluate_task, make_logits_fn
-    from vit.inference.memory import check_fits
-
-    check_fits(loaded.config, batch_size, lower=("--batch-size",))  # before the model is built
-    graphdef, params = nnx.split(loaded.build_model(), nnx.Param)
-    mesh = device_mesh.local_mesh()
-    logits_fn = make_logits_fn(graphdef, mesh)
-    host_batch = device_mesh.eval_host_batch_size(batch_size, mesh)
-    num_classes = loaded.config.num_classes
-
-    def score(source) -> dict:
-        batches = eval_batches(source, loaded.preprocessing, batch_size=host_batch,
-                               tokenize=tokenize)
-        return evaluate_task(task, logits_fn, params, batches, num_classes, mesh)
-
-    return score
-
-
-def _batch(args, source) -> int:
-    """`--batch-size`, no larger than the examples there are: a batch is padded to its size,
-    so `--batch-size 100000000` would otherwise allocate that many images."""
-    return max(1, min(args.batch_size, len(source)))
-
-
-def _save_report(args, out: Path, report: dict, files: dict | None = None, **more) -> bool:
-    """Writes `OUT/eval.json` (the report and `more`) and `files`, whole or not at all; with
-    `--json` prints the report too and returns True: the command has nothing more to print."""
-    text = json.dumps({**report, **more}, indent=2)
-    write_outputs(out, {**(files or {}), "eval.json": text.encode()})
-    if args.json:
-        print(json.dumps(report))
-    return args.json
 
 
 def _workdir_config(workdir):

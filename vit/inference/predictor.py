@@ -25,7 +25,13 @@ import numpy as np
 from vit.device_mesh import on_local_devices
 from vit.errors import CheckpointError, DataError
 from vit.images import open_image
-from vit.inference.prompts import Prompts, encode_prompts, require_text, zero_shot_prompts
+from vit.inference.prompts import (
+    Prompts,
+    encode_prompts,
+    prompts_forward,
+    require_text,
+    zero_shot_prompts,
+)
 from vit.inference.xla_cpu import compile_for_inference
 from vit.preprocess import Preprocessing
 
@@ -85,7 +91,7 @@ class Predictor:
         if prompts is not None:
             require_text(cfg, "prompts")
             self.mode, self.labels, self.top_k = "prompts", None, None
-            forward, extra = _prompts_forward(merged, prompts)
+            forward, extra = prompts_forward(merged, prompts)
         elif zero_shot is not None:
             require_text(cfg, "--zero-shot", similarity=True)
             self.mode, self.labels = "zero_shot", zero_shot.labels
@@ -221,23 +227,6 @@ def _classes_forward(merged, k: int):
         return jax.lax.top_k(jax.nn.softmax(logits, axis=-1), k)
 
     return forward
-
-
-def _prompts_forward(merged, prompts: Prompts):
-    """`(forward, (text, mask))`: every image against every prompt, the sigmoid of each match."""
-    import jax
-    import jax.numpy as jnp
-
-    @jax.jit
-    def forward(state, images, text, mask):
-        b = images.shape[0]
-        logits = merged(state)(
-            images, text=jnp.broadcast_to(text, (b, *text.shape)),
-            text_mask=jnp.broadcast_to(mask, (b, *mask.shape)))
-        return (jax.nn.sigmoid(logits.reshape(b, -1)),)  # [b] when there is one prompt
-
-    # Arguments, not constants: other prompts of the same count reuse the compile.
-    return forward, (jnp.asarray(prompts.text), jnp.asarray(prompts.mask))
 
 
 def _zero_shot_forward(merged, state, names: Prompts, k: int):

@@ -139,3 +139,20 @@ def zero_shot_prompts(config, names: Sequence[str], template: str = "{}") -> Pro
         raise DataError(f"--template {template!r}: has no {{}} where the name goes")
     return encode_prompts(config, [template.replace("{}", n) for n in names], labels=names,
                           flag="--zero-shot")
+
+
+def prompts_forward(merged, prompts: Prompts):
+    """`(forward, (text, mask))`: every image against every prompt, the sigmoid of each match."""
+    import jax
+    import jax.numpy as jnp
+
+    @jax.jit
+    def forward(state, images, text, mask):
+        b = images.shape[0]
+        logits = merged(state)(
+            images, text=jnp.broadcast_to(text, (b, *text.shape)),
+            text_mask=jnp.broadcast_to(mask, (b, *mask.shape)))
+        return (jax.nn.sigmoid(logits.reshape(b, -1)),)  # [b] when there is one prompt
+
+    # Arguments, not constants: other prompts of the same count reuse the compile.
+    return forward, (jnp.asarray(prompts.text), jnp.asarray(prompts.mask))

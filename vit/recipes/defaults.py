@@ -111,6 +111,10 @@ DEFAULTS: dict[str, Key] = {
     "input.mixup": Key(0.0, "mixup's Beta alpha (0: off)", range=AT_LEAST_0),
     "input.cutmix": Key(0.0, "cutmix's Beta alpha (0: off)", range=AT_LEAST_0),
     "input.label_smoothing": Key(0.0, "label smoothing (0.1 is usual)", range=UNIT),
+    "input.randaugment": Key("", "RandAugment as 'N,M': N random operations of magnitude M "
+                                 "(0 to 30) on each training image ('' for none)"),
+    "input.random_erasing": Key(0.0, "the chance of erasing a random box of each training "
+                                     "image (0: off; 0.25 is usual)", range=Range(0, 1)),
 
     "optim.name": Key("sgd", "sgd (with momentum) or adamw", choices=("sgd", "adamw")),
     "optim.lr": Key(0.01, "the peak learning rate", range=AT_LEAST_0),
@@ -138,6 +142,10 @@ DEFAULTS: dict[str, Key] = {
     "train.checkpoint_every": Key(200, "save every this many steps"),
     "train.keep_checkpoints": Key(2, "the latest checkpoints kept (the best one is kept too)"),
     "train.log_every": Key(50, "write training metrics every this many steps"),
+    "train.early_stop_patience": Key(0, "stop after this many validations without a better "
+                                        "validation metric (0: never)",
+                                     range=Range(0, whole=True)),
+    "train.tensorboard": Key(True, "also write TensorBoard event files under WORKDIR/tb"),
     "train.ema_decay": Key(0.0, "decay of an exponential moving average of the weights (0: "
                                 "none)", range=UNIT),
     "train.eval_batch_size": Key(128, "images per validation batch, over all devices"),
