@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
-from PIL import Image
+from PIL import Image, ImageOps
 
 from vit.errors import DataError
 
@@ -28,6 +28,10 @@ from vit.errors import DataError
 MAX_PIXELS = 16_384 * 16_384
 Image.MAX_IMAGE_PIXELS = MAX_PIXELS // 2
 warnings.filterwarnings("ignore", category=Image.DecompressionBombWarning)
+
+# The EXIF tag that says how the stored pixels are turned (1: as stored; 2..8: mirrored and/or
+# rotated by a multiple of 90 degrees).
+ORIENTATION = 0x0112
 
 # The files predict, rollout and the image-folder datasets pick out of a folder: one list, so
 # every command sees the same images. All are formats PIL decodes.
@@ -110,9 +114,27 @@ def to_rgb(image: Image.Image) -> Image.Image:
     return image.convert("RGB")
 
 
+def upright(image: Image.Image) -> Image.Image:
+    """The image turned the way its EXIF orientation tag says it is seen (a phone stores a
+    portrait photo's pixels sideways plus a tag), as `transformers.image_utils.load_image` does.
+    An image without the tag is returned as it is; a tag that cannot be read is ignored."""
+    try:
+        orientation = image.getexif().get(ORIENTATION, 1)
+    except Exception:  # noqa: BLE001 - a damaged EXIF block: the pixels are still good
+        return image
+    if orientation in (1, None):
+        return image
+    try:
+        return ImageOps.exif_transpose(image)
+    except Exception:  # noqa: BLE001 - as above; the pixels as stored beat no image
+        return image
+
+
 def open_image(path) -> Image.Image:
-    """Opens and fully decodes an image (a path, or a file object); a bad file raises DataError
-    naming it. Only a regular file is opened: a FIFO would wait for a writer."""
+    """Opens and fully decodes an image (a path, or a file object), turned upright by its EXIF
+    orientation; a bad file raises DataError naming it. Only a regular file is opened: a FIFO
+    would wait for a writer. Every reader of image files (predict, rollout, eval, training on
+    a folder or on encoded TFDS records) comes here, so none sees a photo sideways."""
     if isinstance(path, str | os.PathLike) and os.path.exists(path):
         what = not_regular(path)
         if what is not None:
@@ -120,7 +142,7 @@ def open_image(path) -> Image.Image:
     try:
         with Image.open(path) as im:
             im.load()
-            return im.copy()
+            return upright(im.copy())
     except Image.DecompressionBombError:  # raised by Image.open, before anything is decoded
         raise DataError(f"{path}: image is larger than {2 * Image.MAX_IMAGE_PIXELS:,} pixels; "
                         "downscale it first") from None
