@@ -1,4 +1,5 @@
-"""`vit eval`: top-1 / top-5 / per-class accuracy and a confusion-matrix PNG; for a text
+"""`vit eval`: top-1 / top-5 / per-class accuracy, per-class precision / recall / F1, expected
+calibration error, a confusion-matrix PNG and a reliability diagram; for a text
 model, prompt-answer accuracy, the shuffled/null-prompt and blank-image controls, and the
 held-out split.
 
@@ -29,7 +30,7 @@ def add_arguments(parser) -> None:
                         help="split (default: the run's test split, else 'test')")
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--out", default=None,
-                        help="folder for confusion.png and eval.json "
+                        help="folder for confusion.png, reliability.png and eval.json "
                              "(default WORKDIR/eval_SPLIT, or ./eval_SPLIT)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     inference_options.add_arguments(parser)
@@ -42,7 +43,7 @@ def run(args) -> int:
     inference_options.start(args)  # before anything compiles
     from vit.checkpoints import load_checkpoint
     from vit.data import open_source
-    from vit.inference.evaluate import confusion_png, display_name
+    from vit.inference.evaluate import confusion_png, display_name, reliability_png
 
     require_positive(args, "batch_size")
     if args.workdir:
@@ -79,17 +80,33 @@ def run(args) -> int:
               "accuracy": res["accuracy"], "top5_accuracy": res["top5_accuracy"],
               "num_examples": res["num_examples"], "loss": res["loss"],
               "per_class_accuracy": dict(zip(shown, res["per_class_accuracy"], strict=True)),
-              "confusion_png": str(out / "confusion.png")}
-    png = confusion_png(res["confusion"], class_names)
-    if save_report(args, out, report, {"confusion.png": png}, confusion=res["confusion"]):
+              "per_class": _per_class(shown, res),
+              **{k: res[k] for k in ("macro_precision", "macro_recall", "macro_f1",
+                                     "expected_calibration_error", "calibration")},
+              "confusion_png": str(out / "confusion.png"),
+              "reliability_png": str(out / "reliability.png")}
+    figures = {"confusion.png": confusion_png(res["confusion"], class_names),
+               "reliability.png": reliability_png(res["calibration"])}
+    if save_report(args, out, report, figures, confusion=res["confusion"]):
         return 0
     print(f"{loaded.source} on {source.name}: {res['num_examples']} images")
     print(f"  top-1 accuracy {res['accuracy']:.4f}")
     print(f"  top-5 accuracy {res['top5_accuracy']:.4f}")
+    print(f"  macro precision {res['macro_precision']:.4f}, recall {res['macro_recall']:.4f}, "
+          f"F1 {res['macro_f1']:.4f}")
+    print(f"  expected calibration error {res['expected_calibration_error']:.4f} "
+          f"({res['calibration']['bins']} bins)")
     worst = sorted(report["per_class_accuracy"].items(), key=lambda kv: kv[1])[:5]
     print("  lowest per-class: " + ", ".join(f"{k} {v:.3f}" for k, v in worst))
-    print(f"  confusion matrix {out / 'confusion.png'}, figures {out / 'eval.json'}")
+    print(f"  confusion matrix {out / 'confusion.png'}, reliability diagram "
+          f"{out / 'reliability.png'}, figures {out / 'eval.json'}")
     return 0
+
+
+def _per_class(shown: list[str], res: dict) -> dict:
+    """{class: {precision, recall, f1, support}} in the dataset's class order."""
+    keys = ("precision", "recall", "f1", "support")
+    return {name: {k: res[k][i] for k in keys} for i, name in enumerate(shown)}
 
 
 def _workdir_config(workdir):

@@ -1,5 +1,6 @@
-"""Evaluation: top-1 / top-5 / per-class accuracy, loss and the confusion matrix for
-classifiers; exact-match accuracy for multi-label heads; answer accuracy for prompt heads."""
+"""Evaluation: top-1 / top-5 / per-class accuracy, per-class precision / recall / F1, loss,
+expected calibration error and the confusion matrix for classifiers; exact-match accuracy for
+multi-label heads; answer accuracy for prompt heads."""
 
 from __future__ import annotations
 
@@ -113,23 +114,84 @@ def evaluate_prompts(logits_fn, params, batches: Iterable[dict], mesh) -> dict:
 
 
 def evaluate(logits_fn, params, batches: Iterable[dict], num_classes: int, mesh) -> dict:
-    """Runs `logits_fn` over padded batches (`mask` 0 on padding); returns the figures."""
+    """Runs `logits_fn` over padded batches (`mask` 0 on padding); returns the figures:
+    accuracy, top-5, loss, per-class accuracy and the confusion matrix (training's validation
+    reads these), plus per-class precision / recall / F1 with their macro means and the
+    calibration of the top-1 softmax confidence (`calibration`, `expected_calibration_error`)."""
     confusion = np.zeros((num_classes, num_classes), np.int64)
     top5_hits, loss_sum, n = 0, 0.0, 0
     k = min(5, num_classes)
+    bins = CalibrationBins()
     for logits, batch in _outputs(logits_fn, params, batches, mesh):
         labels = batch["label"].astype(np.int64)
-        np.add.at(confusion, (labels, logits.argmax(-1)), 1)
+        predicted = logits.argmax(-1)
+        np.add.at(confusion, (labels, predicted), 1)
         topk = np.argpartition(-logits, k - 1, axis=-1)[:, :k]
         top5_hits += int((topk == labels[:, None]).any(-1).sum())
         loss_sum += float(optax.softmax_cross_entropy_with_integer_labels(
             jnp.asarray(logits), jnp.asarray(labels)).sum())
+        bins.add(_softmax(logits).max(-1), predicted == labels)
         n += len(labels)
     per_class = confusion.diagonal() / np.maximum(confusion.sum(1), 1)
+    calibration = bins.summary()
     return {"accuracy": float(confusion.diagonal().sum() / max(n, 1)),
             "top5_accuracy": top5_hits / max(n, 1), "loss": loss_sum / max(n, 1),
             "num_examples": n, "per_class_accuracy": per_class.tolist(),
-            "confusion": confusion.tolist()}
+            "confusion": confusion.tolist(), **precision_recall_f1(confusion),
+            "expected_calibration_error": calibration["ece"], "calibration": calibration}
+
+
+def _softmax(logits: np.ndarray) -> np.ndarray:
+    z = np.exp(logits - logits.max(-1, keepdims=True))
+    return z / z.sum(-1, keepdims=True)
+
+
+def precision_recall_f1(confusion) -> dict:
+    """Per-class precision, recall, F1 and support from a confusion matrix (rows true, columns
+    predicted), and their unweighted means over every class. A class never predicted has
+    precision 0, one never present recall 0 (scikit-learn's `zero_division=0`)."""
+    confusion = np.asarray(confusion, np.float64)
+    hits = confusion.diagonal()
+    predicted, support = confusion.sum(0), confusion.sum(1)
+    precision = np.divide(hits, predicted, out=np.zeros_like(hits), where=predicted > 0)
+    recall = np.divide(hits, support, out=np.zeros_like(hits), where=support > 0)
+    both = precision + recall
+    f1 = np.divide(2 * precision * recall, both, out=np.zeros_like(hits), where=both > 0)
+    return {"precision": precision.tolist(), "recall": recall.tolist(), "f1": f1.tolist(),
+            "support": support.astype(np.int64).tolist(),
+            "macro_precision": float(precision.mean()), "macro_recall": float(recall.mean()),
+            "macro_f1": float(f1.mean())}
+
+
+class CalibrationBins:
+    """Top-1 confidence against accuracy in equal-width bins over [0, 1] (15, as Guo et al.
+    2017 and most reports use): bin b holds confidences in (b/B, (b+1)/B], the first also 0.
+    Expected calibration error is the count-weighted mean of |accuracy - confidence| per bin."""
+
+    def __init__(self, num_bins: int = 15):
+        self.num_bins = num_bins
+        self.count = np.zeros(num_bins, np.int64)
+        self.confidence = np.zeros(num_bins, np.float64)  # sums, divided in `summary`
+        self.correct = np.zeros(num_bins, np.float64)
+
+    def add(self, confidence, correct) -> None:
+        confidence = np.asarray(confidence, np.float64)
+        inner_edges = np.linspace(0, 1, self.num_bins + 1)[1:-1]
+        b = np.searchsorted(inner_edges, confidence, side="left")  # edge e goes below e
+        np.add.at(self.count, b, 1)
+        np.add.at(self.confidence, b, confidence)
+        np.add.at(self.correct, b, np.asarray(correct, np.float64))
+
+    def summary(self) -> dict:
+        seen = self.count > 0
+        denom = np.maximum(self.count, 1)
+        accuracy, confidence = self.correct / denom, self.confidence / denom
+        gap = np.abs(accuracy - confidence) * self.count
+        return {"bins": self.num_bins, "ece": float(gap.sum() / max(self.count.sum(), 1)),
+                "count": self.count.tolist(),
+                "accuracy": [float(a) if s else None for a, s in zip(accuracy, seen, strict=True)],
+                "confidence": [float(c) if s else None
+                               for c, s in zip(confidence, seen, strict=True)]}
 
 
 def display_name(name) -> str:
@@ -174,3 +236,43 @@ def confusion_png(confusion, class_names: list[str]) -> bytes:
         plt.close(fig)
     return out.getvalue()
 
+
+
+def reliability_png(calibration: dict) -> bytes:
+    """The reliability diagram of `calibration` (`CalibrationBins.summary`): each bin's accuracy
+    against its mean confidence, the diagonal a perfectly calibrated model would follow, the
+    expected calibration error in the title and the share of examples per bin below."""
+    import io
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    num_bins, count = calibration["bins"], np.asarray(calibration["count"])
+    edges = np.linspace(0, 1, num_bins + 1)
+    centres, width = (edges[:-1] + edges[1:]) / 2, 1 / num_bins
+    accuracy = np.array([a if a is not None else 0.0 for a in calibration["accuracy"]])
+    confidence = np.array([c if c is not None else 0.0 for c in calibration["confidence"]])
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(5, 6.5), sharex=True,
+                                      gridspec_kw={"height_ratios": [3, 1]})
+    top.bar(centres, accuracy, width=width, edgecolor="black", color="tab:blue",
+            label="accuracy")
+    seen = count > 0
+    top.bar(centres[seen], confidence[seen] - accuracy[seen], bottom=accuracy[seen],
+            width=width, edgecolor="tab:red", color="tab:red", alpha=0.3,
+            label="gap to confidence")
+    top.plot([0, 1], [0, 1], "k--", linewidth=1, label="perfect calibration")
+    top.set(xlim=(0, 1), ylim=(0, 1), ylabel="accuracy",
+            title=f"reliability ({num_bins} bins), ECE {calibration['ece']:.4f}")
+    top.legend(loc="upper left", fontsize=8)
+    share = count / max(count.sum(), 1)
+    bottom.bar(centres, share, width=width, edgecolor="black", color="grey")
+    bottom.set(xlim=(0, 1), xlabel="top-1 confidence", ylabel="share of examples")
+    fig.tight_layout()
+    out = io.BytesIO()
+    try:
+        fig.savefig(out, format="png", dpi=100)
+    finally:
+        plt.close(fig)
+    return out.getvalue()

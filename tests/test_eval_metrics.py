@@ -1,0 +1,121 @@
+"""`vit eval`'s classifier figures beyond accuracy: per-class precision / recall / F1 against
+scikit-learn, expected calibration error against a plain numpy formula, the reliability
+diagram."""
+
+import io
+import json
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from vit import device_mesh
+from vit.cli import main
+from vit.inference.evaluate import evaluate
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def _score(logits, labels, num_classes, batch=7):
+    """`evaluate` over fake batches of these logits (padding rows masked out), no model."""
+    mesh = device_mesh.make_mesh(1)
+    batches, rows = [], len(labels)
+    for start in range(0, rows, batch):
+        part = np.zeros((batch, num_classes), np.float32)
+        lab = np.zeros(batch, np.int32)
+        mask = np.zeros(batch, np.float32)
+        n = min(batch, rows - start)
+        part[:n], lab[:n], mask[:n] = logits[start:start + n], labels[start:start + n], 1
+        part[n:] = 1e3  # padding rows that would wreck every figure if they were counted
+        batches.append({"image": part, "label": lab, "mask": mask})
+
+    def logits_fn(params, inputs):
+        return inputs["image"]  # the "images" are the logits themselves
+
+    return evaluate(logits_fn, None, batches, num_classes, mesh)
+
+
+def numpy_ece(logits, labels, bins=15):
+    """Guo et al.'s ECE: equal-width bins (lo, hi] of the top-1 softmax confidence, the
+    count-weighted mean of |accuracy - mean confidence|."""
+    p = np.exp(logits - logits.max(1, keepdims=True))
+    p /= p.sum(1, keepdims=True)
+    conf, right = p.max(1), p.argmax(1) == labels
+    edges = np.linspace(0, 1, bins + 1)
+    ece = 0.0
+    for lo, hi in zip(edges[:-1], edges[1:], strict=True):
+        inside = (conf > lo) & (conf <= hi)
+        if inside.any():
+            ece += inside.mean() * abs(right[inside].mean() - conf[inside].mean())
+    return ece
+
+
+def test_precision_recall_f1_and_ece_match_the_references():
+    sklearn_metrics = pytest.importorskip("sklearn.metrics")
+    rng = np.random.RandomState(0)
+    n, c = 200, 6
+    labels = rng.randint(0, c - 1, n)  # class 5 never occurs: recall 0/0, sklearn's 0
+    logits = (rng.randn(n, c) * 2).astype(np.float32)
+    logits[np.arange(n), labels] += 1.5  # better than chance, not perfect
+    res = _score(logits, labels, c)
+
+    want_p, want_r, want_f, want_s = sklearn_metrics.precision_recall_fscore_support(
+        labels, logits.argmax(1), labels=list(range(c)), zero_division=0)
+    np.testing.assert_allclose(res["precision"], want_p, atol=1e-12)
+    np.testing.assert_allclose(res["recall"], want_r, atol=1e-12)
+    np.testing.assert_allclose(res["f1"], want_f, atol=1e-12)
+    assert res["support"] == want_s.tolist()
+    macro = sklearn_metrics.precision_recall_fscore_support(
+        labels, logits.argmax(1), labels=list(range(c)), average="macro", zero_division=0)
+    assert (res["macro_precision"], res["macro_recall"], res["macro_f1"]) == pytest.approx(
+        macro[:3], abs=1e-12)
+    assert 0.3 < res["accuracy"] < 0.95  # a case where the figures are not trivial
+
+    assert res["expected_calibration_error"] == pytest.approx(numpy_ece(logits, labels),
+                                                              abs=1e-6)  # float32 softmax
+    cal = res["calibration"]
+    assert cal["bins"] == 15 and sum(cal["count"]) == n
+    # The existing keys training's validation reads are still there.
+    assert {"accuracy", "top5_accuracy", "loss", "num_examples", "per_class_accuracy",
+            "confusion"} <= set(res)
+
+
+def test_an_over_confident_model_has_a_large_ece_and_a_calibrated_one_a_small_one():
+    rng = np.random.RandomState(1)
+    n, c = 400, 4
+    labels = rng.randint(0, c, n)
+    # Over-confident: a logit margin of 8 (top-1 probability ~0.999) on a class that is right
+    # only half the time.
+    guess = np.where(rng.rand(n) < 0.5, labels, (labels + 1) % c)
+    sure = np.zeros((n, c), np.float32)
+    sure[np.arange(n), guess] = 8.0
+    bold = _score(sure, labels, c)
+    assert bold["accuracy"] == pytest.approx(0.5, abs=0.07)
+    assert bold["expected_calibration_error"] > 0.2  # about 0.5
+    # Calibrated: every answer drawn from the model's own probabilities.
+    logits = rng.randn(n * 10, c).astype(np.float32)
+    p = np.exp(logits.astype(np.float64))
+    p /= p.sum(1, keepdims=True)
+    drawn = np.array([rng.choice(c, p=row) for row in p])
+    assert _score(logits, drawn, c)["expected_calibration_error"] < 0.05
+
+
+def test_vit_eval_writes_the_reliability_diagram_and_names_it(tiny_files, tmp_path, capsys):
+    out = tmp_path / "ev"
+    assert main(["eval", "--checkpoint", str(tiny_files["orbax"]), "--data", "digits",
+                 "--split", "test", "--out", str(out), "--json", "--no-cache"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["reliability_png"] == str(out / "reliability.png")
+    png = Image.open(io.BytesIO((out / "reliability.png").read_bytes()))
+    assert png.format == "PNG" and png.size[0] > 100
+    first = next(iter(report["per_class"].values()))
+    assert len(report["per_class"]) == 10 and set(first) == {"precision", "recall", "f1", "support"}
+    assert sum(v["support"] for v in report["per_class"].values()) == report["num_examples"]
+    assert 0 <= report["expected_calibration_error"] <= 1
+    assert json.loads((out / "eval.json").read_text())["macro_f1"] == report["macro_f1"]
+
+    assert main(["eval", "--checkpoint", str(tiny_files["orbax"]), "--data", "digits",
+                 "--split", "test", "--out", str(tmp_path / "ev2"), "--no-cache"]) == 0
+    printed = capsys.readouterr().out
+    assert "expected calibration error" in printed and "macro precision" in printed
+    assert str(tmp_path / "ev2" / "reliability.png") in printed
