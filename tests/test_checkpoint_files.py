@@ -125,6 +125,7 @@ def test_mistyped_relative_path_suggests_the_nearest(tmp_path, monkeypatch, tiny
     shutil.copytree(tiny_files["orbax"], tmp_path / "runs" / "demo")
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # nothing leaves the machine
     with pytest.raises(CheckpointError) as err:
         load_checkpoint("runs/dmeo")
     message = one_line(err)

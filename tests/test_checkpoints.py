@@ -331,7 +331,10 @@ def test_timm_names_are_aliases_and_resolve_from_the_hub_cache(tmp_path, monkeyp
         assert loaded.family == "timm" and "abc123" in loaded.source
     hf_repo = tmp_path / "models--google--vit-tiny-test"
     shutil.copytree(hf_exact[0], hf_repo / "snapshots" / "r1")
-    assert load_checkpoint("google/vit-tiny-test").family == "hf"  # no refs/main: newest
+    (hf_repo / "refs").mkdir()
+    (hf_repo / "refs" / "main").write_text("r1")
+    assert load_checkpoint("google/vit-tiny-test").family == "hf"
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # nothing leaves the machine
     with pytest.raises(CheckpointError, match="hf download google/vit-absent"):
         load_checkpoint("google/vit-absent")
 

@@ -1,5 +1,5 @@
-"""From what the user typed to a reader: local paths by their contents, hub ids and timm model
-names through the local Hugging Face cache (offline: nothing is downloaded)."""
+"""From what the user typed to a reader: local paths by their contents; hub ids and timm model
+names (`name@revision`) through huggingface_hub (`hub`): the cache first, else a download."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import re
 from pathlib import Path
 
 import vit.checkpoints.hf as hf
+import vit.checkpoints.hub as hub
 import vit.checkpoints.npz as npz
 import vit.checkpoints.orbax_io as orbax_io
 import vit.checkpoints.timm as timm
@@ -19,30 +20,6 @@ from vit.errors import CheckpointError
 
 PICKLED = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 HUB_ID = re.compile(r"[\w.-]+/[\w.-]+")
-
-
-def hub_cache() -> Path:
-    """The hub cache folder, as huggingface_hub finds it."""
-    if os.environ.get("HF_HUB_CACHE"):
-        return Path(os.environ["HF_HUB_CACHE"])
-    if os.environ.get("HF_HOME"):
-        return Path(os.environ["HF_HOME"]) / "hub"
-    return Path("~/.cache/huggingface/hub").expanduser()
-
-
-def cached_snapshot(repo_id: str) -> Path | None:
-    """`models--org--name/snapshots/<rev>` for `refs/main` (else the newest snapshot)."""
-    repo = hub_cache() / ("models--" + repo_id.replace("/", "--"))
-    snapshots = repo / "snapshots"
-    if not snapshots.is_dir():
-        return None
-    ref = repo / "refs" / "main"
-    if ref.exists():
-        snapshot = snapshots / ref.read_text().strip()
-        if snapshot.is_dir():
-            return snapshot
-    candidates = sorted(snapshots.iterdir(), key=lambda p: p.stat().st_mtime)
-    return candidates[-1] if candidates else None
 
 
 def looks_like_path(name: str) -> bool:
@@ -98,30 +75,30 @@ def _link_error(name: str, link: Path) -> CheckpointError:
 
 
 def _resolve_name(name: str) -> Path:
-    """A hub id (`google/vit-base-patch16-224`) or timm name, from the local cache."""
-    if looks_like_path(name):
-        # A cached hub id whose org is also a local folder name still resolves.
-        found = cached_snapshot(name) if HUB_ID.fullmatch(name) else None
+    """A hub id (`google/vit-base-patch16-224`) or timm name, optionally `@revision`: from the
+    Hugging Face cache, else downloaded (`hub.fetch`)."""
+    base, revision = hub.split_revision(name)
+    if looks_like_path(base):
+        # A hub id whose org is also a local folder name resolves from the cache only: a
+        # mistyped path must not start a download.
+        found = hub.cached(base, revision, hub.HF_FILES) if HUB_ID.fullmatch(base) else None
         if found is None:
             raise missing_path_error(name)
         return found
-    if timm.is_timm_name(name):
-        repo_id = timm.hub_repo(name)
-        found = cached_snapshot(repo_id)
-        if found is None and "." not in name:  # a bare architecture: any cached pretrained tag
-            tagged = sorted(hub_cache().glob(f"models--{timm.HUB_ORG}--{name}.*"))
-            if len(tagged) == 1:
-                repo_id = tagged[0].name.removeprefix("models--").replace("--", "/", 1)
-                found = cached_snapshot(repo_id)
-    elif HUB_ID.fullmatch(name):
-        repo_id, found = name, cached_snapshot(name)
-    else:
-        raise missing_path_error(name)
-    if found is None:
-        raise CheckpointError(f"{name}: not a local path and not in the Hugging Face cache "
-                              f"({hub_cache()}); vit never downloads: fetch it first with "
-                              f"`hf download {repo_id}` or give a local path")
-    return found
+    if timm.is_timm_name(base):
+        repo_id = timm.hub_repo(base)
+        if "." not in base:  # a bare architecture: the one cached pretrained tag, if one
+            tagged = sorted(hub.hub_cache().glob(f"models--{timm.HUB_ORG}--{base}.*"))
+            if len(tagged) != 1:
+                raise CheckpointError(
+                    f"{name}: a timm architecture without a pretrained tag; name one, e.g. "
+                    f"{base}.augreg2_in21k_ft_in1k (timm publishes each as {timm.HUB_ORG}/"
+                    "<architecture>.<tag>)")
+            repo_id = tagged[0].name.removeprefix("models--").replace("--", "/", 1)
+        return hub.fetch(name, repo_id, revision, hub.TIMM_FILES)
+    if HUB_ID.fullmatch(base):
+        return hub.fetch(name, base, revision, hub.HF_FILES)
+    raise missing_path_error(name)
 
 
 def detect(path) -> tuple[str, Path]:
