@@ -17,7 +17,9 @@ import grain
 import numpy as np
 from PIL import Image
 
+from vit.data import randaugment as RA
 from vit.data import transforms as T
+from vit.errors import ConfigError
 from vit.preprocess import Preprocessing, normalize
 
 
@@ -34,6 +36,23 @@ class Augment:
     mixup: float = 0.0  # Beta alpha; 0 = off
     cutmix: float = 0.0
     label_smoothing: float = 0.0
+    randaugment: str = ""  # 'N,M' (vit.data.randaugment); '' = off
+    random_erasing: float = 0.0  # the chance of a noise box on each image; 0 = off
+
+    def __post_init__(self):
+        RA.parse(self.randaugment)  # a bad spec stops the run before any data is read
+        p = self.random_erasing
+        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 <= p <= 1:
+            raise ConfigError(f"input.random_erasing={p!r}: give the chance of erasing a box of "
+                              "each training image, from 0 (off) to 1; 0.25 is usual")
+
+    def rand_augment(self, pre: Preprocessing) -> RA.RandAugment | None:
+        """The RandAugment this asks for, filling with `pre`'s mean colour (the model's 0)."""
+        spec = RA.parse(self.randaugment)
+        if spec is None or spec[0] == 0:
+            return None
+        mean = pre.mean * 3 if len(pre.mean) == 1 else pre.mean
+        return RA.RandAugment(*spec, fill=tuple(min(255, round(255 * m)) for m in mean))
 
 
 # A prompt tokenizer, `texts -> (tokens [n, len] int32, mask [n, len] bool)`; the caller (train,
@@ -51,9 +70,17 @@ def _fields(element: dict, image: np.ndarray, tokenize: Tokenizer | None) -> dic
     return out
 
 
+# The per-example random-erasing draw, carried from `TrainTransform` to `BatchTransform`
+# (which erases after normalising, as timm does): [top, left, h, w, noise seed], h = 0 for none.
+ERASE = "_erase"
+
+
 class TrainTransform(grain.transforms.RandomMap):
+    """Per example: crop (or resize), flip, RandAugment, and the random-erasing draw."""
+
     def __init__(self, pre: Preprocessing, aug: Augment, tokenize: Tokenizer | None = None):
         self.pre, self.aug, self.tokenize = pre, aug, tokenize
+        self.randaug = aug.rand_augment(pre)
 
     def random_map(self, element: dict, rng: np.random.Generator) -> dict:
         image, pre, aug = element["image"], self.pre, self.aug
@@ -63,7 +90,13 @@ class TrainTransform(grain.transforms.RandomMap):
             image = T.center_crop(image, pre.size, pre.crop_pct, pre.resample)
         if aug.flip:
             image = T.flip(image, rng)
-        return _fields(element, image, self.tokenize)
+        if self.randaug is not None:
+            image = self.randaug(image, rng)
+        out = _fields(element, image, self.tokenize)
+        if aug.random_erasing > 0:
+            box = RA.erase_box(rng, *image.shape[:2]) if rng.random() < aug.random_erasing else None
+            out[ERASE] = np.array([*(box or (0, 0, 0, 0)), rng.integers(2**31)], np.int64)
+        return out
 
 
 class EvalTransform(grain.transforms.Map):
@@ -78,8 +111,9 @@ class EvalTransform(grain.transforms.Map):
 
 class BatchTransform(grain.transforms.RandomMap):
     """uint8 batch -> {"image", "label", "target", ...}: affine jitter (vectorised),
-    normalisation, one-hot targets, smoothed and mixed. Multi-hot labels (`[batch, classes]`,
-    multi-label data) are their own targets. Text fields pass through."""
+    normalisation, random erasing (each example's own draw), one-hot targets, smoothed and
+    mixed. Multi-hot labels (`[batch, classes]`, multi-label data) are their own targets. Text
+    fields pass through."""
 
     def __init__(self, pre: Preprocessing, num_classes: int, aug: Augment):
         self.pre, self.num_classes, self.aug = pre, num_classes, aug
@@ -90,6 +124,10 @@ class BatchTransform(grain.transforms.RandomMap):
             image = T.random_affine(image, rng, shift=aug.shift, rotate=aug.rotate,
                                     scale=aug.scale)
         image = normalize(image, self.pre.mean, self.pre.std)
+        batch = dict(batch)
+        for i, (top, left, h, w, seed) in enumerate(batch.pop(ERASE, ())):
+            if h > 0:
+                RA.erase(image[i], (top, left, h, w), seed)
         if batch["label"].ndim == 2:
             target = batch["label"].astype(np.float32)
         else:
