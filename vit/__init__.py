@@ -24,10 +24,14 @@ _LAZY = {
     "load_checkpoint": "vit.checkpoints",
 }
 
-__all__ = sorted(_LAZY)
+# `train` is the training subpackage, itself callable: `vit.train(config, workdir, ...)`
+# (vit/train/api.py). As a subpackage, importing `vit.train.loop` binds the same object here.
+__all__ = sorted([*_LAZY, "train"])
 
 
 def __getattr__(name):
+    if name == "train":  # a subpackage: importing it binds it here
+        return importlib.import_module("vit.train")
     if name in _LAZY:
         value = getattr(importlib.import_module(_LAZY[name]), name)
         globals()[name] = value

@@ -1,8 +1,10 @@
-"""`vit train --config FILE --workdir DIR [--set KEY=VALUE ...] [--init CHECKPOINT]
-[--coordinator HOST:PORT --num-processes N --process-id I]`.
+"""`vit train --config RECIPE --workdir DIR [--set KEY=VALUE ...] [--init CHECKPOINT]
+[--coordinator HOST:PORT --num-processes N --process-id I]`; `vit train --list-configs`.
 
-FILE is a recipe: what differs from the defaults in vit/recipes/defaults.py, where every key
-has its meaning; `--set` changes any key, one the recipe leaves out included.
+RECIPE is a shipped recipe's name (`digits`; `--list-configs` lists them with their purpose)
+or a recipe file: what differs from the defaults in vit/recipes/defaults.py, where every key
+has its meaning; `--set` changes any key, one the recipe leaves out included. The run itself is
+`vit.train(...)` (vit/train/api.py), the same from Python.
 
 Running the same command again resumes from the workdir's latest checkpoint. With the three
 process flags (or under SLURM / Open MPI / a multi-host TPU, detected) every process runs the
@@ -16,13 +18,32 @@ added.
 
 from __future__ import annotations
 
+import argparse
+
+
+class _ListConfigs(argparse.Action):
+    """Prints the shipped recipes and exits, before the required flags are asked for (as
+    --version does)."""
+
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from vit.recipes.shipped import listing
+
+        print(listing())
+        parser.exit()
+
 
 def add_arguments(parser) -> None:
     parser.add_argument("--config", required=True,
-                        help="a recipe file such as configs/digits.py; it sets what differs "
-                             "from vit/recipes/defaults.py")
+                        help="a shipped recipe's name (digits, ...: see --list-configs) or a "
+                             "recipe file; it sets what differs from vit/recipes/defaults.py")
+    parser.add_argument("--list-configs", action=_ListConfigs,
+                        help="list the shipped recipes with their purpose, and exit")
     parser.add_argument("--workdir", required=True,
-                        help="where checkpoints, metrics.jsonl and curves.png go (resumes)")
+                        help="where checkpoints, metrics.jsonl, curves.png and TensorBoard's "
+                             "tb/ go (resumes)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a config field, e.g. --set train.steps=100 (repeatable)")
     parser.add_argument("--init", default=None, metavar="CHECKPOINT",
@@ -51,10 +72,7 @@ def run(args) -> int:
 
     # Before anything touches a device: joining the other processes fixes the device list.
     start_processes(args.coordinator, args.num_processes, args.process_id)
-    if "stages" in config:  # several stages, each a train() run (vit/train/stages.py)
-        from vit.train.stages import train_stages as train
-    else:
-        from vit.train.loop import train
+    from vit.train.api import train
 
     with signals.ending_process_on_second_interrupt():
         train(config, workdir, init=args.init)  # a SIGINT/SIGTERM saves, then returns
@@ -64,7 +82,6 @@ def run(args) -> int:
 def model_field_types() -> dict:
     """ViTConfig's fields, each with the type `--set model.FIELD=...` expects: what a recipe's
     `model` section may hold. Imports the model package (jax), so load_config calls it last."""
-    from vit.models.config import FIELDS
-    from vit.recipes.model_fields import field_type
+    from vit.recipes.model_fields import model_field_types
 
-    return {name: field_type(name) for name in FIELDS}
+    return model_field_types()

@@ -1,8 +1,9 @@
-"""Recipe files: `configs/*.py` define `get_config()` returning an `ml_collections.ConfigDict`
-(big_vision style) that sets only what differs from `vit.recipes.defaults`; loading merges it
-over them. `--set a.b=value` overrides any key, typed as the defaults type it (the rules of
-`vit.recipes.overrides`, which model `--set` fields share). A key the code does not know, in the
-file or in a `--set`, is a one-line error suggesting the nearest known keys.
+"""Recipe files: `configs/*.py` (shipped, so loadable by name: `vit.recipes.shipped`) define
+`get_config()` returning an `ml_collections.ConfigDict` (big_vision style) that sets only what
+differs from `vit.recipes.defaults`; loading merges it over them. `--set a.b=value` overrides
+any key, typed as the defaults type it (the rules of `vit.recipes.overrides`, which model
+`--set` fields share). A key the code does not know, in the file or in a `--set`, is a
+one-line error suggesting the nearest known keys.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import ml_collections
 from vit.errors import ConfigError
 from vit.recipes.defaults import DEFAULTS, EXTRA_SECTIONS, default_tree, sections, type_of
 from vit.recipes.overrides import convert, expected_type, parse_value, split_item
+from vit.recipes.shipped import resolve
 
 # The keys each section may hold, from the defaults. `model` holds `name` and ViTConfig's
 # fields (`load_config`'s `model_field_types`); `stages` is checked by vit/train/stages.py, and
@@ -33,16 +35,15 @@ DERIVED_MODEL_FIELDS = {"num_classes": "the dataset's class count",
 def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = (), *,
                 model_field_types: Callable[[], dict[str, Any]] | None = None) -> \
         ml_collections.ConfigDict:
-    """Runs the config file's `get_config()` and applies `--set` overrides.
+    """Runs the config file's `get_config()` and applies `--set` overrides. `path` is a file
+    or the name of a shipped recipe (`digits`, `vit.recipes.shipped`).
 
     `model_field_types()` gives ViTConfig's fields with the type each expects (the caller
     passes it: this module may not import the model package). With it, `--set model.gelu=tanh`
     works on a recipe whose `model` section leaves `gelu` out, and a misspelt field in that
     section is refused here (the last check: it imports jax).
     """
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"{path}: no such config file; see configs/ for examples")
+    path = resolve(path)
     module = _run_recipe(path)
     if not hasattr(module, "get_config"):
         raise ConfigError(f"{path}: defines no get_config(); {_RECIPE}")
@@ -53,6 +54,16 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = (), *
     if not isinstance(config, ml_collections.ConfigDict):
         raise ConfigError(f"{path}: get_config() returned {type(config).__name__}; it must "
                           "return an ml_collections.ConfigDict")
+    return finish_config(config, path, overrides, model_field_types=model_field_types)
+
+
+def finish_config(config: ml_collections.ConfigDict, path: Path | str = "the recipe",
+                  overrides: list[str] | tuple[str, ...] = (), *,
+                  model_field_types: Callable[[], dict[str, Any]] | None = None) -> \
+        ml_collections.ConfigDict:
+    """A recipe's ConfigDict (as `get_config()` returns it, or a full config) merged over the
+    defaults, with `overrides` applied and every check `load_config` makes; `path` names it in
+    errors. The recipe itself is not changed."""
     check_keys(config, path)
     config = with_defaults(config, path)
     apply_overrides(config, overrides, model_field_types=model_field_types)

@@ -25,6 +25,14 @@ def field_type(field: str):
     return hint
 
 
+def model_field_types() -> dict:
+    """ViTConfig's fields, each with the type `--set model.FIELD=...` expects: what a recipe's
+    `model` section may hold (`vit.recipes.load.load_config` takes this function)."""
+    from vit.models.config import FIELDS
+
+    return {name: field_type(name) for name in FIELDS}
+
+
 def parse_model_overrides(items: list[str]) -> dict:
     """['classifier=gap', 'model.depth=6'] -> {'classifier': 'gap', 'depth': 6}."""
     out = {}

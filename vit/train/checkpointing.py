@@ -101,6 +101,14 @@ class TrainCheckpoints:
         args = ocp.args.Composite(**{orbax_format.META: ocp.args.JsonRestore()})
         return self.manager.restore(step, args=args)[orbax_format.META]
 
+    def read_train_state(self, step: int) -> dict:
+        """`step`'s train state alone (step, seed, early stopping's count); {} if unreadable."""
+        args = ocp.args.Composite(**{orbax_format.TRAIN_STATE: ocp.args.JsonRestore()})
+        try:
+            return self.manager.restore(step, args=args)[orbax_format.TRAIN_STATE] or {}
+        except Exception:  # restore_state names a damaged folder; here it only costs the count
+            return {}
+
     def restore(self, step: int, *, params, opt_state, ema_params) -> dict:
         """Restores `step` into the structure (and shardings) of the abstract trees given."""
         items = {

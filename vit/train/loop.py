@@ -41,6 +41,8 @@ from vit.train.checkpointing import (
     TrainCheckpoints,
     quiet_full_disk_logs,
 )
+from vit.train.early_stop import REASON as STOPPED_EARLY
+from vit.train.early_stop import EarlyStop
 from vit.train.losses import DEFAULT as DEFAULT_LOSS
 from vit.train.losses import TEXT_LOSSES, get_loss
 from vit.train.metrics import MetricsLog, TrainMeter, plot_curves
@@ -57,14 +59,17 @@ from vit.train.state import (
     restore_state,
 )
 from vit.train.step import make_train_step
+from vit.train.tensorboard import FOLDER as TB_FOLDER
 
 
 def train(config, workdir: str | Path, *, init: str | None = None,
-          stop_after: int | None = None) -> dict:
+          stop_after: int | None = None, sources: dict | None = None) -> dict:
     """Trains (or resumes) into `workdir`; returns the last metrics.
 
     `init` is a pretrained checkpoint (any format `vit.checkpoints` reads). `stop_after`
     runs at most that many steps in this call, then saves, as an interruption would.
+    `sources` (`{"train": source, "validation": source}`, random-access as
+    `vit.data.open_source` returns them) replace the recipe's dataset.
     Raises `vit.train.checkpointing.Diverged` if the loss or the weights become non-finite,
     `vit.train.workdir.WorkdirError` for a folder that is not a run's or one another run holds.
     A recipe with `stages` is run by `vit.train.stages.train_stages`, one call per stage.
@@ -73,18 +78,20 @@ def train(config, workdir: str | Path, *, init: str | None = None,
         raise ConfigError("a staged recipe runs through vit.train.stages.train_stages")
     with workdirs.claim(workdir, primary=parallel.is_primary(),
                         agree=parallel.allgather_json) as claim:
-        return train_claimed(config, Path(workdir), claim, init=init, stop_after=stop_after)
+        return train_claimed(config, Path(workdir), claim, init=init, stop_after=stop_after,
+                             sources=sources)
 
 
 def train_claimed(config, workdir: Path, claim: workdirs.Claim | None, *, init: str | None,
-                  stop_after: int | None) -> dict:
+                  stop_after: int | None, sources: dict | None = None) -> dict:
     """`train` in a workdir already claimed (`claim` is None on processes other than 0)."""
     quiet_full_disk_logs()
     with quiet_event_loops(keep=64):  # orbax's loops wait for every write, failed ones too
         ckpts = None
         try:
             ckpts = TrainCheckpoints(workdir, keep=config.train.keep_checkpoints)
-            return _train(config, workdir, ckpts, claim, init=init, stop_after=stop_after)
+            return _train(config, workdir, ckpts, claim, init=init, stop_after=stop_after,
+                          sources=sources)
         except Exception as err:
             if ckpts is not None:  # before anything is removed under orbax's threads
                 ckpts.close_quietly()
@@ -114,7 +121,7 @@ def _out_of_space(err: OutOfSpace, workdir: Path) -> OutOfSpace:
 
 
 def _train(config, workdir: Path, ckpts: TrainCheckpoints, claim: workdirs.Claim | None, *,
-           init: str | None, stop_after: int | None) -> dict:
+           init: str | None, stop_after: int | None, sources: dict | None) -> dict:
     primary = parallel.is_primary()  # process 0 alone writes files and prints
     mesh = parallel.mesh_from_config(config)
     if config.train.batch_size % config.train.accum_steps:
@@ -122,7 +129,7 @@ def _train(config, workdir: Path, ckpts: TrainCheckpoints, claim: workdirs.Claim
                           f"train.accum_steps={config.train.accum_steps}")
     loss_name = config.train.get("loss", DEFAULT_LOSS)
     loss_fn = get_loss(loss_name)
-    train_src, val_src = _open_sources(config, loss_name)
+    train_src, val_src = _open_sources(config, loss_name, sources)
     config = _fit_batch(config, len(train_src), mesh, primary)
     tc, steps = config.train, config.train.steps
     host_batch = device_mesh.host_batch_size(tc.batch_size, mesh)
@@ -135,12 +142,16 @@ def _train(config, workdir: Path, ckpts: TrainCheckpoints, claim: workdirs.Claim
     start = ckpts.latest_step() or 0
     resume_meta = (check_resume(config, ckpts, start, num_classes, config.data.name) if start
                    else None)
-    if start >= steps:  # finished earlier: nothing to train, nothing rewritten
+    early = EarlyStop(tc.get("early_stop_patience", 0),
+                      ckpts.read_train_state(start).get("early_stop") if start else None)
+    if start >= steps or early.due:  # finished earlier: nothing to train, nothing rewritten
         ckpts.close()
         if primary:
             print(f"done: {steps} steps, all saved earlier in {ckpts.directory}; raise "
-                  "train.steps to train further")
-        return {"stopped_by": None,
+                  "train.steps to train further" if start >= steps else
+                  f"done: stopped early at step {start} earlier ({ckpts.directory}); raise "
+                  "train.early_stop_patience (or set it to 0) to train further")
+        return {"stopped_by": None if start >= steps else STOPPED_EARLY,
                 "best_val_accuracy": (ckpts.read_best() or {}).get(METRIC, -1.0)}
     model, params = build_model(config, num_classes, resume_meta=resume_meta,
                                 init=init or config.init)
@@ -163,27 +174,33 @@ def _train(config, workdir: Path, ckpts: TrainCheckpoints, claim: workdirs.Claim
     run = _Run(config, workdir, ckpts, state, model=model, iterator=iterator,
                sources=(train_src, val_src), tokenizer=tokenizer, loss_name=loss_name,
                logits_fn=make_logits_fn(model.graphdef, mesh, place.params), mesh=mesh,
-               eval_batch_size=eval_host_batch, start=start, primary=primary)
+               eval_batch_size=eval_host_batch, start=start, primary=primary, early=early)
     if claim is not None:  # the run writes from here on: a 0.1.0 workdir becomes ours
         claim.adopt()
     end = steps if stop_after is None else min(steps, start + stop_after)
     last, step, stopped_by = run.steps(step_fn, lr_fn, start, end)
     if primary and (workdir / "metrics.jsonl").exists():
         plot_curves(workdir / "metrics.jsonl", workdir / "curves.png")
-    if step >= steps and primary:
-        print(f"done: {steps} steps; checkpoints in {ckpts.directory}, metrics in "
-              f"{workdir / 'metrics.jsonl'}, curves in {workdir / 'curves.png'}")
-    return {**last, "stopped_by": stopped_by, "best_val_accuracy": run.saver.best_accuracy}
+    if (step >= steps or stopped_by == STOPPED_EARLY) and primary:
+        tb = f", TensorBoard events in {workdir / TB_FOLDER}" if tc.tensorboard else ""
+        print(f"done: {step} steps; checkpoints in {ckpts.directory}, metrics in "
+              f"{workdir / 'metrics.jsonl'}, curves in {workdir / 'curves.png'}{tb}")
+    return {**last, **{f"val_{k}": v for k, v in run.last_val.items()},
+            "stopped_by": stopped_by, "best_val_accuracy": run.saver.best_accuracy}
 
 
-def _open_sources(config, loss_name: str):
-    """`(train, validation or None)`: the recipe's splits, refused when the loss cannot train
-    on them."""
+def _open_sources(config, loss_name: str, sources: dict | None = None):
+    """`(train, validation or None)`: the recipe's splits (or the `sources` given), refused
+    when the loss cannot train on them."""
     data = config.data
-    train_src = open_source(data.name, data.train_split, data_dir=data.data_dir,
-                            strict=data.strict)
-    val_src = (open_source(data.name, data.val_split, data_dir=data.data_dir, strict=data.strict)
-               if data.val_split else None)
+    if sources is not None:
+        train_src, val_src = sources["train"], sources.get("validation")
+        val_src = val_src if data.val_split else None
+    else:
+        train_src = open_source(data.name, data.train_split, data_dir=data.data_dir,
+                                strict=data.strict)
+        val_src = (open_source(data.name, data.val_split, data_dir=data.data_dir,
+                               strict=data.strict) if data.val_split else None)
     class_names = train_src.class_names
     if getattr(train_src, "multi_label", False) and loss_name == "softmax_xent":
         raise ConfigError(f"{data.name} has multi-hot labels; set train.loss=sigmoid_xent (or "
@@ -218,28 +235,33 @@ class _Run:
 
     def __init__(self, config, workdir: Path, ckpts: TrainCheckpoints, state, *, model,
                  iterator, sources, tokenizer, loss_name: str, logits_fn, mesh,
-                 eval_batch_size: int, start: int, primary: bool):
+                 eval_batch_size: int, start: int, primary: bool, early: EarlyStop):
         self.config, self.workdir, self.ckpts, self.model = config, workdir, ckpts, model
         self.params, self.opt_state, self.ema = state.params, state.opt_state, state.ema
         self.iterator, (self.train_src, self.val_src) = iterator, sources
         self.tokenizer, self.loss_name, self.logits_fn = tokenizer, loss_name, logits_fn
         self.mesh, self.eval_batch_size, self.primary = mesh, eval_batch_size, primary
-        self.log = MetricsLog(workdir, start, enabled=primary)
+        self.log = MetricsLog(workdir, start, enabled=primary,
+                              tensorboard=config.train.get("tensorboard", True))
         self.saver = CheckpointPolicy(ckpts, every=config.train.checkpoint_every,
                                       resumed=bool(start))
-        self.meter, self.pending = TrainMeter(), []
+        self.meter, self.pending, self.early, self.last_val = TrainMeter(), [], early, {}
 
     def steps(self, step_fn, lr_fn, start: int, end: int) -> tuple[dict, int, str | None]:
         """Trains from `start` to `end`, validating and saving when due; returns the last
-        train metrics, the step reached and the signal that stopped it (or None)."""
+        train metrics, the step reached and what stopped it: the signal, `STOPPED_EARLY`
+        (validation stopped improving) or None."""
         tc, steps = self.config.train, self.config.train.steps
         last, bar = {}, progress(start, steps, enabled=self.primary)
         stop = StopSignals(kept=self.kept)
+        stopped_early = False
         with stop.installed():
             step = start
             while step < end:
                 with self._fits_memory(first=step == start):
-                    batch = device_mesh.to_global(next(self.iterator), self.mesh)
+                    with self.meter.waiting():  # blocked on the input pipeline
+                        host_batch = next(self.iterator)
+                    batch = device_mesh.to_global(host_batch, self.mesh)
                     self.params, self.opt_state, self.ema, metrics = step_fn(
                         self.params, self.opt_state, self.ema, batch, self.config.seed, step)
                     if step == start:  # where a step that cannot fit fails
@@ -248,22 +270,30 @@ class _Run:
                 self.pending.append((step, metrics))
                 bar.update(1)
                 stopping = stop.check(step)
-                if step % tc.log_every == 0 or step == end or stopping:
-                    self._drain()
-                    means, images_per_s = self.meter.flush(tc.batch_size)
-                    last = {"step": step, "split": "train", **means,
-                            "lr": float(lr_fn(step - 1)), "images_per_s": images_per_s}
-                    self.log.write(last)
-                    bar.report(last)
                 validating = self.val_src is not None and (step % tc.eval_every == 0
                                                            or step == steps)
-                saving = self.saver.due(step, end, stopping=bool(stopping))
-                if validating or saving:
-                    self._drain()  # waits for the step (training time); never saves non-finite
-                with self.meter.paused():  # images/s counts training steps only
-                    val_acc = self.validate(step) if validating else None
-                    if saving:
+                logged = step % tc.log_every == 0 or step == end or stopping
+                if logged:
+                    last = self._log_train(step, lr_fn, bar)
+                if validating:
+                    self._drain()  # waits for the step (training time)
+                    with self.meter.paused():  # images/s counts training steps only
+                        val_acc = self.validate(step)
+                    stopped_early = self.early.update(step, val_acc)
+                    if stopped_early and not logged:  # the run's last training figures
+                        last = self._log_train(step, lr_fn, bar)
+                else:
+                    val_acc = None
+                saving = self.saver.due(step, end, stopping=bool(stopping) or stopped_early)
+                if saving:
+                    self._drain()  # never saves non-finite weights
+                    with self.meter.paused():
                         self.save(step, val_acc)
+                if stopped_early:
+                    self.log.write(self.early.record(step))
+                    if self.primary:
+                        print(self.early.line(step), flush=True)
+                    break
                 if stopping:  # every process says so: each one's log shows where it stopped
                     who = f"process {jax.process_index()} " if jax.process_count() > 1 else ""
                     print(f"{stopping}: {who}saved step {step} to {self.ckpts.step_dir(step)}; "
@@ -271,7 +301,17 @@ class _Run:
                     break
             self.saver.close()  # the last save finishes here, where a second Ctrl-C ends it
         bar.close()
-        return last, step, stop.received
+        return last, step, STOPPED_EARLY if stopped_early else stop.received
+
+    def _log_train(self, step: int, lr_fn, bar) -> dict:
+        """Writes (and shows) the training record of the steps since the last one."""
+        self._drain()
+        means, images_per_s, data_wait = self.meter.flush(self.config.train.batch_size)
+        record = {"step": step, "split": "train", **means, "lr": float(lr_fn(step - 1)),
+                  "images_per_s": images_per_s, "data_wait": data_wait}
+        self.log.write(record)
+        bar.report(record)
+        return record
 
     @contextlib.contextmanager
     def _fits_memory(self, first: bool):
@@ -315,9 +355,9 @@ class _Run:
                                        tokenize=self.tokenizer)
         res = evaluate_task(self.loss_name, self.logits_fn, self.params, batches,
                             len(self.train_src.class_names), self.mesh)
-        self.log.write({"step": step, "split": "validation", "loss": res["loss"],
-                        "accuracy": res["accuracy"],
-                        **{k: res[k] for k in ("top5_accuracy", "label_accuracy") if k in res}})
+        self.last_val = {"loss": res["loss"], "accuracy": res["accuracy"],
+                         **{k: res[k] for k in ("top5_accuracy", "label_accuracy") if k in res}}
+        self.log.write({"step": step, "split": "validation", **self.last_val})
         if self.primary:
             print(f"step {step}: validation accuracy {res['accuracy']:.4f} "
                   f"loss {res['loss']:.4f}", flush=True)
@@ -336,7 +376,8 @@ class _Run:
                    "config": config.to_dict()})
         self.saver.save(step, params=self.params, opt_state=self.opt_state,
                         ema_params=self.ema, data_iter=iterator_states(self.iterator.get_state()),
-                        train_state={"step": step, "seed": config.seed},
+                        train_state={"step": step, "seed": config.seed,
+                                     "early_stop": self.early.state()},
                         meta=json.loads(json.dumps(meta, default=list)), val_accuracy=val_acc)
 
 

@@ -24,31 +24,42 @@ class MetricsLog:
     records past `resume_step` aside (see the module), so a run refused or crashed before it
     logs anything leaves the file as it was. A write the disk refuses takes back its part."""
 
-    def __init__(self, workdir: str | Path, resume_step: int | None, enabled: bool = True):
+    def __init__(self, workdir: str | Path, resume_step: int | None, enabled: bool = True,
+                 tensorboard: bool = False):
         self.path, self.enabled = Path(workdir) / "metrics.jsonl", enabled
         self.resume_step = resume_step or 0
         self._settled = False
+        self.events = None
+        if tensorboard and enabled:  # the same records as TensorBoard events (WORKDIR/tb)
+            from vit.train.tensorboard import FOLDER, EventLog
+
+            self.events = EventLog(Path(workdir) / FOLDER)
 
     def write(self, record: dict) -> None:
         if not self.enabled:
             return
         if not self._settled:
-            self._set_aside()
+            dropped = self._set_aside()
+            if self.events is not None and (dropped or not self.events.has_events()):
+                self.events.rebuild(self.path)  # the curves as metrics.jsonl now holds them
             self._settled = True
         append_whole(self.path, json.dumps(record) + "\n")
+        if self.events is not None:
+            self.events.write(record)
 
-    def _set_aside(self) -> None:
+    def _set_aside(self) -> bool:
         """Moves the lines past the resume step (and lines a crash cut short) to `DROPPED`:
         the kept ones are written to a temporary file, the dropped ones appended, then the
-        temporary file replaces `metrics.jsonl`; a failure on the way changes nothing."""
+        temporary file replaces `metrics.jsonl`; a failure on the way changes nothing. Whether
+        any line moved."""
         if not self.path.exists():
-            return
+            return False
         keep, drop = [], []
         for line in self.path.read_bytes().splitlines(keepends=True):
             step = _step_of(line)
             (keep if step is not None and step <= self.resume_step else drop).append(line)
         if not drop:
-            return
+            return False
         keep = [line if line.endswith(b"\n") else line + b"\n" for line in keep]
         drop = [line if line.endswith(b"\n") else line + b"\n" for line in drop]
         tmp = self.path.with_name(self.path.name + ".tmp")
@@ -64,6 +75,7 @@ class MetricsLog:
         os.replace(tmp, self.path)
         print(f"note: {len(drop)} line(s) of {self.path} past step {self.resume_step} moved to "
               f"{dropped} (the run goes on from step {self.resume_step})", file=sys.stderr)
+        return True
 
 
 def _step_of(line: bytes) -> int | None:
@@ -93,15 +105,25 @@ def append_whole(path: Path, data: str | bytes) -> None:
 
 
 class TrainMeter:
-    """Means of the per-step training metrics since the last `flush`, and the images/s of the
-    training steps alone: time spent inside `paused()` (validating, saving) does not count."""
+    """Means of the per-step training metrics since the last `flush`, the images/s of the
+    training steps alone (time spent inside `paused()`, validating and saving, does not count),
+    and the share of that time spent waiting for the input pipeline (`waiting()`)."""
 
     def __init__(self):
         self._reset()
 
     def _reset(self) -> None:
         self.sums: dict[str, float] = {}
-        self.count, self.t0 = 0, time.time()
+        self.count, self.t0, self.waited = 0, time.time(), 0.0
+
+    @contextlib.contextmanager
+    def waiting(self):
+        """Counts the block's time as waiting for data."""
+        t = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.waited += time.perf_counter() - t
 
     def add(self, metrics: dict[str, float]) -> None:
         for k, v in metrics.items():
@@ -116,12 +138,14 @@ class TrainMeter:
         finally:
             self.t0 += time.time() - t
 
-    def flush(self, batch_size: int) -> tuple[dict[str, float], float]:
-        """(metric means, images/s) over the steps since the last flush; starts afresh."""
+    def flush(self, batch_size: int) -> tuple[dict[str, float], float, float]:
+        """(metric means, images/s, share of the time waiting for data) over the steps since
+        the last flush; starts afresh."""
         means = {k: v / self.count for k, v in self.sums.items()}
-        images_per_s = self.count * batch_size / (time.time() - self.t0)
+        wall = max(time.time() - self.t0, 1e-9)
+        images_per_s, data_wait = self.count * batch_size / wall, min(self.waited / wall, 1.0)
         self._reset()
-        return means, images_per_s
+        return means, images_per_s, data_wait
 
 
 def read_metrics(path: str | Path) -> list[dict]:

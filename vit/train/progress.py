@@ -1,5 +1,8 @@
 """Training progress: a tqdm bar on a terminal, one plain line per log step otherwise.
 
+Each shows the latest figures, the images/s and the share of the time the steps waited for the
+input pipeline (`data_wait`: high means the data, not the model, sets the pace).
+
 Logs redirected to a file (batch jobs, `nohup`) get readable lines instead of carriage-return
 bar redraws; a terminal gets the bar with the latest figures beside it.
 """
@@ -9,7 +12,7 @@ from __future__ import annotations
 import sys
 
 # Record fields that are not per-step training metrics.
-_NOT_METRICS = ("step", "split", "lr", "images_per_s")
+_NOT_METRICS = ("step", "split", "lr", "images_per_s", "data_wait")
 
 
 def progress(start: int, total: int, enabled: bool = True):
@@ -45,8 +48,11 @@ class _Bar:
         self.bar.update(n)
 
     def report(self, record: dict) -> None:
-        self.bar.set_postfix({("acc" if k == "accuracy" else k): f"{v:.3f}"
-                              for k, v in _metrics(record).items()})
+        figures = {("acc" if k == "accuracy" else k): f"{v:.3f}"
+                   for k, v in _metrics(record).items()}
+        if "data_wait" in record:
+            figures["data"] = f"{record['data_wait']:.0%}"
+        self.bar.set_postfix(figures)
 
     def close(self) -> None:
         self.bar.close()
@@ -62,8 +68,10 @@ class _Lines:
     def report(self, record: dict) -> None:
         figures = " ".join(f"{k} {v:.4f}" if k == "loss" else f"{k} {v:.3f}"
                            for k, v in _metrics(record).items())
+        waiting = (f", {record['data_wait']:.0%} waiting for data" if "data_wait" in record
+                   else "")
         print(f"step {record['step']}/{self.total}: {figures} lr {record['lr']:.2e} "
-              f"{record['images_per_s']:.0f} img/s", flush=True)
+              f"{record['images_per_s']:.0f} img/s{waiting}", flush=True)
 
     def close(self) -> None:
         pass

@@ -57,7 +57,9 @@ def stage_configs(config) -> list[tuple[str, ml_collections.ConfigDict]]:
 
 
 def train_stages(config, workdir: str | Path, *, init: str | None = None,
-                 stop_after: int | None = None) -> dict:
+                 stop_after: int | None = None, sources: dict | None = None) -> dict:
+    """Runs the stages in order (see the module); `sources` (as `vit.train.loop.train` takes
+    them) feed every stage."""
     stages = stage_configs(config)
     for _, cfg in stages:  # a mistake in a later stage's model fails now, not after stage 0
         variant_config(cfg.model.name, image_size=cfg.input.image_size, **model_fields(cfg))
@@ -66,7 +68,7 @@ def train_stages(config, workdir: str | Path, *, init: str | None = None,
                         agree=parallel.allgather_json) as claim:
         try:
             return _train_stages(config, stages, workdir, claim, init=init,
-                                 stop_after=stop_after)
+                                 stop_after=stop_after, sources=sources)
         except Exception:
             from vit.train.loop import has_finished_step
 
@@ -76,7 +78,8 @@ def train_stages(config, workdir: str | Path, *, init: str | None = None,
 
 
 def _train_stages(config, stages, workdir: Path, claim, *, init: str | None,
-                  stop_after: int | None) -> dict:
+                  stop_after: int | None, sources: dict | None) -> dict:
+    from vit.train.early_stop import REASON as STOPPED_EARLY
     from vit.train.loop import train, train_claimed, write_config
 
     primary = jax.process_index() == 0  # process 0 alone writes files
@@ -95,12 +98,15 @@ def _train_stages(config, stages, workdir: Path, claim, *, init: str | None,
             with cfg.unlocked():
                 cfg.init = ""
             if last:  # WORKDIR itself, held already
-                result = train_claimed(cfg, where, claim, init=previous, stop_after=stop_after)
+                result = train_claimed(cfg, where, claim, init=previous, stop_after=stop_after,
+                                       sources=sources)
             else:
-                result = train(cfg, where, init=previous, stop_after=stop_after)
+                result = train(cfg, where, init=previous, stop_after=stop_after,
+                               sources=sources)
             if primary:  # written once a stage has trained: a refused run leaves the old one
                 write_config(workdir, config, "recipe.json")
-            if result.get("stopped_by") or _latest_step(where) != steps:
+            early = result.get("stopped_by") == STOPPED_EARLY  # this stage is done: go on
+            if not early and (result.get("stopped_by") or _latest_step(where) != steps):
                 return result  # interrupted: the same command resumes this stage
         previous = str(where)
     if primary:
