@@ -13,12 +13,13 @@ import vit.checkpoints.timm as timm
 from vit.checkpoints.files import check_destination
 from vit.checkpoints.fit import adapt_params
 from vit.checkpoints.loaded import LoadedCheckpoint, zero_head_warning
+from vit.checkpoints.lossy import fit_to_format
 from vit.errors import CheckpointError
 from vit.models.config import ViTConfig
 from vit.models.posemb import METHOD_OF_SOURCE
 from vit.preprocess import Preprocessing
 
-WRITE_FORMATS = ("npz", "hf", "timm", "orbax")
+WRITE_FORMATS = ("npz", "hf", "timm", "orbax", "onnx")
 # How each written format resizes position embeddings when read back: its library's convention.
 RESIZE_CONVENTION = {"npz": METHOD_OF_SOURCE["vit_jax"], "hf": METHOD_OF_SOURCE["hf"],
                      "timm": METHOD_OF_SOURCE["timm"]}
@@ -59,10 +60,12 @@ def load_checkpoint(path, *, image_size: int | tuple[int, int] | None = None,
 
 
 def save_checkpoint(src, dst, format: str, *, preprocessing: Preprocessing | None = None,
-                    labels: list[str] | None = None) -> list[str]:
+                    labels: list[str] | None = None, lossy: bool = False) -> list[str]:
     """Writes `src` (a `LoadedCheckpoint` or a model) to `dst` in `format`; returns warnings.
 
     Raises CheckpointError, naming what does not fit, when the format cannot hold the model.
+    With `lossy`, what the format cannot hold but can approximate is changed first
+    (`lossy.fit_to_format`), and each change is among the returned lines.
     """
     if format not in WRITE_FORMATS:
         raise CheckpointError(f"unknown format {format!r}; choose one of "
@@ -70,11 +73,19 @@ def save_checkpoint(src, dst, format: str, *, preprocessing: Preprocessing | Non
     check_destination(dst)
     if not isinstance(src, LoadedCheckpoint):
         src = LoadedCheckpoint.from_model(src, preprocessing, labels)
+    changes = []
+    if lossy:
+        src, changes = fit_to_format(src, format)
+        changes = [f"--lossy: {change}" for change in changes]
     if format == "orbax":
         orbax_io.save_orbax(dst, src.params, src.config, src.preprocessing, src.labels)
         return []
+    if format == "onnx":
+        import vit.checkpoints.onnx_export as onnx_export  # jax2onnx loads only for this
+
+        return changes + onnx_export.write(src, dst)
     writer = {"npz": npz.write, "hf": hf.write, "timm": timm.write}[format]
-    return writer(src, dst) + conversion_notes(src.config, format)
+    return changes + writer(src, dst) + conversion_notes(src.config, format)
 
 
 def conversion_notes(cfg, format: str) -> list[str]:

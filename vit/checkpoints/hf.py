@@ -26,6 +26,7 @@ from vit.checkpoints.files import (
 )
 from vit.checkpoints.labels import default_labels
 from vit.checkpoints.loaded import LoadedCheckpoint, refuse_text, zero_head_warning
+from vit.checkpoints.lossy import lossy_hint
 from vit.checkpoints.named_arrays import NamedArrays
 from vit.checkpoints.safetensors_io import read_safetensors_folder, write_safetensors
 from vit.checkpoints.torch_tensors import conv_of, patch_kernel_of, torch_readers, torch_writers
@@ -269,7 +270,8 @@ def write(loaded: LoadedCheckpoint, dst) -> list[str]:
     problems = cannot_hold(loaded)
     if problems:
         raise CheckpointError(f"a Hugging Face ViT folder cannot hold {'; '.join(problems)}: "
-                              "use --format timm or orbax (orbax keeps everything)")
+                              "use --format timm or orbax (orbax keeps everything)"
+                              + lossy_hint(loaded, "hf", cannot_hold))
     classify = cfg.num_classes > 0
     prefix = "vit." if classify else ""
     out = {}

@@ -27,6 +27,7 @@ from vit.checkpoints.loaded import (
     refuse_text,
     zero_head_warning,
 )
+from vit.checkpoints.lossy import lossy_hint
 from vit.checkpoints.named_arrays import NamedArrays
 from vit.errors import CheckpointError
 from vit.models.config import ViTConfig
@@ -296,7 +297,8 @@ def write(loaded: LoadedCheckpoint, dst) -> list[str]:
     problems = cannot_hold(loaded)
     if problems:
         raise CheckpointError(f"a vit_jax npz cannot hold {'; '.join(problems)}: use --format "
-                              "timm or orbax (orbax keeps everything)")
+                              "timm or orbax (orbax keeps everything)"
+                              + lossy_hint(loaded, "npz", cannot_hold))
     d, h, hd = cfg.width, cfg.num_heads, cfg.head_dim
     out = {"embedding/kernel": p["patch_kernel"], "embedding/bias": p["patch_bias"]}
     if cfg.class_token:

@@ -32,6 +32,7 @@ from vit.checkpoints.files import (
 )
 from vit.checkpoints.labels import default_labels
 from vit.checkpoints.loaded import LoadedCheckpoint, refuse_text, zero_head_warning
+from vit.checkpoints.lossy import lossy_hint
 from vit.checkpoints.named_arrays import NamedArrays
 from vit.checkpoints.safetensors_io import read_safetensors, write_safetensors
 from vit.checkpoints.torch_tensors import conv_of, patch_kernel_of, torch_readers, torch_writers
@@ -327,7 +328,8 @@ def write(loaded: LoadedCheckpoint, dst) -> list[str]:
     problems = cannot_hold(loaded)
     if problems:
         raise CheckpointError(f"timm's ViT cannot hold {'; '.join(problems)}: use --format "
-                              "orbax, which keeps everything")
+                              "orbax, which keeps everything"
+                              + lossy_hint(loaded, "timm", cannot_hold))
     out = {}
     put_linear, put_norm = torch_writers(out)
     out["patch_embed.proj.weight"] = conv_of(p["patch_kernel"])
