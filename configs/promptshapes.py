@@ -28,7 +28,7 @@ def get_config():
                   num_threads=1)
     c.model = dict(name="Ti/16", width=128, depth=4, mlp_dim=256, num_heads=4, patch_size=16,
                    classifier="gap", class_token=False, attention_impl="xla",
-                   text=dict(source="bytes", max_len=32, width=64, depth=1, num_heads=2,
+                   text=dict(source="bytes", max_len=48, width=64, depth=1, num_heads=2,
                              mlp_dim=128, xattn_start=2, xattn_every=1))
     c.input = dict(image_size=64, mean=[0.5] * 3, std=[0.5] * 3, inception_crop=False,
                    flip=False)

@@ -1,5 +1,6 @@
 """`vit eval` on a text model: prompt-answer accuracy, the shuffled/null-prompt and
-blank-image controls, and the held-out split."""
+blank-image controls, the held-out split, and on `promptshapes` every question asked of every
+test image (`vit.inference.questions`)."""
 
 from __future__ import annotations
 
@@ -32,6 +33,8 @@ def eval_prompts(args, loaded, source, name, data_dir, split, heldout, out) -> i
         report["heldout_split"] = heldout
         report["heldout_accuracy"] = score(open_source(name, heldout,
                                                        data_dir=data_dir))["accuracy"]
+    if hasattr(source, "data") and source.name == "promptshapes":
+        report["questions"] = every_question(loaded, source)
     if save_report(args, out, report):
         return 0
     print(f"{loaded.source} on {source.name}: {res['num_examples']} (image, prompt) examples")
@@ -40,5 +43,41 @@ def eval_prompts(args, loaded, source, name, data_dir, split, heldout, out) -> i
         f"{k} {v:.4f}" for k, v in report["controls"].items()))
     if heldout:
         print(f"  held-out ({heldout}) accuracy {report['heldout_accuracy']:.4f}")
+    if "questions" in report:
+        print_questions(report["questions"])
     print(f"  figures {out / 'eval.json'}")
     return 0
+
+
+def every_question(loaded, source) -> dict:
+    """Every colour x shape question (and the evaluation-only wordings and never-drawn words)
+    asked of every image of a promptshapes split."""
+    import numpy as np
+    from PIL import Image
+
+    from vit.data import promptshapes as ps
+    from vit.inference.prompts import encode_prompts
+    from vit.inference.questions import ask_every_prompt, question_figures
+
+    grid = ps.grid_questions()
+    data = source.data
+    images = np.stack([loaded.preprocessing(Image.fromarray(im)) for im in data.images])
+    prompts = encode_prompts(loaded.config, [q["prompt"] for q in grid])
+    probs = ask_every_prompt(loaded.build_model(), images, prompts.text, prompts.mask)
+    shares = np.asarray([[ps.shares(row, q["pair"]) if q["pair"] else "never" for q in grid]
+                         for row in data.labels])
+    return question_figures(probs, shares == "present", [q["group"] for q in grid], shares)
+
+
+def print_questions(figures: dict) -> None:
+    print(f"  every question asked of each of {figures['images']} images:")
+    for group in ("seen", "heldout", "wording"):
+        g = figures.get(group)
+        if g:
+            auc = "n/a" if g["auc"] is None else f"{g['auc']:.4f}"
+            false_yes = ", ".join(f"{k} {v:.3f}" for k, v in g["false_yes"].items()
+                                  if v is not None)
+            print(f"    {group:8s} balanced accuracy {g['balanced_accuracy']:.4f}, AUC {auc}; "
+                  f"false yes: {false_yes}")
+    if "never" in figures:
+        print(f"    never-drawn words: yes-rate {figures['never']['yes_rate']:.4f}")

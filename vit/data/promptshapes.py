@@ -1,23 +1,35 @@
 """`promptshapes`: a seeded, offline benchmark for text-conditioned classification.
 
 Each 64x64 RGB scene holds 2 to 4 coloured shapes, every one a distinct (colour, shape) pair,
-on a dark, lightly noisy background. Each image comes with two yes/no questions of the form
-"is there a red triangle?": one true (a pair in the scene, answer 1) and one *hard* false
-(answer 0): a pair whose colour is in the scene on another shape and whose shape is in the
-scene in another colour, so neither the colour nor the shape alone answers it.
+on a dark, lightly noisy background, and comes with two yes/no questions. Training asks every
+kind of question a user could ask, so that a model has to read the words, not memorise strings:
+
+* pair questions ("is there a red triangle?"), true (the pair is drawn) or false in one of four
+  ways, by what the scene shares with the question: `hard` (the colour on another shape and the
+  shape in another colour), `colour_only`, `shape_only` and `neither`;
+* single-attribute questions ("is there anything red?", "is there a triangle?"), which name
+  a colour or a shape apart;
+* questions about things never drawn (`NEVER_COLORS`, `NEVER_SHAPES`), always "no".
+
+Wordings: `PAIR_TEMPLATES` (and `COLOUR_TEMPLATES`, `SHAPE_TEMPLATES`) in training;
+`EVAL_TEMPLATES` never in training, kept for evaluation. A few questions lose their "?" or
+change case, so neither is a cue.
 
 Splits:
 
-* ``train`` / ``test``: prompts from every pair except `HELDOUT_PAIRS` (different seeds).
-* ``heldout``: prompts only from `HELDOUT_PAIRS`, to test compositional generalisation.
+* ``train`` / ``test``: pair questions about every pair except `HELDOUT_PAIRS` (different
+  seeds), in the training wordings.
+* ``heldout``: pair questions only about `HELDOUT_PAIRS`, in the first wording, to test
+  composition. The held-out pairs are withheld from the *prompts* only, in every wording: they
+  are drawn in the images of every split and marked in every image's multi-hot `labels`.
 
-The held-out pairs are withheld from the *prompts* only: they are drawn in the images of every
-split and marked in every image's multi-hot `labels`.
-
-Balance: every prompt string is true in exactly half of its uses within a split. Images come in
-twos built from an ordered pair of distinct prompt pairs (p, q): scene A holds p and is a hard
-negative for q, scene B holds q and is a hard negative for p; A asks (p: yes, q: no) and B asks
-(q: yes, p: no). Images are then shuffled and the two questions of an image put in random order.
+Balance: every answerable prompt string is true in exactly half of its uses within a split.
+Images come in twos (a couple) that ask the same strings: for pair and single-attribute
+questions, scene A holds p and lacks q, scene B holds q and lacks p, and A asks (p: yes, q: no),
+B (q: yes, p: no); a never-drawn couple asks p of both (yes in A, no in B) with a never-drawn
+question beside it. Images are then shuffled and the two questions of an image put in random
+order. `grid_questions` lists what an evaluation asks of every image (see
+`vit.inference.questions`).
 
 Only numpy and pillow; deterministic for (split, num_images, seed), cached in-process.
 """
@@ -42,6 +54,10 @@ RGB = {
     "purple": (170, 60, 210),
     "white": (245, 245, 245),
 }
+# Words for things no scene ever holds: asked about only as "no" questions, so a model learns
+# that what it cannot see is not there.
+NEVER_COLORS = ("pink", "orange")
+NEVER_SHAPES = ("hexagon", "star")
 # Every (colour, shape), colour-major: index c * len(SHAPES) + s.
 PAIRS = tuple((c, s) for c in COLORS for s in SHAPES)
 CLASS_NAMES = [f"{c} {s}" for c, s in PAIRS]
@@ -50,6 +66,28 @@ CLASS_NAMES = [f"{c} {s}" for c, s in PAIRS]
 HELDOUT_PAIRS = (("red", "triangle"), ("green", "cross"), ("blue", "circle"),
                  ("yellow", "square"))
 TRAIN_PAIRS = tuple(p for p in PAIRS if p not in HELDOUT_PAIRS)
+
+# Wordings. The first pair template is the canonical one (`prompt_of`).
+PAIR_TEMPLATES = (
+    "is there a {c} {s}?",
+    "is there any {c} {s}?",
+    "can you find a {c} {s}?",
+    "does the image contain a {c} {s}?",
+    "is a {c} {s} in the picture?",
+    "does this scene have a {c} {s}?",
+    "is there a {s} that is {c}?",
+    "any {c} {s} here?",
+    "is there at least one {c} {s}?",
+)
+EVAL_TEMPLATES = ("do you see a {c} {s}?", "is there a {c} {s} in this image?")
+COLOUR_TEMPLATES = ("is there anything {c}?", "is any shape {c}?", "is something {c}?")
+SHAPE_TEMPLATES = ("is there a {s}?", "can you find a {s}?", "is there any {s}?")
+# Kinds of "no" to a pair question, by what the scene shares with it.
+NEGATIVE_KINDS = ("hard", "colour_only", "shape_only", "neither")
+# Per couple of images: (what the two images ask, probability).
+_COUPLES = (("hard", 0.15), ("colour_only", 0.15), ("shape_only", 0.15), ("neither", 0.15),
+            ("attribute", 0.25), ("never", 0.15))
+DROP_MARK, RECASE = 0.3, 0.2  # per couple: questions without "?", in another case
 
 SPLITS = ("train", "test", "heldout")
 DEFAULT_SIZES = {"train": 4000, "test": 500, "heldout": 500}  # images (each gives 2 examples)
@@ -70,21 +108,39 @@ class SplitError(DataError, ValueError):
     """An unknown promptshapes split, or a bad size."""
 
 
-def prompt_of(pair: tuple[str, str]) -> str:
-    """("red", "triangle") -> "is there a red triangle?"."""
+def prompt_of(pair: tuple[str, str], template: str = PAIR_TEMPLATES[0]) -> str:
+    """("red", "triangle") -> "is there a red triangle?" (or in another pair template)."""
     colour, shape = pair
-    return f"is there a {colour} {shape}?"
+    return template.format(c=colour, s=shape)
 
 
 PROMPTS = {prompt_of(p): p for p in PAIRS}
 
 
 def pair_of(prompt: str) -> tuple[str, str]:
-    """The inverse of `prompt_of`."""
+    """The inverse of `prompt_of` in the canonical wording."""
     try:
         return PROMPTS[prompt]
     except KeyError:
         raise ValueError(f"not a promptshapes prompt: {prompt!r}") from None
+
+
+def words(prompt: str) -> list[str]:
+    """The words of a prompt, lower case, punctuation dropped: what a question names."""
+    kept = "".join(ch if ch.isalnum() else " " for ch in prompt.lower())
+    return kept.split()
+
+
+def all_templates() -> tuple[str, ...]:
+    return PAIR_TEMPLATES + EVAL_TEMPLATES + COLOUR_TEMPLATES + SHAPE_TEMPLATES
+
+
+def longest_prompt() -> str:
+    """The longest question any template makes with any colour and shape word."""
+    colours, shapes = COLORS + NEVER_COLORS, SHAPES + NEVER_SHAPES
+    c = max(colours, key=len)
+    s = max(shapes, key=len)
+    return max((t.format(c=c, s=s).upper() for t in all_templates()), key=len)
 
 
 def split_pairs(split: str) -> tuple[tuple[str, str], ...]:
@@ -105,7 +161,10 @@ class PromptShapes:
     images: np.ndarray  # [N, 64, 64, 3] uint8
     labels: np.ndarray  # [N, len(PAIRS)] float32 multi-hot over PAIRS
     prompts: list[str]  # [2N]
-    answers: np.ndarray  # [2N] int32, 1 = the prompt's pair is in the image
+    answers: np.ndarray  # [2N] int32, 1 = the prompt is true of the image
+    # [2N]: "yes", a `NEGATIVE_KINDS` entry, "attribute" (a false single-attribute question) or
+    # "never" (a never-drawn word)
+    kinds: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def num_images(self) -> int:
@@ -116,22 +175,123 @@ class PromptShapes:
         return len(self.prompts)
 
 
-def _hard_negative_scene(rng: np.random.Generator, p: tuple[str, str],
-                         q: tuple[str, str]) -> list[tuple[str, str]]:
-    """2-4 distinct pairs: p is present; q is absent but its colour (on another shape) and its
-    shape (in another colour) are present."""
-    scene = [p]
-    if p[0] != q[0]:  # q's colour on another shape
-        shapes = [s for s in SHAPES if s != q[1] and (q[0], s) not in scene]
-        scene.append((q[0], shapes[rng.integers(len(shapes))]))
-    if p[1] != q[1]:  # q's shape in another colour
-        colours = [c for c in COLORS if c != q[0] and (c, q[1]) not in scene]
-        scene.append((colours[rng.integers(len(colours))], q[1]))
+def _pick(rng: np.random.Generator, items: list):
+    return items[int(rng.integers(len(items)))]
+
+
+def _allowed(kind: str, absent: tuple[str, str]):
+    """Pairs a scene may hold when `absent` must be a "no" of this kind."""
+    c, s = absent
+    banned = {"hard": lambda x: False,
+              "colour_only": lambda x: x[1] == s,
+              "shape_only": lambda x: x[0] == c,
+              "neither": lambda x: x[0] == c or x[1] == s}[kind]
+    return lambda x: x != absent and not banned(x)
+
+
+def _fits(kind: str, p: tuple[str, str], q: tuple[str, str]) -> bool:
+    """Whether a scene holding p can make q a "no" of `kind` (and the other way round)."""
+    return p != q and _allowed(kind, q)(p) and _allowed(kind, p)(q)
+
+
+def _scene(rng: np.random.Generator, present: tuple[str, str], absent: tuple[str, str],
+           kind: str) -> list[tuple[str, str]]:
+    """2-4 distinct pairs: `present` is there; `absent` is not, and the scene shares with it
+    what `kind` says (hard: its colour on another shape and its shape in another colour)."""
+    ok = _allowed(kind, absent)
+    scene = [present]
+    c, s = absent
+    if kind in ("hard", "colour_only") and present[0] != c:  # its colour on another shape
+        scene.append((c, _pick(rng, [x for x in SHAPES if x != s and (c, x) not in scene])))
+    if kind in ("hard", "shape_only") and present[1] != s:  # its shape in another colour
+        scene.append((_pick(rng, [x for x in COLORS if x != c and (x, s) not in scene]), s))
+    return _fill(rng, scene, ok)
+
+
+def _fill(rng: np.random.Generator, scene: list, ok) -> list[tuple[str, str]]:
     k = int(rng.integers(max(2, len(scene)), 5))
-    rest = [x for x in PAIRS if x != q and x not in scene]
+    rest = [x for x in PAIRS if x not in scene and ok(x)]
     extra = rng.choice(len(rest), size=k - len(scene), replace=False)
-    scene += [rest[i] for i in extra]
+    scene = scene + [rest[i] for i in extra]
     return [scene[i] for i in rng.permutation(len(scene))]
+
+
+def _has(attribute: tuple[str, str], x: tuple[str, str]) -> bool:
+    which, word = attribute
+    return x[0 if which == "colour" else 1] == word
+
+
+def _attribute_scene(rng: np.random.Generator, a: tuple[str, str],
+                     b: tuple[str, str]) -> list[tuple[str, str]]:
+    """2-4 pairs: something has attribute a, nothing has attribute b."""
+    first = _pick(rng, [x for x in PAIRS if _has(a, x) and not _has(b, x)])
+    return _fill(rng, [first], lambda x: not _has(b, x))
+
+
+class _Wording:
+    """One couple's wording: a template per question type, and its "?" and case."""
+
+    def __init__(self, rng: np.random.Generator, pair_templates: tuple[str, ...],
+                 vary: bool):
+        self.pair = _pick(rng, list(pair_templates))
+        self.colour = _pick(rng, list(COLOUR_TEMPLATES))
+        self.shape = _pick(rng, list(SHAPE_TEMPLATES))
+        self.drop_mark = vary and rng.random() < DROP_MARK
+        self.case = _pick(rng, ["upper", "capitalize", "title"]) \
+            if vary and rng.random() < RECASE else None
+
+    def __call__(self, question: tuple) -> str:
+        which = question[0]
+        if which == "pair":
+            text = self.pair.format(c=question[1], s=question[2])
+        elif which == "colour":
+            text = self.colour.format(c=question[1])
+        else:
+            text = self.shape.format(s=question[1])
+        if self.drop_mark:
+            text = text.rstrip("?")
+        return getattr(text, self.case)() if self.case else text
+
+
+def _never_question(rng: np.random.Generator) -> tuple:
+    """A question naming at least one never-drawn word."""
+    form = int(rng.integers(5))
+    if form == 0:
+        return ("pair", _pick(rng, list(NEVER_COLORS)), _pick(rng, list(SHAPES)))
+    if form == 1:
+        return ("pair", _pick(rng, list(COLORS)), _pick(rng, list(NEVER_SHAPES)))
+    if form == 2:
+        return ("pair", _pick(rng, list(NEVER_COLORS)), _pick(rng, list(NEVER_SHAPES)))
+    if form == 3:
+        return ("colour", _pick(rng, list(NEVER_COLORS)))
+    return ("shape", _pick(rng, list(NEVER_SHAPES)))
+
+
+def _couple(rng: np.random.Generator, asked: tuple, couple: str):
+    """Two scenes and their questions: [(question, answer, kind)] x 2 per scene."""
+    if couple in NEGATIVE_KINDS:
+        while True:
+            i, j = rng.choice(len(asked), size=2, replace=False)
+            p, q = asked[i], asked[j]
+            if _fits(couple, p, q):
+                break
+        qp, qq = ("pair", *p), ("pair", *q)
+        return ([_scene(rng, p, q, couple), _scene(rng, q, p, couple)],
+                [[(qp, 1, "yes"), (qq, 0, couple)], [(qq, 1, "yes"), (qp, 0, couple)]])
+    if couple == "attribute":
+        attributes = [("colour", c) for c in COLORS] + [("shape", s) for s in SHAPES]
+        i, j = rng.choice(len(attributes), size=2, replace=False)
+        a, b = attributes[i], attributes[j]
+        return ([_attribute_scene(rng, a, b), _attribute_scene(rng, b, a)],
+                [[(a, 1, "yes"), (b, 0, "attribute")], [(b, 1, "yes"), (a, 0, "attribute")]])
+    # never: p is asked of both scenes (yes, then a "no" of some kind), beside a never question
+    p = asked[int(rng.integers(len(asked)))]
+    kind = _pick(rng, list(NEGATIVE_KINDS))
+    other = _pick(rng, [x for x in PAIRS if x != p and _allowed(kind, p)(x)])
+    qp = ("pair", *p)
+    return ([_fill(rng, [p], lambda x: True), _scene(rng, other, p, kind)],
+            [[(qp, 1, "yes"), (_never_question(rng), 0, "never")],
+             [(qp, 0, kind), (_never_question(rng), 0, "never")]])
 
 
 def _draw_shape(draw: ImageDraw.ImageDraw, shape: str, x0: int, y0: int, size: int,
@@ -184,26 +344,67 @@ def _generate(split: str, num_images: int, seed: int) -> PromptShapes:
     # independent streams per split: the split's index is part of the seed
     rng = np.random.default_rng(np.random.SeedSequence([seed, SPLITS.index(split)]))
     asked = split_pairs(split)
-    scenes, questions = [], []  # questions: (pair, answer) x 2 per image
+    heldout = split == "heldout"
+    names = [name for name, _ in _COUPLES]
+    chances = np.asarray([p for _, p in _COUPLES])
+    scenes, questions = [], []  # questions: [(text, answer, kind)] x 2 per image
     for _ in range(num_images // 2):
-        i, j = rng.choice(len(asked), size=2, replace=False)
-        p, q = asked[i], asked[j]
-        scenes += [_hard_negative_scene(rng, p, q), _hard_negative_scene(rng, q, p)]
-        questions += [[(p, 1), (q, 0)], [(q, 1), (p, 0)]]
+        # the held-out split asks only pair questions in the canonical wording
+        couple = names[int(rng.integers(len(NEGATIVE_KINDS)))] if heldout \
+            else names[int(rng.choice(len(names), p=chances / chances.sum()))]
+        two_scenes, asks = _couple(rng, asked, couple)
+        wording = _Wording(rng, PAIR_TEMPLATES[:1] if heldout else PAIR_TEMPLATES,
+                           vary=not heldout)
+        scenes += two_scenes
+        questions += [[(wording(q), a, k) for q, a, k in ask] for ask in asks]
     order = rng.permutation(num_images)
     images = np.empty((num_images, IMAGE_SIZE, IMAGE_SIZE, 3), np.uint8)
     labels = np.zeros((num_images, len(PAIRS)), np.float32)
-    prompts, answers = [], []
+    prompts, answers, kinds = [], [], []
     for n, k in enumerate(order):
         images[n] = _render(rng, scenes[k])
         labels[n, [_PAIR_INDEX[x] for x in scenes[k]]] = 1.0
         two = questions[k] if rng.integers(2) else questions[k][::-1]
-        prompts += [prompt_of(pair) for pair, _ in two]
-        answers += [answer for _, answer in two]
+        for text, answer, kind in two:
+            prompts.append(text)
+            answers.append(answer)
+            kinds.append(kind)
     answers = np.asarray(answers, np.int32)
     for a in (images, labels, answers):
         a.setflags(write=False)
-    return PromptShapes(images, labels, prompts, answers)
+    return PromptShapes(images, labels, prompts, answers, kinds)
+
+
+def grid_questions() -> list[dict]:
+    """What an evaluation asks of every image: each colour x shape question in the canonical
+    wording (`group` "seen" or "heldout"), each seen pair in every evaluation-only wording
+    ("wording"), and questions naming never-drawn words ("never"). Each entry:
+    `{"prompt", "group", "pair"}` (pair: (colour, shape), None for a never-drawn word)."""
+    out = [{"prompt": prompt_of(p), "group": "heldout" if p in HELDOUT_PAIRS else "seen",
+            "pair": p} for p in PAIRS]
+    out += [{"prompt": prompt_of(p, t), "group": "wording", "pair": p}
+            for t in EVAL_TEMPLATES for p in TRAIN_PAIRS]
+    never = [(c, s) for c in NEVER_COLORS for s in SHAPES + NEVER_SHAPES]
+    never += [(c, s) for c in COLORS for s in NEVER_SHAPES]
+    out += [{"prompt": prompt_of(p), "group": "never", "pair": None} for p in never]
+    out += [{"prompt": t.format(c=c), "group": "never", "pair": None}
+            for t in COLOUR_TEMPLATES[:1] for c in NEVER_COLORS]
+    out += [{"prompt": t.format(s=s), "group": "never", "pair": None}
+            for t in SHAPE_TEMPLATES[:1] for s in NEVER_SHAPES]
+    return out
+
+
+def shares(labels_row: np.ndarray, pair: tuple[str, str]) -> str:
+    """What a scene (its multi-hot `labels` row) shares with a pair question: "present", or for
+    a "no", "both_apart" (the colour and the shape, on different shapes), "colour_only",
+    "shape_only" or "neither"."""
+    held = {PAIRS[i] for i in np.flatnonzero(labels_row)}
+    if pair in held:
+        return "present"
+    colour = any(c == pair[0] for c, _ in held)
+    shape = any(s == pair[1] for _, s in held)
+    return {(True, True): "both_apart", (True, False): "colour_only",
+            (False, True): "shape_only", (False, False): "neither"}[(colour, shape)]
 
 
 class PromptShapesSource:

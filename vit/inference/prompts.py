@@ -142,16 +142,16 @@ def zero_shot_prompts(config, names: Sequence[str], template: str = "{}") -> Pro
 
 
 def prompts_forward(merged, prompts: Prompts):
-    """`(forward, (text, mask))`: every image against every prompt, the sigmoid of each match."""
+    """`(forward, (text, mask))`: every image against every prompt, the sigmoid of each match.
+
+    Each prompt is encoded once per batch and shared by its images (`answer_prompts`)."""
     import jax
     import jax.numpy as jnp
 
     @jax.jit
     def forward(state, images, text, mask):
         b = images.shape[0]
-        logits = merged(state)(
-            images, text=jnp.broadcast_to(text, (b, *text.shape)),
-            text_mask=jnp.broadcast_to(mask, (b, *mask.shape)))
+        logits = merged(state).answer_prompts(images, text, mask)
         return (jax.nn.sigmoid(logits.reshape(b, -1)),)  # [b] when there is one prompt
 
     # Arguments, not constants: other prompts of the same count reuse the compile.

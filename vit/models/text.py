@@ -88,8 +88,50 @@ def text_block_config(cfg: ViTConfig) -> ViTConfig:
         posemb="learn", classifier="token", class_token=True, num_registers=0)
 
 
+def _word_byte_table() -> np.ndarray:
+    """`[VOCAB_SIZE]` bool: ids of bytes that belong to words (ASCII letters and digits, and every
+    byte of a multi-byte UTF-8 character, so any language has words); spaces, punctuation and
+    the reserved ids separate words."""
+    table = np.zeros(VOCAB_SIZE, bool)
+    for b in range(256):
+        table[b + BYTE_OFFSET] = b >= 128 or chr(b).isalnum()
+    return table
+
+
+def _fold_table() -> np.ndarray:
+    """`[VOCAB_SIZE]` int32: each id with ASCII upper case mapped to lower case."""
+    table = np.arange(VOCAB_SIZE, dtype=np.int32)
+    for b in range(ord("A"), ord("Z") + 1):
+        table[b + BYTE_OFFSET] = b + 32 + BYTE_OFFSET
+    return table
+
+
+WORD_BYTES, FOLD = _word_byte_table(), _fold_table()
+
+
+def word_structure(tokens: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Byte ids `[n, T]` -> (position of each byte within its word `[n, T]` int32, 0 outside
+    words; `[n, T, T]` bool, True where two positions are bytes of the same word, and on the
+    diagonal for every position)."""
+    in_word = jnp.asarray(WORD_BYTES)[tokens]
+    before = jnp.pad(in_word[:, :-1], ((0, 0), (1, 0)))
+    starts = in_word & ~before
+    idx = jnp.arange(tokens.shape[-1], dtype=jnp.int32)[None]
+    start_at = jax.lax.cummax(jnp.where(starts, idx, 0), axis=1)
+    position = jnp.where(in_word, idx - start_at, 0)
+    word = jnp.where(in_word, jnp.cumsum(starts, axis=1), -1)
+    same = (word[:, :, None] == word[:, None, :]) & in_word[:, :, None]
+    return position, same | jnp.eye(tokens.shape[-1], dtype=bool)[None]
+
+
 class ByteTextEncoder(nnx.Module):
-    """Byte embeddings + learned positions -> pre-norm Transformer blocks -> LayerNorm."""
+    """Bytes read as words: each byte (upper case folded to lower) is embedded with its
+    position *within its word*, and gets the mean of its word's bytes added, so every byte
+    carries its word's identity; then pre-norm Transformer blocks over the bytes -> LayerNorm.
+
+    No position in the sentence: a word means the same wherever a wording puts it, which is
+    what lets "is there a red triangle?" be read from "red" and "triangle" learned apart.
+    Case never matters (folded exactly)."""
 
     def __init__(self, cfg: ViTConfig, rngs: nnx.Rngs):
         t, bcfg = cfg.text, text_block_config(cfg)
@@ -107,7 +149,11 @@ class ByteTextEncoder(nnx.Module):
         if tokens.shape[-1] > self.pos_embed.shape[1]:
             raise ValueError(f"text of {tokens.shape[-1]} tokens is longer than the model's "
                              f"max_len {self.pos_embed.shape[1]}; tokenize with that max_len")
-        x = self.embed(tokens) + self.pos_embed[:, :tokens.shape[-1]]
+        tokens = jnp.asarray(FOLD)[tokens]
+        position, same = word_structure(tokens)
+        x = self.embed(tokens) + self.pos_embed[0][position]
+        word = same.astype(x.dtype)
+        x = x + jnp.einsum("nij,njd->nid", word, x) / jnp.sum(word, -1, keepdims=True)
         x = x.astype(self.dtype)
         for i, block in enumerate(self.blocks):
             hook = (lambda p, i=i: probs_hook(i, p)) if probs_hook is not None else None

@@ -276,6 +276,25 @@ class VisionTransformer(nnx.Module):
         return logits.reshape(images.shape[0], -1) if logits.shape[0] != images.shape[0] \
             else logits
 
+    def answer_prompts(self, images, text, text_mask=None, *, train=False, rng=None):
+        """`[batch, prompts]` logits of every image against every one of `text [prompts, len]`
+        (token ids; `[prompts, len, dim]` embeddings), the same prompts for every image.
+
+        Each prompt is encoded once (not once per image, as `text [batch, prompts, len]` would
+        be) and its encoding shared by every image; the image tokens before the first
+        cross-attention block are shared by every prompt. Equal to `model(images, text=...)`
+        with the prompts broadcast over the batch."""
+        if self.prompt_head is None:
+            raise ValueError("this model has no text path, so no prompt head")
+        keys = _keys_for(train, rng, self.config)
+        txt, kv_len, _ = self.encode_text(text, text_mask, keys)
+        b, p = images.shape[0], txt.shape[0]
+        text_pooled = jnp.tile(self.text_path.pooled(txt, kv_len), (b, 1))
+        encoded = (jnp.tile(txt, (b, 1, 1)), jnp.tile(kv_len, b), p)  # image-major, as features
+        tokens = self.features(images, encoded_text=encoded, train=train, rng=rng)
+        logits = self.prompt_head(self.pool(tokens, train=train, rng=rng), text_pooled)
+        return logits.reshape(b, p)
+
     def image_embedding(self, images: jax.Array) -> jax.Array:
         """Unit image embeddings `[batch, dim]` of the similarity head (no text involved)."""
         if self.similarity is None:
