@@ -1,15 +1,19 @@
-"""`vit predict IMAGE_OR_DIR... --checkpoint PATH`: top-k classes per image; with a text model,
-the probability of each `--prompt` (or `--text-embeddings` prompt), or `--zero-shot` top-k names.
+"""`vit predict IMAGE_OR_DIR... --checkpoint PATH`: top-k classes per image, or for a model
+trained multi-label (`sigmoid_xent`) each label's own probability and those over `--threshold`;
+with a text model, the probability of each `--prompt` (or `--text-embeddings` prompt), or
+`--zero-shot` top-k names. Printed as text, JSON Lines or CSV (`--format`).
 """
 
 from __future__ import annotations
 
-import json
+import argparse
 import sys
 import time
 import warnings
 
 from vit.commands import inference_options
+from vit.commands.predict_output import FORMATS, ResultWriter
+from vit.commands.predict_output import text_line as _line  # noqa: F401 - the tests' name
 
 
 def add_arguments(parser) -> None:
@@ -45,21 +49,59 @@ def add_arguments(parser) -> None:
                              "--set attention_impl=xla (repeatable)")
     inference_options.add_arguments(parser)
     parser.add_argument("--json", action="store_true",
-                        help="JSON Lines on stdout: {image, top_k: [{index, label, prob}]}, or "
-                             "with prompts {image, prompts: [{text, prob}]}; a bad image "
-                             "{image, error}")
+                        help="JSON Lines on stdout (the same as --format jsonl): {image, top_k: "
+                             "[{index, label, prob}]}, multi-label {image, labels: [{index, "
+                             "label, prob}], probs: [...]}, or with prompts {image, prompts: "
+                             "[{text, prob}]}; a bad image {image, error}")
+    parser.add_argument("--format", choices=FORMATS, default=None,
+                        help="text (default), jsonl (as --json) or csv: a header row, then a "
+                             "row per image (per image and prompt with --prompt)")
+    parser.add_argument("--multi-label", action=argparse.BooleanOptionalAction, default=None,
+                        help="read the class head as independent labels, each by its own "
+                             "sigmoid (default: when the checkpoint records it was trained "
+                             "with sigmoid_xent, or a Hugging Face problem_type of "
+                             "multi_label_classification)")
+    parser.add_argument("--threshold", type=float, default=None,
+                        help="multi-label: list every label whose probability is at least "
+                             "this (default 0.5)")
 
 
-def _line(result: dict) -> str:
-    if "error" in result:
-        return f"{result['image']}: error: {result['error']}"
-    if "prompts" in result:  # json.dumps quotes (and escapes) the prompt unambiguously
-        scores = ", ".join(f"{json.dumps(p['text'], ensure_ascii=False)} {p['prob']:.2f}"
-                           for p in result["prompts"])
-        return f"{result['image']}: {scores}"
-    tops = ", ".join(f"{t['label'] if t['label'] is not None else '#' + str(t['index'])} "
-                     f"({t['prob']:.3f})" for t in result["top_k"])
-    return f"{result['image']}: {tops}"
+def _format(args) -> str:
+    """`--format`, with `--json` meaning jsonl; the two must agree when both are given."""
+    from vit.errors import DataError
+
+    if args.json and args.format not in (None, "jsonl"):
+        raise DataError(f"--json and --format {args.format} disagree; give one of them")
+    return "jsonl" if args.json else (args.format or "text")
+
+
+def _multi_label(args, text_flags: list[str]) -> bool:
+    """Whether the class head is read as independent labels: `--multi-label` / `--no-multi-label`
+    when given, else the loss the checkpoint records (`sigmoid_xent`)."""
+    from vit.errors import DataError
+    from vit.inference.recorded_loss import recorded_loss
+
+    if args.threshold is not None and not 0 <= args.threshold <= 1:
+        raise DataError(f"--threshold {args.threshold:g} is not a probability; give a value "
+                        "from 0 to 1, e.g. --threshold 0.5")
+    if text_flags:
+        if args.multi_label or args.threshold is not None:
+            flag = "--multi-label" if args.multi_label else "--threshold"
+            raise DataError(f"{flag} reads a classifier's labels; {text_flags[0]} scores its "
+                            "own texts")
+        return False
+    loss, where = recorded_loss(args.checkpoint) if args.multi_label is None else (None, None)
+    chosen = args.multi_label if args.multi_label is not None else loss == "sigmoid_xent"
+    if args.threshold is not None and not chosen:
+        if args.multi_label is False:
+            why = "--no-multi-label was given"
+        elif loss:
+            why = f"{where} records {loss}"
+        else:
+            why = f"{args.checkpoint} records no training loss"
+        raise DataError(f"--threshold applies to multi-label prediction, and {why}; pass "
+                        "--multi-label to read each label by its own sigmoid")
+    return chosen
 
 
 def _text_inputs(args, config):
@@ -125,16 +167,19 @@ def run(args) -> int:
     from vit.errors import DataError
 
     text_flags = _check_flags(args)
+    fmt, multi_label = _format(args), _multi_label(args, text_flags)
     paths = _image_paths(args.inputs)
     # One image is not padded to a batch of 32: the batch is at most the number of images.
+    # A prepared classifier's forward is softmax top-k: multi-label runs take the plain path.
     opened, predictor = _open(args, min(args.batch_size, len(paths)), text_flags,
-                              cache_root=None if text_flags else cache_root)
+                              cache_root=None if text_flags or multi_label else cache_root,
+                              multi_label=multi_label)
     compiling = time.perf_counter()
     predictor.compile(export=opened.caching)
     ready = time.perf_counter()
     print(f"vit predict: ready in {ready - started:.1f} s (compile {ready - compiling:.1f} s, "
           f"batch {predictor.batch_size}, {opened.dtype})", file=sys.stderr)
-    done, failed, first_failed = _print_results(args, predictor, paths)
+    done, failed, first_failed = _print_results(fmt, predictor, paths)
     _store(opened, predictor)  # after the answers
     if done == failed:  # every image unreadable: the user's input to fix, as in `vit rollout`
         more = f" and {failed - 1} more" if failed > 1 else ""
@@ -193,7 +238,7 @@ def _image_paths(inputs: list[str]) -> list:
     return paths
 
 
-def _open(args, batch_size: int, text_flags: list[str], cache_root):
+def _open(args, batch_size: int, text_flags: list[str], cache_root, multi_label: bool):
     """`(opened checkpoint, Predictor)`: from a prepared classifier when one is stored, else
     from the checkpoint."""
     from vit.inference.warm_start import open_checkpoint
@@ -210,24 +255,32 @@ def _open(args, batch_size: int, text_flags: list[str], cache_root):
         check_fits(opened.loaded.config, batch_size)  # before the model is built
     prompts, zero_shot = _text_inputs(args, opened.loaded.config) if text_flags else (None, None)
     labels = _labels(args, opened.num_classes) or opened.labels
+    if multi_label:  # always cold (no prepared entry): the checkpoint is loaded
+        from vit.inference.predictor import Predictor
+
+        threshold = 0.5 if args.threshold is None else args.threshold
+        return opened, Predictor(opened.loaded.build_model(), opened.loaded.preprocessing,
+                                 labels, batch_size=batch_size, multi_label=True,
+                                 threshold=threshold)
     return opened, opened.predictor(labels, top_k=args.top_k, batch_size=batch_size,
                                     prompts=prompts, zero_shot=zero_shot)
 
 
-def _print_results(args, predictor, paths: list) -> tuple[int, int, str | None]:
-    """Prints a line (or JSON line) per image and the closing count; returns the images done,
+def _print_results(fmt: str, predictor, paths: list) -> tuple[int, int, str | None]:
+    """Prints each image's result in `fmt` and the closing count; returns the images done,
     those that failed, and the first that failed."""
     from tqdm import tqdm
 
     verb = "scored" if predictor.mode == "prompts" else "classified"
     start, done, failed, first_failed = time.perf_counter(), 0, 0, None
+    writer = ResultWriter(fmt, predictor)
     with tqdm(total=len(paths), unit="img", file=sys.stderr, dynamic_ncols=True) as bar:
         for result in predictor.predict_files(paths, progress=bar):
             if "error" in result:
                 failed += 1
                 first_failed = first_failed or result["image"]
             done += 1
-            print(json.dumps(result) if args.json else _line(result), flush=args.json)
+            writer.write(result)
     seconds = time.perf_counter() - start
     print(f"vit predict: {done - failed} images {verb}, {failed} failed, {seconds:.1f} s "
           f"({(done - failed) / seconds:.1f} images/s)", file=sys.stderr)

@@ -7,6 +7,8 @@ decodes the next batch. A file that cannot be read becomes `{"image", "error"}` 
 carry on. Its three modes share that machinery and differ only in the forward and the result:
 
 - classes: softmax top-k of the class head, `{"image", "top_k": [{index, label, prob}]}`;
+- multi-label (a head trained with `sigmoid_xent`): each label's own sigmoid, and every label
+  at or above a threshold, `{"image", "labels": [{index, label, prob}], "probs": [...]}`;
 - prompts: the sigmoid of each prompt's match logit, `{"image", "prompts": [{text, prob}]}`;
   every prompt of an image goes in one forward pass (the model shares the image prefix);
 - zero-shot: names scored by the similarity head (sigmoid, as SigLIP), top-k as for classes.
@@ -59,14 +61,17 @@ class Predictor:
     """Images -> top-k classes, prompt probabilities, or zero-shot top-k, one compiled forward.
 
     `prompts` (a `Prompts`, or a list of strings to tokenize) switches to prompt mode: every
-    image is scored against every prompt. `zero_shot` (a `Prompts` from `zero_shot_prompts`, or
+    image is scored against every prompt. `multi_label` reads the class head as independent
+    labels (a model trained with `sigmoid_xent`): each label's sigmoid, and those at or above
+    `threshold`, highest first. `zero_shot` (a `Prompts` from `zero_shot_prompts`, or
     a list of names) switches to zero-shot top-k over those names; `labels` is then unused.
     """
 
     def __init__(self, model, preprocess: Preprocessing, labels: list[str] | None = None, *,
                  top_k: int = 5, batch_size: int = 32, workers: int | None = None,
                  prompts: Prompts | Sequence[str] | None = None,
-                 zero_shot: Prompts | Sequence[str] | None = None):
+                 zero_shot: Prompts | Sequence[str] | None = None,
+                 multi_label: bool = False, threshold: float = 0.5):
         import jax
         from flax import nnx
 
@@ -79,7 +84,7 @@ class Predictor:
             zero_shot = zero_shot_prompts(cfg, zero_shot)
         self.preprocess, self.batch_size = preprocess, batch_size
         self.workers = workers or min(8, os.cpu_count() or 1)
-        self.prompts = prompts
+        self.prompts, self.threshold, self.num_classes = prompts, threshold, cfg.num_classes
         graphdef, state = nnx.split(model)
         # The forwards take the parameter leaves as a flat list: a plain argument tree that
         # `jax.export` can serialize (vit.inference.prepared), whatever the model's own tree is.
@@ -105,9 +110,13 @@ class Predictor:
             if labels is not None and len(labels) != cfg.num_classes:
                 raise DataError(f"{len(labels)} labels for {cfg.num_classes} classes; give one "
                                 "name per class")
-            self.mode, self.labels = "classes", labels
-            self.top_k = min(top_k, cfg.num_classes)
-            forward, extra = _classes_forward(merged, self.top_k), ()
+            self.labels = labels
+            if multi_label:
+                self.mode, self.top_k = "multi_label", None
+                forward, extra = _sigmoid_forward(merged), ()
+            else:
+                self.mode, self.top_k = "classes", min(top_k, cfg.num_classes)
+                forward, extra = _classes_forward(merged, self.top_k), ()
         # Every local device: the batch split over them (rounded up to fit), weights copied.
         self.batch_size, forward = on_local_devices(forward, batch_size, 2 + len(extra))
         self._state, self._forward, self._extra = state, forward, extra
@@ -122,7 +131,8 @@ class Predictor:
         images = exported.in_avals[-1]
         self.preprocess, self.batch_size = preprocess, images.shape[0]
         self.workers = workers or min(8, os.cpu_count() or 1)
-        self.prompts, self.mode, self.labels = None, "classes", labels
+        self.prompts, self.mode, self.labels, self.threshold = None, "classes", labels, None
+        self.num_classes = None  # a softmax top-k forward: the class count is not needed
         self.top_k = exported.out_avals[0].shape[-1]
         # Split over the local devices as it was exported (jax refuses any other device count).
         self._state, self._extra = leaves, ()
@@ -164,7 +174,7 @@ class Predictor:
 
     def predict_arrays(self, images: np.ndarray):
         """`[n, h, w, c]` preprocessed images -> (probs, indices), each `[n, top_k]`; in prompt
-        mode the probabilities `[n, prompts]`."""
+        mode the probabilities `[n, prompts]`, in multi-label mode `[n, classes]`."""
         n = len(images)
         padded = np.zeros((self.batch_size, *images.shape[1:]), np.float32)
         padded[:n] = images
@@ -174,7 +184,7 @@ class Predictor:
         else:  # arrays at another size (from Python): jit compiles for that shape
             forward = self._forward
         out = tuple(np.asarray(a)[:n] for a in forward(self._state, padded, *self._extra))
-        return out[0] if self.mode == "prompts" else out
+        return out[0] if self.mode in ("prompts", "multi_label") else out
 
     def _load(self, path: Path) -> np.ndarray | str:
         try:
@@ -210,6 +220,13 @@ class Predictor:
         if self.mode == "prompts":
             return {"prompts": [{"text": t, "prob": float(p)}
                                 for t, p in zip(self.prompts.labels, out[row], strict=True)]}
+        if self.mode == "multi_label":
+            probs = out[row]
+            above = [int(i) for i in np.argsort(-probs, kind="stable")
+                     if probs[i] >= self.threshold]
+            return {"labels": [{"index": i, "label": self.labels[i] if self.labels else None,
+                                "prob": float(probs[i])} for i in above],
+                    "probs": [float(p) for p in probs]}
         probs, idx = out
         return {"top_k": [{"index": int(i), "label": self.labels[int(i)] if self.labels else None,
                            "prob": float(p)} for p, i in zip(probs[row], idx[row], strict=True)]}
@@ -225,6 +242,17 @@ def _classes_forward(merged, k: int):
     def forward(state, images):
         logits = merged(state)(images)
         return jax.lax.top_k(jax.nn.softmax(logits, axis=-1), k)
+
+    return forward
+
+
+def _sigmoid_forward(merged):
+    """Each label's own sigmoid of the class head (multi-label), every label."""
+    import jax
+
+    @jax.jit
+    def forward(state, images):
+        return (jax.nn.sigmoid(merged(state)(images).astype(np.float32)),)
 
     return forward
 
