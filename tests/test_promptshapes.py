@@ -1,6 +1,8 @@
-"""promptshapes: the generator's images, labels and questions, checked against the pixels."""
+"""promptshapes: the generator's images, labels and questions, checked against the pixels and
+against answers read from the questions' words."""
 
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -60,6 +62,7 @@ def test_vocabulary():
     assert distance.min() > 100  # clearly distinct colours
     assert all(max(v) > 100 for v in ps.RGB.values())  # and far from the dark background
     assert ps.prompt_of(("red", "triangle")) == "is there a red triangle?"
+    assert ps.prompt_of(("red", "cross"), "do you see a {c} {s}?") == "do you see a red cross?"
     assert all(ps.pair_of(ps.prompt_of(p)) == p for p in ps.PAIRS)
     # a few held-out pairs; every colour and every shape is still asked about in training
     held = ps.HELDOUT_PAIRS
@@ -109,49 +112,153 @@ def test_images_and_labels_match_pixels(split):
         assert background.mean() > 0.5 and image[background].max() < 40  # dark, plain
 
 
+def _named(prompt: str) -> tuple[str | None, str | None]:
+    """(colour word, shape word) a question names, read from its words alone."""
+    found = prompt.lower().replace("?", " ").split()
+    colours = [w for w in found if w in ps.COLORS + ps.NEVER_COLORS]
+    shapes = [w for w in found if w in ps.SHAPES + ps.NEVER_SHAPES]
+    assert len(colours) <= 1 and len(shapes) <= 1 and (colours or shapes), prompt
+    return (colours or [None])[0], (shapes or [None])[0]
+
+
+def _truth_and_kind(prompt: str, present: set) -> tuple[int, str]:
+    """The answer from the scene's pairs, and the kind of question, computed apart from the
+    generator: pair questions by what the scene shares with them."""
+    colour, shape = _named(prompt)
+    if colour in ps.NEVER_COLORS or shape in ps.NEVER_SHAPES:
+        return 0, "never"
+    if colour is None:
+        return int(any(s == shape for _, s in present)), "shape"
+    if shape is None:
+        return int(any(c == colour for c, _ in present)), "colour"
+    if (colour, shape) in present:
+        return 1, "pair"
+    has_colour = any(c == colour for c, _ in present)
+    has_shape = any(s == shape for _, s in present)
+    return 0, {(True, True): "hard", (True, False): "colour_only", (False, True): "shape_only",
+               (False, False): "neither"}[(has_colour, has_shape)]
+
+
 @pytest.mark.parametrize("split", ps.SPLITS)
-def test_one_true_and_one_hard_false_question_per_image(split):
+def test_every_answer_is_what_the_scene_says(split):
     d = ps.generate(split, SMALL, seed=4)
-    assert d.num_examples == 2 * SMALL == len(d.answers) and d.answers.dtype == np.int32
-    first_true = 0
-    for i, row in enumerate(d.labels):
-        present = _pairs_of(row)
-        (false_prompt, true_prompt) = sorted(
-            [(d.answers[2 * i], d.prompts[2 * i]), (d.answers[2 * i + 1], d.prompts[2 * i + 1])])
-        assert (false_prompt[0], true_prompt[0]) == (0, 1)
-        assert ps.pair_of(true_prompt[1]) in present
-        colour, shape = ps.pair_of(false_prompt[1])
-        assert (colour, shape) not in present
-        assert any(c == colour and s != shape for c, s in present)  # hard: colour elsewhere
-        assert any(s == shape and c != colour for c, s in present)  # and shape elsewhere
-        first_true += int(d.answers[2 * i])
-    assert 0.2 < first_true / SMALL < 0.8  # the true question is not always first
+    assert d.num_examples == 2 * SMALL == len(d.answers) == len(d.kinds)
+    assert d.answers.dtype == np.int32
+    for n, (prompt, answer, kind) in enumerate(zip(d.prompts, d.answers, d.kinds, strict=True)):
+        truth, what = _truth_and_kind(prompt, _pairs_of(d.labels[n // 2]))
+        assert truth == answer, (prompt, _pairs_of(d.labels[n // 2]))
+        # the generator's own kind agrees with what the scene shares with the question
+        assert kind == ("yes" if truth else "attribute" if what in ("colour", "shape")
+                        else what), (prompt, kind, what)
 
 
-def test_default_sizes_and_balance():
+def test_every_kind_of_question_is_asked_in_training():
+    d = ps.generate("train")
+    kinds = Counter()
+    for n, prompt in enumerate(d.prompts):
+        truth, what = _truth_and_kind(prompt, _pairs_of(d.labels[n // 2]))
+        kinds[(what, truth)] += 1
+    for key in [("pair", 1), ("hard", 0), ("colour_only", 0), ("shape_only", 0),
+                ("neither", 0), ("colour", 1), ("colour", 0), ("shape", 1), ("shape", 0),
+                ("never", 0)]:
+        assert kinds[key] >= 0.03 * d.num_examples, (key, kinds)
+    # some questions drop their "?" or change case: neither may carry the answer
+    assert 0.1 < np.mean([not p.endswith("?") for p in d.prompts]) < 0.5
+    assert 0.05 < np.mean([p != p.lower() for p in d.prompts]) < 0.4
+    # at least 8 wordings of pair questions in training, none of the evaluation-only ones
+    assert len(ps.PAIR_TEMPLATES) >= 8 and len(ps.EVAL_TEMPLATES) >= 2
+    assert not set(ps.EVAL_TEMPLATES) & set(ps.PAIR_TEMPLATES)
+    used = {t for t in ps.PAIR_TEMPLATES for p in d.prompts
+            if _matches(t, p)}
+    assert used == set(ps.PAIR_TEMPLATES)
+
+
+def _matches(template: str, prompt: str) -> bool:
+    """Whether `prompt` is `template` with some words in, whatever its case and "?"."""
+    import re
+    pattern = re.escape(template.rstrip("?")).replace(r"\{c\}", r"\w+").replace(r"\{s\}", r"\w+")
+    return re.fullmatch(pattern + r"\??", prompt.lower()) is not None
+
+
+def test_balance_every_answerable_string_is_true_half_the_time():
+    never = set(ps.NEVER_COLORS + ps.NEVER_SHAPES)
     for split, size in ps.DEFAULT_SIZES.items():
         d = ps.generate(split)
         assert d.num_images == size and size % 2 == 0 and d.num_examples == 2 * size
         uses, true = _uses_and_true(d)
         for prompt, n in uses.items():
-            assert 2 * true[prompt] == n, (split, prompt, true[prompt], n)
-        # every prompt of the split is asked, and nothing else
-        assert set(uses) == {ps.prompt_of(p) for p in ps.split_pairs(split)}
+            if never & set(ps.words(prompt)):  # never-drawn words: always "no"
+                assert true[prompt] == 0, prompt
+            else:
+                assert 2 * true[prompt] == n, (split, prompt, true[prompt], n)
     for n in (2, 6, 38):  # balanced at any size, not only on average
         d = ps.generate("train", n, seed=7)
         uses, true = _uses_and_true(d)
-        assert all(2 * true[p] == k for p, k in uses.items())
+        assert all(2 * true[p] == k for p, k in uses.items()
+                   if not never & set(ps.words(p)))
 
 
-def test_heldout_pairs_only_in_heldout_prompts_but_in_every_split_images():
-    held = {ps.prompt_of(p) for p in ps.HELDOUT_PAIRS}
+def test_never_drawn_words_are_asked_only_as_no_and_never_drawn():
+    assert len(ps.NEVER_COLORS) >= 2 and len(ps.NEVER_SHAPES) >= 2
+    assert not set(ps.NEVER_COLORS) & set(ps.COLORS) and not set(ps.NEVER_SHAPES) & set(ps.SHAPES)
+    d = ps.generate("train")
+    asked = Counter()
+    for prompt, answer in zip(d.prompts, d.answers, strict=True):
+        for w in set(ps.words(prompt)) & set(ps.NEVER_COLORS + ps.NEVER_SHAPES):
+            asked[w] += 1
+            assert answer == 0, prompt
+    assert set(asked) == set(ps.NEVER_COLORS + ps.NEVER_SHAPES)
+
+
+def test_heldout_pairs_and_wordings_never_in_training_but_pairs_in_every_split_images():
     for split in ("train", "test"):
         d = ps.generate(split)
-        assert not held & set(d.prompts), split
+        for prompt in set(d.prompts):
+            assert _named(prompt) not in ps.HELDOUT_PAIRS, (split, prompt)  # in any wording
+            assert not any(_matches(t, prompt) for t in ps.EVAL_TEMPLATES), (split, prompt)
         columns = [ps.PAIRS.index(p) for p in ps.HELDOUT_PAIRS]
         assert (d.labels[:, columns].sum(0) > 0).all(), split  # drawn, just never asked
     d = ps.generate("heldout")
-    assert set(d.prompts) == held
+    assert set(d.prompts) == {ps.prompt_of(p) for p in ps.HELDOUT_PAIRS}
+
+
+def test_the_longest_question_fits_the_recipe_with_room():
+    import warnings
+
+    from vit.models.text import detokenize, tokenize
+    from vit.recipes.load import load_config
+
+    colours = ps.COLORS + ps.NEVER_COLORS
+    shapes = ps.SHAPES + ps.NEVER_SHAPES
+    longest = max((t.format(c=c, s=s) for t in ps.all_templates() for c in colours
+                   for s in shapes), key=lambda p: len(p.encode()))
+    assert len(longest) == len(ps.longest_prompt())
+    root = Path(__file__).resolve().parents[1]
+    max_len = load_config(root / "configs" / "promptshapes.py").model.text.max_len
+    assert len(longest.encode()) + 1 <= max_len - 4  # the end token, and room to spare
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a cut prompt warns
+        tokens, _ = tokenize([longest, ps.longest_prompt()], max_len)
+    assert detokenize(tokens) == [longest, ps.longest_prompt()]
+
+
+def test_grid_asks_every_pair_every_held_out_wording_and_never_drawn_words():
+    grid = ps.grid_questions()
+    groups = Counter(q["group"] for q in grid)
+    assert {q["pair"] for q in grid if q["group"] in ("seen", "heldout")} == set(ps.PAIRS)
+    assert {q["pair"] for q in grid if q["group"] == "heldout"} == set(ps.HELDOUT_PAIRS)
+    assert groups["wording"] == len(ps.EVAL_TEMPLATES) * len(ps.TRAIN_PAIRS)
+    assert all(_named(q["prompt"])[0] in ps.NEVER_COLORS
+               or _named(q["prompt"])[1] in ps.NEVER_SHAPES for q in grid if q["group"] == "never")
+    assert groups["never"] >= 8
+    d = ps.generate("test", SMALL, seed=2)
+    for row in d.labels:
+        present = _pairs_of(row)
+        for q in grid:
+            if q["pair"] is not None:
+                truth, what = _truth_and_kind(ps.prompt_of(q["pair"]), present)
+                want = "present" if truth else {"hard": "both_apart"}.get(what, what)
+                assert ps.shares(row, q["pair"]) == want
 
 
 def test_source_format():
@@ -161,9 +268,9 @@ def test_source_format():
     assert len(src) == 2 * n
     assert src.name == "promptshapes" and src.multi_label is True
     assert src.class_names == ps.CLASS_NAMES and src.num_classes == len(ps.PAIRS) == 24
-    assert sorted(src.prompts) == sorted({ps.prompt_of(p) for p in ps.split_pairs("train")})
-    assert ps.PromptShapesSource("heldout", n).prompts == [ps.prompt_of(p)
-                                                           for p in ps.HELDOUT_PAIRS]
+    assert src.prompts == sorted(set(d.prompts))
+    assert ps.PromptShapesSource("heldout", n).prompts == sorted(ps.prompt_of(p)
+                                                                 for p in ps.HELDOUT_PAIRS)
     for i in (0, 1, 7, 2 * n - 1):
         x = src[i]
         assert set(x) == {"image", "label", "prompt", "answer", "image_id"}
@@ -175,8 +282,8 @@ def test_source_format():
         np.testing.assert_array_equal(x["image"], d.images[i // 2])
         np.testing.assert_array_equal(x["label"], d.labels[i // 2])
         assert x["prompt"] == d.prompts[i] and x["answer"] == d.answers[i]
-        # the answer is what the label says about the prompt's pair
-        assert int(x["answer"]) == int(x["label"][ps.PAIRS.index(ps.pair_of(x["prompt"]))])
+        # the answer is what the label says about the prompt
+        assert int(x["answer"]) == _truth_and_kind(x["prompt"], _pairs_of(x["label"]))[0]
     assert src[-1]["prompt"] == src[2 * n - 1]["prompt"]
     assert src[np.int64(3)]["prompt"] == d.prompts[3]
     with pytest.raises(IndexError):

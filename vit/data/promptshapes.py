@@ -412,7 +412,7 @@ class PromptShapesSource:
 
     `source[i]` is `{"image": uint8 [64, 64, 3], "label": float32 multi-hot over PAIRS,
     "prompt": str, "answer": int32}`; examples 2i and 2i+1 share image i. `prompts` lists the
-    distinct prompt strings the split asks.
+    distinct prompt strings the split asks, sorted.
     """
 
     name = "promptshapes"
@@ -424,7 +424,7 @@ class PromptShapesSource:
         self.class_names = list(CLASS_NAMES)
         self.num_classes = len(CLASS_NAMES)
         self.pairs = split_pairs(split)
-        self.prompts = [prompt_of(p) for p in self.pairs]
+        self.prompts = sorted(set(self.data.prompts))
 
     def __len__(self) -> int:
         return self.data.num_examples
