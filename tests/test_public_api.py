@@ -27,7 +27,7 @@ OLD_SETS = ["train.steps=40", "train.eval_every=20", "train.checkpoint_every=20"
 
 EXPORTS = ["TextConfig", "VARIANTS", "ViTConfig", "VisionTransformer", "create_model",
            "dot_product_attention", "get_config", "load_checkpoint", "load_pretrained",
-           "model_info", "tokenize"]
+           "model_info", "tokenize", "train"]
 
 # command -> (positional arguments, long flags)
 COMMANDS = {
@@ -45,8 +45,8 @@ COMMANDS = {
                              "--data", "--data-dir", "--discard-ratio", "--dtype",
                              "--head-fusion", "--html", "--image-size", "--limit", "--method",
                              "--no-cache", "--out", "--prompt", "--split"]),
-    "train": ([], ["--config", "--coordinator", "--init", "--num-processes", "--process-id",
-                   "--set", "--workdir"]),
+    "train": ([], ["--config", "--coordinator", "--init", "--list-configs", "--num-processes",
+                   "--process-id", "--set", "--workdir"]),
 }
 
 
