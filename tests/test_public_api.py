@@ -121,3 +121,9 @@ def test_an_old_workdir_resumes_where_it_stopped(old_workdir):
     # step-60 checkpoint is there beside the old ones.
     assert train_steps == [20, 40, 60]
     assert (old_workdir / "checkpoints" / "60").is_dir()
+    # TensorBoard's curves hold the release's records too (it wrote no events of its own).
+    from tensorboard.backend.event_processing import event_accumulator
+
+    events = event_accumulator.EventAccumulator(str(old_workdir / "tb"))
+    events.Reload()
+    assert [e.step for e in events.Scalars("train/loss")] == [20, 40, 60]
