@@ -1,5 +1,5 @@
 """Training-step speed: the step `vit train` runs against transformers' PyTorch ViT doing the
-same step, on the CPU, in float32.
+same step, on the CPU, in float32 and in bfloat16.
 
 Ours is `vit train`'s own jitted step (scripts/train_step.py builds it from the recipe with the
 package's functions, as vit/train/loop.py does): `make_train_step` with the optimiser
@@ -15,11 +15,18 @@ round), so neither warms the other's caches or competes for cores; torch uses a 
 core. Per case: each run's median step time, each round's ratio (transformers' time / ours:
 above 1 means ours is faster) and their median, each process's peak memory, and each side's
 loss at its first and last step: from the same weights and batch the first agrees when the two
-steps compute the same thing. The recipe is configs/imagefolder.py with AdamW (train_step.ADAMW)
-in float32; `--set` changes it further, as it would `vit train`'s.
+steps compute the same thing. The recipe is configs/imagefolder.py with AdamW (train_step.ADAMW);
+`--set` changes it further, as it would `vit train`'s.
 
-    python scripts/bench_train.py [--case B/16:8 --case S/16:32] [--rounds 3] [--steps 3]
-        [--warmup 1] [--set KEY=VALUE ...] [--note TEXT] [--out benchmarks/bench_train.json]
+bfloat16 compares like with like: our mixed-precision step (float32 master weights, bfloat16
+matrix products with float32 accumulation) against transformers' model cast with
+`.to(torch.bfloat16)`; each round also gives our float32 step over our bfloat16 step. The
+record names the CPU and its bfloat16 features (records.py): on a CPU without bfloat16
+arithmetic the bfloat16 figures are recorded but say nothing about one that has it.
+
+    python scripts/bench_train.py [--case B/16:8 --case S/16:32] [--dtype float32
+        --dtype bfloat16] [--rounds 3] [--steps 3] [--warmup 1] [--set KEY=VALUE ...]
+        [--note TEXT] [--out benchmarks/bench_train.json]
 """
 
 from __future__ import annotations
@@ -44,15 +51,15 @@ CLASSES = 1000
 # recipe that needs more is refused rather than compared.
 MIRRORED = {"optim.name": ("adamw",), "optim.layer_decay": (1.0, 0.0, None),
             "optim.trainable": (".*",), "optim.lr_mults": (None, []),
-            "optim.no_decay": (None, ""), "model.dtype": ("float32",),
+            "optim.no_decay": (None, ""),
             "model.dropout": (0.0,), "model.attention_dropout": (0.0,),
             "model.drop_path": (0.0,), "train.accum_steps": (1,), "train.ema_decay": (0.0,),
             "input.mixup": (0.0,), "input.cutmix": (0.0,)}
 
 
-def recipe(case: str, sets: list[str]):
+def recipe(case: str, sets: list[str], dtype: str = "float32"):
     model, batch = case.split(":")
-    return train_step.load_recipe([*train_step.ADAMW, "model.dtype=float32",
+    return train_step.load_recipe([*train_step.ADAMW, f"model.dtype={dtype}",
                                    f"model.name={model}", f"train.batch_size={batch}", *sets])
 
 
@@ -86,11 +93,12 @@ def prepare(case: str, sets: list[str], folder: Path) -> None:
     (folder / "spec.json").write_text(json.dumps(spec))
 
 
-def worker_vit(case: str, sets: list[str], folder: Path, steps: int, warmup: int) -> dict:
+def worker_vit(case: str, sets: list[str], folder: Path, steps: int, warmup: int,
+               dtype: str = "float32") -> dict:
     import jax
     import numpy as np
 
-    step = train_step.build(recipe(case, sets), CLASSES)
+    step = train_step.build(recipe(case, sets, dtype), CLASSES)
     data = np.load(folder / "batch.npz")
     batch = step.put(step.batch(data["images"], data["labels"]))
     times, losses = [], []
@@ -104,7 +112,9 @@ def worker_vit(case: str, sets: list[str], folder: Path, steps: int, warmup: int
     return {"times": times, "loss_first": losses[0], "loss_last": losses[-1], **memory.probe()}
 
 
-def worker_transformers(folder: Path, steps: int, warmup: int) -> dict:
+def transformers_step(folder: Path, dtype: str = "float32"):
+    """transformers' side of one step, as a function: forward, loss, backward, clipping,
+    AdamW, accuracy and the finiteness check; returns the loss."""
     import numpy as np
     import torch
     from transformers import ViTForImageClassification
@@ -112,6 +122,8 @@ def worker_transformers(folder: Path, steps: int, warmup: int) -> dict:
     torch.set_num_threads(os.cpu_count())
     spec = json.loads((folder / "spec.json").read_text())
     model = ViTForImageClassification.from_pretrained(folder / "hf").train()
+    if dtype == "bfloat16":
+        model = model.to(torch.bfloat16)  # as people run torch in bfloat16: the weights too
     params = dict(model.named_parameters())
     # Decay on the weight matrices only, as make_optimizer's mask (kernels, not biases,
     # norms, position embeddings or the class token).
@@ -121,13 +133,12 @@ def worker_transformers(folder: Path, steps: int, warmup: int) -> dict:
                              {"params": rest, "weight_decay": 0.0}],
                             lr=spec["lr"], betas=(spec["b1"], spec["b2"]), eps=1e-8)
     data = np.load(folder / "batch.npz")
-    images = torch.from_numpy(data["images"].transpose(0, 3, 1, 2).copy())
+    images = torch.from_numpy(data["images"].transpose(0, 3, 1, 2).copy()).to(model.dtype)
     labels = torch.from_numpy(data["labels"])
-    times, losses = [], []
-    for i in range(warmup + steps):
-        start = time.perf_counter()
+
+    def step() -> float:
         opt.zero_grad(set_to_none=True)
-        logits = model(pixel_values=images).logits
+        logits = model(pixel_values=images).logits.float()
         loss = torch.nn.functional.cross_entropy(logits, labels,
                                                  label_smoothing=spec["label_smoothing"])
         loss.backward()
@@ -137,17 +148,28 @@ def worker_transformers(folder: Path, steps: int, warmup: int) -> dict:
         with torch.no_grad():
             accuracy = (logits.argmax(-1) == labels).float().mean()
             finite = torch.stack([p.isfinite().all() for p in params.values()]).all()
-        loss, accuracy, finite = loss.item(), accuracy.item(), finite.item()
+        loss, _, finite = loss.item(), accuracy.item(), finite.item()
+        assert finite, "the weights became non-finite"
+        return loss
+
+    return step
+
+
+def worker_transformers(folder: Path, steps: int, warmup: int, dtype: str = "float32") -> dict:
+    step = transformers_step(folder, dtype)
+    times, losses = [], []
+    for i in range(warmup + steps):
+        start = time.perf_counter()
+        loss = step()
         if i >= warmup:
             times.append(time.perf_counter() - start)
         losses.append(loss)
-        assert finite, "the weights became non-finite"
     return {"times": times, "loss_first": losses[0], "loss_last": losses[-1], **memory.probe()}
 
 
-def run_worker(kind: str, case: str, folder: Path, args) -> dict:
+def run_worker(kind: str, case: str, dtype: str, folder: Path, args) -> dict:
     cmd = [sys.executable, __file__, "--worker", kind, "--case", case, "--folder", str(folder),
-           "--steps", str(args.steps), "--warmup", str(args.warmup),
+           "--steps", str(args.steps), "--warmup", str(args.warmup), "--dtype", dtype,
            *(f"--set={s}" for s in args.set)]
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
@@ -157,26 +179,39 @@ def run_worker(kind: str, case: str, folder: Path, args) -> dict:
 
 
 def measure(case: str, folder: Path, args) -> dict:
-    runs = {"vit": [], "transformers": []}
+    """Every (library, dtype) once per round, the order reversed every other round."""
+    contestants = [(kind, dtype) for dtype in args.dtype for kind in ("vit", "transformers")]
+    runs = {c: [] for c in contestants}
     for r in range(args.rounds):
-        for kind in ("vit", "transformers") if r % 2 == 0 else ("transformers", "vit"):
-            out = run_worker(kind, case, folder, args)
-            runs[kind].append({**out, "median_step_s": statistics.median(out["times"])})
-            print(f"{case} round {r}: {kind} median step {runs[kind][-1]['median_step_s']:.3f} s"
-                  f", peak RSS {out['peak_rss_bytes'] / 2**30:.2f} GiB", flush=True)
-    ratios = [t["median_step_s"] / v["median_step_s"]
-              for v, t in zip(runs["vit"], runs["transformers"], strict=True)]
-    return {"case": case, "model": case.split(":")[0], "batch": int(case.split(":")[1]),
-            "median_step_s": {k: [run["median_step_s"] for run in v] for k, v in runs.items()},
-            "step_times_s": {k: [run["times"] for run in v] for k, v in runs.items()},
+        for kind, dtype in contestants if r % 2 == 0 else contestants[::-1]:
+            out = run_worker(kind, case, dtype, folder, args)
+            runs[kind, dtype].append({**out, "median_step_s": statistics.median(out["times"])})
+            print(f"{case} round {r}: {kind} {dtype} median step "
+                  f"{runs[kind, dtype][-1]['median_step_s']:.3f} s, peak RSS "
+                  f"{out['peak_rss_bytes'] / 2**30:.2f} GiB", flush=True)
+    result = {"case": case, "model": case.split(":")[0], "batch": int(case.split(":")[1])}
+    for dtype in args.dtype:
+        vit, tf = runs["vit", dtype], runs["transformers", dtype]
+        ratios = [t["median_step_s"] / v["median_step_s"] for v, t in zip(vit, tf, strict=True)]
+        result[dtype] = {
+            "median_step_s": {"vit": [x["median_step_s"] for x in vit],
+                              "transformers": [x["median_step_s"] for x in tf]},
+            "step_times_s": {"vit": [x["times"] for x in vit],
+                             "transformers": [x["times"] for x in tf]},
             "ratio_transformers_over_vit": ratios,
             "median_ratio": statistics.median(ratios),
-            "peak_rss_bytes": {k: max(run["peak_rss_bytes"] for run in v)
-                               for k, v in runs.items()},
-            "loss_first": {k: v[0]["loss_first"] for k, v in runs.items()},
-            "loss_last": {k: v[0]["loss_last"] for k, v in runs.items()},
-            "loss_last_relative_difference": abs(
-                runs["vit"][0]["loss_last"] / runs["transformers"][0]["loss_last"] - 1)}
+            "peak_rss_bytes": {"vit": max(x["peak_rss_bytes"] for x in vit),
+                               "transformers": max(x["peak_rss_bytes"] for x in tf)},
+            "loss_first": {"vit": vit[0]["loss_first"], "transformers": tf[0]["loss_first"]},
+            "loss_last": {"vit": vit[0]["loss_last"], "transformers": tf[0]["loss_last"]},
+            "loss_last_relative_difference": abs(vit[0]["loss_last"] / tf[0]["loss_last"] - 1)}
+    if "float32" in args.dtype and "bfloat16" in args.dtype:
+        # Our own bfloat16 step against our float32 step, round by round.
+        ours = [f["median_step_s"] / b["median_step_s"] for f, b in
+                zip(runs["vit", "float32"], runs["vit", "bfloat16"], strict=True)]
+        result["vit_float32_over_bfloat16"] = ours
+        result["vit_bfloat16_speedup_median"] = statistics.median(ours)
+    return result
 
 
 def main() -> None:
@@ -186,6 +221,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=3, help="timed steps per run")
     parser.add_argument("--warmup", type=int, default=1, help="untimed steps (compile) per run")
+    parser.add_argument("--dtype", action="append", choices=("float32", "bfloat16"),
+                        help="compute dtype, repeatable (default: float32 and bfloat16); "
+                             "transformers' side runs the same (its model cast to bfloat16)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="a recipe override, as `vit train --set`")
     parser.add_argument("--note", default="", help="recorded with the results (e.g. load)")
@@ -195,13 +233,15 @@ def main() -> None:
     parser.add_argument("--folder", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     cases = args.case or list(CASES)
+    args.dtype = args.dtype or ["float32", "bfloat16"]
     if args.worker == "prepare":
         prepare(cases[0], args.set, args.folder)
         return
     if args.worker:
-        out = (worker_vit(cases[0], args.set, args.folder, args.steps, args.warmup)
+        out = (worker_vit(cases[0], args.set, args.folder, args.steps, args.warmup,
+                          args.dtype[0])
                if args.worker == "vit" else
-               worker_transformers(args.folder, args.steps, args.warmup))
+               worker_transformers(args.folder, args.steps, args.warmup, args.dtype[0]))
         print(json.dumps(out))
         return
 
@@ -217,14 +257,21 @@ def main() -> None:
                 raise SystemExit(f"preparing {case} failed:\n{proc.stderr[-3000:]}")
             spec = json.loads((Path(tmp) / "spec.json").read_text())
             results.append({**measure(case, Path(tmp), args), "recipe": spec})
-        print(f"{case}: median ratio (transformers / vit) {results[-1]['median_ratio']:.2f}",
-              flush=True)
+        for dtype in args.dtype:
+            print(f"{case} {dtype}: median ratio (transformers / vit) "
+                  f"{results[-1][dtype]['median_ratio']:.2f}", flush=True)
+        if "vit_bfloat16_speedup_median" in results[-1]:
+            print(f"{case}: ours, float32 step / bfloat16 step "
+                  f"{results[-1]['vit_bfloat16_speedup_median']:.2f}", flush=True)
     records.write(args.out, {
-        "benchmark": "training step, vit train's against transformers', float32, CPU",
+        "benchmark": "training step, vit train's against transformers', CPU, "
+                     f"{' and '.join(args.dtype)}",
         "recipe": f"{os.path.relpath(train_step.RECIPE, records.ROOT)} with "
-                  f"{' '.join(train_step.ADAMW)} model.dtype=float32 {' '.join(args.set)}".strip(),
+                  f"{' '.join(train_step.ADAMW)} model.dtype=<dtype> {' '.join(args.set)}".strip(),
+        "dtypes": args.dtype,
         "peer": "transformers ViTForImageClassification (default attention) from our initial "
-                "weights, torch.optim.AdamW, clip_grad_norm_, threads = cores",
+                "weights (cast with .to(torch.bfloat16) for bfloat16), torch.optim.AdamW, "
+                "clip_grad_norm_, threads = cores",
         "rounds": args.rounds, "timed_steps_per_run": args.steps, "warmup_steps": args.warmup,
         "load_average_before": [round(x, 2) for x in load_before],
         "cases": results,

@@ -163,19 +163,31 @@ def gemm(r: dict) -> list[str]:
 
 
 def train(r: dict) -> list[str]:
-    rows = []
+    rows, ours = [], []
     for c in r["cases"]:
-        steps = c["median_step_s"]
-        rows.append([f"ViT-{c['model']}", c["batch"],
-                     num(statistics.median(steps["vit"])),
-                     num(statistics.median(steps["transformers"])),
-                     " / ".join(num(x) for x in c["ratio_transformers_over_vit"]),
-                     num(c["median_ratio"]),
-                     f"{c['loss_last_relative_difference']:.1e}"])
-    return [f"`vit train`'s step against transformers' (float32, CPU), seconds a step, median "
+        # Records before bfloat16 was measured hold the float32 figures at the case's top level.
+        for dtype in r.get("dtypes", ["float32"]):
+            d = c.get(dtype, c)
+            steps = d["median_step_s"]
+            rows.append([f"ViT-{c['model']}", c["batch"], dtype,
+                         num(statistics.median(steps["vit"])),
+                         num(statistics.median(steps["transformers"])),
+                         " / ".join(num(x) for x in d["ratio_transformers_over_vit"]),
+                         num(d["median_ratio"]),
+                         f"{d['loss_last_relative_difference']:.1e}"])
+        if "vit_bfloat16_speedup_median" in c:
+            ours.append(f"ViT-{c['model']} batch {c['batch']}: our bfloat16 step is "
+                        f"{num(c['vit_bfloat16_speedup_median'])}x our float32 step.")
+    cpu = r.get("machine", {}).get("cpu", {})
+    bf16 = cpu.get("bfloat16_arithmetic")
+    note = ([f"CPU bfloat16 arithmetic: {', '.join(bf16) if bf16 else 'none'}."]
+            if bf16 is not None else [])
+    return [f"`vit train`'s step against transformers' (CPU), seconds a step, median "
             f"of each run's {r['timed_steps_per_run']} timed steps, {r['rounds']} rounds:", "",
-            *table(["model", "batch", "vit", "transformers", "speed vs transformers, by round",
-                    "median", "loss difference after the last step (relative)"], rows)]
+            *table(["model", "batch", "dtype", "vit", "transformers",
+                    "speed vs transformers, by round", "median",
+                    "loss difference after the last step (relative)"], rows),
+            *([""] + ours + note if ours or note else [])]
 
 
 def scaling(r: dict) -> list[str]:

@@ -37,6 +37,8 @@ def command(argv: list[str] | None = None, script: str | None = None) -> str:
 
 # The instruction sets that decide which matrix-product kernels a CPU can run.
 CPU_FEATURES = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_tile")
+# The ones that mean bfloat16 arithmetic in hardware (x86 flags; Arm's "bf16" feature).
+BF16_FEATURES = ("avx512_bf16", "amx_bf16", "avx_ne_convert", "bf16")
 
 
 def cpu() -> dict:
@@ -50,8 +52,9 @@ def cpu() -> dict:
     first = dict(line.split(":", 1) for line in text.split("\n\n")[0].splitlines()
                  if ":" in line)
     first = {k.strip(): v.strip() for k, v in first.items()}
-    flags = set(first.get("flags", "").split())
-    return {"model_name": first.get("model name"), "family": first.get("cpu family"),
+    flags = set(first.get("flags", first.get("Features", "")).split())
+    return {"bfloat16_arithmetic": [f for f in BF16_FEATURES if f in flags],
+            "model_name": first.get("model name"), "family": first.get("cpu family"),
             "model": first.get("model"), "stepping": first.get("stepping"),
             "mhz": first.get("cpu MHz"), "features": [f for f in CPU_FEATURES if f in flags]}
 

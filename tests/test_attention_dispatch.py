@@ -12,6 +12,7 @@ from flax import nnx
 
 import vit
 from vit.ops import attention
+from vit.ops import flash_attention as fa
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -167,3 +168,51 @@ def test_cudnn_refusing_at_trace_time_falls_back_to_xla(monkeypatch):
     want = attention.reference_attention(q, k, v)
     assert float(jnp.abs(want.astype(jnp.float32)).max()) > 0.05
     np.testing.assert_array_equal(np.asarray(out, np.float32), np.asarray(want, np.float32))
+
+
+def _kernel_cannot_lower_here(monkeypatch):
+    """A GPU as far as dispatch can tell, whose Pallas kernel fails to lower: the kernel built
+    for a real device (no interpret mode) on this CPU backend, which has no such lowering."""
+    monkeypatch.setattr(attention, "_platform", lambda: "gpu")
+    monkeypatch.setattr(fa, "_platform", lambda: "gpu")
+    attention._log_choice.cache_clear()
+    attention._warn_once.cache_clear()
+    attention._kernel_failure.cache_clear()
+
+
+def test_auto_falls_back_when_the_kernel_fails_to_lower(monkeypatch):
+    _kernel_cannot_lower_here(monkeypatch)
+    used = []
+
+    def cudnn(q, k, v, *, scale=None, implementation=None):  # a cuDNN that works, and says so
+        used.append(implementation)
+        return attention.reference_attention(q, k, v, scale=scale)
+
+    monkeypatch.setattr(jax.nn, "dot_product_attention", cudnn)
+    q, k, v = (jax.random.normal(jax.random.key(i), (2, 33, 2, 16), jnp.bfloat16)
+               for i in range(3))
+    with pytest.warns(RuntimeWarning, match="Pallas kernel failed to compile") as record:
+        outs = [jax.jit(lambda q, k, v: attention.dot_product_attention(q, k, v))(q, k, v)
+                for _ in range(2)]
+    assert len([w for w in record if issubclass(w.category, RuntimeWarning)]) == 1
+    assert used == ["cudnn", "cudnn"]
+    want = np.asarray(attention.reference_attention(q, k, v), np.float32)
+    for out in outs:
+        np.testing.assert_array_equal(np.asarray(out, np.float32), want)
+
+
+def test_auto_falls_back_to_xla_when_cudnn_cannot_take_the_call(monkeypatch):
+    _kernel_cannot_lower_here(monkeypatch)
+    q = jax.random.normal(jax.random.key(0), (2, 9, 2, 16), jnp.bfloat16)
+    kv_len = jnp.array([9, 4])  # cuDNN here takes no kv_len: XLA
+    with pytest.warns(RuntimeWarning, match="running 'xla' instead"):
+        out = attention.dot_product_attention(q, q, q, kv_len=kv_len)
+    want = attention.reference_attention(q, q, q, kv_len=kv_len)
+    np.testing.assert_array_equal(np.asarray(out, np.float32), np.asarray(want, np.float32))
+
+
+def test_pallas_by_name_still_fails_loudly_when_the_kernel_cannot_lower(monkeypatch):
+    _kernel_cannot_lower_here(monkeypatch)
+    q = jax.random.normal(jax.random.key(0), (2, 9, 2, 16), jnp.bfloat16)
+    with pytest.raises(Exception, match="(?i)interpret|lower|cpu"):
+        jax.jit(lambda q: attention.dot_product_attention(q, q, q, impl="pallas"))(q)

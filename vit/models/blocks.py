@@ -15,6 +15,7 @@ from einops import rearrange
 from flax import nnx
 
 from vit.models.config import ViTConfig
+from vit.ops import matmul
 from vit.ops.attention import dot_product_attention, reference_attention
 
 xavier = nnx.initializers.xavier_uniform()
@@ -61,10 +62,22 @@ def layer_norm(dim: int, cfg: ViTConfig, rngs: nnx.Rngs) -> nnx.LayerNorm:
     return nnx.LayerNorm(dim, epsilon=cfg.layer_norm_eps, dtype=jnp.float32, rngs=rngs)
 
 
+class Linear(nnx.Linear):
+    """`nnx.Linear` (same parameters, same names) whose product in a narrow compute dtype goes
+    through `vit.ops.matmul.dense`: on CPUs, bfloat16 inputs with float32 accumulation and
+    output, rounded once after the bias; float32 weight gradients."""
+
+    def __call__(self, inputs: jax.Array, out_sharding=None) -> jax.Array:
+        if self.dtype is None or jnp.dtype(self.dtype) not in matmul.NARROW:
+            return super().__call__(inputs, out_sharding=out_sharding)
+        bias = self.bias[...] if self.bias is not None else None
+        return matmul.dense(inputs, self.kernel[...], bias, self.dtype)
+
+
 def dense(din: int, dout: int, cfg: ViTConfig, rngs: nnx.Rngs, *, bias: bool = True,
            kernel_init=xavier) -> nnx.Linear:
-    return nnx.Linear(din, dout, use_bias=bias, dtype=jnp.dtype(cfg.dtype),
-                      kernel_init=kernel_init, rngs=rngs)
+    return Linear(din, dout, use_bias=bias, dtype=jnp.dtype(cfg.dtype),
+                  kernel_init=kernel_init, rngs=rngs)
 
 
 def dropout(x: jax.Array, rate: float, rng: jax.Array | None) -> jax.Array:
@@ -100,10 +113,10 @@ class Keys:
 class Mlp(nnx.Module):
     def __init__(self, width: int, hidden: int, cfg: ViTConfig, rngs: nnx.Rngs):
         bias_init = nnx.initializers.normal(1e-6)
-        self.fc1 = nnx.Linear(width, hidden, dtype=jnp.dtype(cfg.dtype), kernel_init=xavier,
-                              bias_init=bias_init, rngs=rngs)
-        self.fc2 = nnx.Linear(hidden, width, dtype=jnp.dtype(cfg.dtype), kernel_init=xavier,
-                              bias_init=bias_init, rngs=rngs)
+        self.fc1 = Linear(width, hidden, dtype=jnp.dtype(cfg.dtype), kernel_init=xavier,
+                          bias_init=bias_init, rngs=rngs)
+        self.fc2 = Linear(hidden, width, dtype=jnp.dtype(cfg.dtype), kernel_init=xavier,
+                          bias_init=bias_init, rngs=rngs)
         self.act = gelu(cfg.gelu)
         self.rate = cfg.dropout
 
@@ -118,7 +131,7 @@ def hooked_attention(q: jax.Array, k: jax.Array, v: jax.Array, kv_len: jax.Array
     applied to `v`."""
     _, probs = reference_attention(q, k, v, kv_len=kv_len, return_probs=True)
     probs = probs_hook(probs)
-    return jnp.einsum("bhqk,bkhd->bqhd", probs.astype(v.dtype), v)
+    return matmul.narrow_einsum("bhqk,bkhd->bqhd", probs, v, v.dtype)
 
 
 class Attention(nnx.Module):

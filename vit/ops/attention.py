@@ -12,6 +12,10 @@ Arrays are `[batch, seq, heads, head_dim]`. `impl` picks the backend:
 Whatever is asked for, a user is never left without a working path: a backend that does not
 apply to the platform or shape falls back to the next one, and the choice and its reason are
 logged once; a backend asked for by name and replaced also warns once (`RuntimeWarning`).
+Under `"auto"` the kernel is compiled once per shape on its own before it is used (fast: one
+small program); if it fails to lower or compile there (a new GPU, a new jax), the call goes to
+cuDNN, else XLA, with one warning naming the error. `impl="pallas"` asked for by name gets no
+such net: its failure is the caller's to see.
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ import warnings
 import jax
 import jax.numpy as jnp
 from einops import rearrange
+
+from vit.ops import matmul
 
 IMPLS = ("auto", "pallas", "cudnn", "xla")
 
@@ -42,6 +48,34 @@ def _log_choice(requested: str, chosen: str, reason: str) -> None:
 
 def _platform() -> str:
     return jax.default_backend()
+
+
+@functools.cache
+def _warn_once(message: str) -> None:
+    log.warning(message)
+    warnings.warn(message, RuntimeWarning, stacklevel=4)
+
+
+@functools.cache
+def _kernel_failure(q_shape: tuple, k_shape: tuple, dtype, has_kv_len: bool,
+                    scale: float | None) -> str | None:
+    """Why the Pallas kernel cannot lower or compile here for this call (forward and backward),
+    or None when it can. Compiled from shapes alone, once per process and signature."""
+    from vit.ops.flash_attention import flash_attention
+
+    def fwd_bwd(q, k, v, kv_len):
+        out, vjp = jax.vjp(lambda q, k, v: flash_attention(q, k, v, kv_len=kv_len, scale=scale),
+                           q, k, v)
+        return out, vjp(out)
+
+    spec = lambda shape: jax.ShapeDtypeStruct(shape, dtype)  # noqa: E731
+    kv_len = jax.ShapeDtypeStruct(q_shape[:1], jnp.int32) if has_kv_len else None
+    try:
+        jax.jit(fwd_bwd).lower(spec(q_shape), spec(k_shape), spec(k_shape), kv_len).compile()
+    except Exception as e:  # noqa: BLE001 - any failure to build the kernel means: not here
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        return f"{type(e).__name__}: {first[:300]}"
+    return None
 
 
 def choose_impl(
@@ -123,7 +157,7 @@ def reference_attention(q, k, v, *, mask=None, kv_len=None, scale=None, dropout_
     if dropout_rate > 0.0:
         keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, probs.shape)
         kept = jnp.where(keep, probs / (1.0 - dropout_rate), 0.0)
-    out = jnp.einsum("bhqk,bhkd->bhqd", kept.astype(v.dtype), v)
+    out = matmul.narrow_einsum("bhqk,bhkd->bhqd", kept, v, v.dtype)
     out = rearrange(out, "b h s d -> b s h d").astype(q.dtype)
     return (out, probs) if return_probs else out
 
@@ -140,6 +174,16 @@ def dot_product_attention(q, k, v, *, mask=None, kv_len=None, impl: str = "auto"
         impl, q.shape, k.shape, q.dtype, has_mask=mask is not None, dropout=dropout,
         has_kv_len=kv_len is not None,
     )
+    if chosen == "pallas" and impl == "auto" and _platform() in ("gpu", "tpu"):
+        failure = _kernel_failure(tuple(q.shape), tuple(k.shape), jnp.dtype(q.dtype),
+                                  kv_len is not None, scale)
+        if failure is not None:
+            # The kernel does not build on this device: the next path that does, visibly once.
+            chosen, reason = choose_impl("cudnn", q.shape, k.shape, q.dtype, has_mask=False,
+                                         dropout=False, has_kv_len=kv_len is not None)
+            _warn_once(f"attention: the Pallas kernel failed to compile here ({failure}); "
+                       f"running {chosen!r} instead. Set attention_impl='xla' (or 'cudnn') "
+                       "to skip the attempt")
     _log_choice(impl, chosen, reason)
     if chosen == "pallas":
         from vit.ops.flash_attention import flash_attention

@@ -118,7 +118,17 @@ def build_model(config, num_classes: int, *, resume_meta: dict | None = None,
                                       image_size=config.input.image_size, **model_fields(config))
         pre = preprocessing_of(config)
         graphdef, params = fresh_params(model_config, config.seed)
+    _note_dtype(model_config.dtype)
     return Model(model_config, pre, graphdef), params
+
+
+def _note_dtype(dtype: str) -> None:
+    """One line when the compute dtype asked for cannot pay on this machine."""
+    from vit.ops.matmul import bfloat16_note
+
+    note = bfloat16_note() if dtype == "bfloat16" else None
+    if note and jax.process_index() == 0:
+        print(f"vit train: note: {note}", file=sys.stderr)
 
 
 # What a resume takes from the checkpoint, not from the recipe: a changed value would be

@@ -1,0 +1,90 @@
+"""bfloat16 compute with float32 accumulation: the products, their gradients, and the one-line
+note where bfloat16 cannot pay."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from vit.models.blocks import Linear
+from vit.ops import matmul
+
+BF16_EPS = 2.0 ** -8  # bfloat16 keeps 8 significant bits
+
+
+def _rounded(x):
+    return np.asarray(jnp.asarray(x).astype(jnp.bfloat16).astype(jnp.float32), np.float64)
+
+
+def test_dense_in_bfloat16_accumulates_in_float32_and_rounds_once():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(3, 5, 64)).astype(np.float32)
+    k = rng.normal(size=(64, 24)).astype(np.float32)
+    b = rng.normal(size=(24,)).astype(np.float32)
+    out = jax.jit(lambda x, k, b: matmul.dense(x, k, b, jnp.bfloat16))(x, k, b)
+    assert out.dtype == jnp.bfloat16
+    # The exact product of the bfloat16-rounded operands, plus the float32 bias, rounded once.
+    want = _rounded(x) @ _rounded(k) + b
+    np.testing.assert_allclose(np.asarray(out, np.float64), want, rtol=BF16_EPS,
+                               atol=BF16_EPS * np.abs(want).max() * 0.01)
+    hlo = jax.jit(lambda x, k: matmul.dense(x, k, None, jnp.bfloat16)).lower(x, k).as_text()
+    # bfloat16 operands, float32 result: the product the hardware runs fast.
+    assert any("dot_general" in line and "bf16>, tensor" in line and "xf32>" in line.split("->")[-1]
+               for line in hlo.splitlines()), hlo
+
+
+def test_dense_gradients_are_the_analytic_ones_with_a_float32_weight_gradient():
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(4, 32)).astype(np.float32)
+    k = rng.normal(size=(32, 16)).astype(np.float32)
+    g = rng.normal(size=(4, 16)).astype(np.float32)
+
+    def f(x, k):
+        return (matmul.dense(x, k, None, jnp.bfloat16).astype(jnp.float32) * g).sum()
+
+    dx, dk = jax.grad(f, argnums=(0, 1))(jnp.asarray(x), jnp.asarray(k))
+    assert dx.dtype == jnp.float32 and dk.dtype == jnp.float32
+    gb = _rounded(g)
+    np.testing.assert_allclose(np.asarray(dk, np.float64), _rounded(x).T @ gb,
+                               rtol=2 * BF16_EPS, atol=2 * BF16_EPS * 4)
+    np.testing.assert_allclose(np.asarray(dx, np.float64), gb @ _rounded(k).T,
+                               rtol=2 * BF16_EPS, atol=2 * BF16_EPS * 4)
+
+
+def test_linear_keeps_nnx_parameters_and_float32_path():
+    from flax import nnx
+
+    layer = Linear(8, 4, dtype=jnp.float32, rngs=nnx.Rngs(0))
+    assert set(nnx.to_pure_dict(nnx.state(layer, nnx.Param))) == {"kernel", "bias"}
+    x = jnp.ones((2, 8))
+    np.testing.assert_allclose(layer(x), x @ layer.kernel[...] + layer.bias[...], rtol=1e-6)
+    narrow = Linear(8, 4, dtype=jnp.bfloat16, rngs=nnx.Rngs(0))
+    assert narrow(x).dtype == jnp.bfloat16
+
+
+@pytest.mark.parametrize("features, noted", [((), True), (("avx512_bf16",), False),
+                                             (("amx_bf16", "avx512_bf16"), False)])
+def test_bfloat16_note_only_on_a_cpu_without_bfloat16_arithmetic(monkeypatch, features, noted):
+    monkeypatch.setattr(matmul, "cpu_bfloat16_features", lambda: features)
+    assert (matmul.bfloat16_note() is not None) == noted
+
+
+def test_cpu_features_are_read_from_cpuinfo():
+    from pathlib import Path
+
+    flags = Path("/proc/cpuinfo").read_text()
+    want = tuple(f for f in matmul.BF16_FLAGS if f" {f}" in flags.replace("\t", " "))
+    assert matmul.cpu_bfloat16_features() == want
+
+
+def test_training_in_bfloat16_prints_one_note_where_it_cannot_pay(monkeypatch, capsys):
+    from vit.train import state
+
+    monkeypatch.setattr(matmul, "cpu_bfloat16_features", lambda: ())
+    state._note_dtype("bfloat16")
+    state._note_dtype("float32")
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("vit train: note: bfloat16 is no faster")
+    monkeypatch.setattr(matmul, "cpu_bfloat16_features", lambda: ("amx_bf16",))
+    state._note_dtype("bfloat16")
+    assert capsys.readouterr().err == ""

@@ -1,0 +1,111 @@
+"""Matrix products in a narrow compute dtype (bfloat16, float16), issued the way the hardware
+runs them fastest.
+
+On CPUs with bfloat16 arithmetic (AVX512_BF16, AMX), oneDNN/XLA run a bfloat16 product with
+float32 accumulation *and float32 output* far faster than one that writes bfloat16 (the
+rounding pass on the output tile is the slow part); elsewhere the float32 output costs little.
+So on the CPU a narrow product asks for float32 output (`preferred_element_type`) and rounds
+after the bias is added, in the same fused pass. On GPUs and TPUs the dot units accumulate in
+float32 anyway and a narrow output halves the memory traffic: the plain narrow product.
+
+The backward pass does the same for both gradient products (JAX's own transpose rule would
+widen the incoming float32 gradient and run them in float32), and gives the weight gradient
+in float32, the master weights' dtype, without a bfloat16 rounding in between.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+NARROW = (jnp.bfloat16, jnp.float16)
+
+
+def wide_output() -> bool:
+    """Whether narrow products here should write float32 (the CPU) rather than narrow."""
+    return jax.default_backend() == "cpu"
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4))
+def _dense(x, kernel, dtype, x_dtype, kernel_dtype):
+    return _dense_fwd(x, kernel, dtype, x_dtype, kernel_dtype)[0]
+
+
+def _contract(a, b, dims):
+    return jax.lax.dot_general(a, b, (dims, ((), ())), preferred_element_type=jnp.float32)
+
+
+def _dense_fwd(x, kernel, dtype, x_dtype, kernel_dtype):
+    xs, ks = x.astype(dtype), kernel.astype(dtype)
+    out = _contract(xs, ks, ((x.ndim - 1,), (0,)))
+    return out, (xs, ks)
+
+
+def _dense_bwd(dtype, x_dtype, kernel_dtype, res, g):
+    xs, ks = res
+    g = g.astype(dtype)
+    lead = tuple(range(xs.ndim - 1))
+    dx = _contract(g, ks, ((g.ndim - 1,), (1,))).astype(x_dtype)
+    dk = _contract(xs, g, (lead, lead)).astype(kernel_dtype)
+    return dx, dk
+
+
+_dense.defvjp(_dense_fwd, _dense_bwd)
+
+
+def dense(x: jax.Array, kernel: jax.Array, bias: jax.Array | None, dtype) -> jax.Array:
+    """`x @ kernel + bias` over x's last axis, computed in `dtype`, returned in `dtype`.
+
+    A narrow `dtype` on the CPU: narrow inputs, float32 accumulation and output, the bias
+    added in float32, one rounding at the end. Otherwise the plain product in `dtype`.
+    """
+    dtype = jnp.dtype(dtype)
+    if dtype in NARROW and wide_output():
+        y = _dense(x, kernel, dtype, jnp.dtype(x.dtype), jnp.dtype(kernel.dtype))
+        if bias is not None:
+            y = y + bias.astype(jnp.float32)
+        return y.astype(dtype)
+    y = jnp.matmul(x.astype(dtype), kernel.astype(dtype))
+    return y if bias is None else y + bias.astype(dtype)
+
+
+def narrow_einsum(spec: str, a: jax.Array, b: jax.Array, dtype) -> jax.Array:
+    """`jnp.einsum(spec, a, b)` in `dtype`: on the CPU with float32 accumulation and output,
+    rounded to `dtype` after."""
+    dtype = jnp.dtype(dtype)
+    if dtype in NARROW and wide_output():
+        return jnp.einsum(spec, a.astype(dtype), b.astype(dtype),
+                          preferred_element_type=jnp.float32).astype(dtype)
+    return jnp.einsum(spec, a.astype(dtype), b.astype(dtype))
+
+
+# /proc/cpuinfo flags (x86) and Features (Arm) that mean bfloat16 arithmetic in hardware.
+BF16_FLAGS = ("avx512_bf16", "amx_bf16", "avx_ne_convert", "bf16")
+
+
+@functools.cache
+def cpu_bfloat16_features() -> tuple[str, ...]:
+    """This CPU's bfloat16 arithmetic features, as /proc/cpuinfo names them (empty: none, or
+    no /proc/cpuinfo to read)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() in ("flags", "Features"):
+                    have = set(value.split())
+                    return tuple(flag for flag in BF16_FLAGS if flag in have)
+    except OSError:
+        pass
+    return ()
+
+
+def bfloat16_note() -> str | None:
+    """One line for a user who asked for bfloat16 where it cannot pay: a CPU without bfloat16
+    arithmetic. None where it can (such a CPU, a GPU, a TPU)."""
+    if jax.default_backend() != "cpu" or cpu_bfloat16_features():
+        return None
+    return ("bfloat16 is no faster than float32 on this CPU (it has no bfloat16 arithmetic: "
+            "no AVX512_BF16 or AMX); float32 is the better choice here, bfloat16 pays on GPUs, "
+            "TPUs and CPUs that have it")
