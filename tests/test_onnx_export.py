@@ -38,11 +38,11 @@ def test_onnx_probabilities_match_vit_predict(tmp_path, tiny_files, run_vit, cap
         for entry in row["top_k"]:
             want[i, entry["index"]] = entry["prob"]
 
-    session = onnxruntime.InferenceSession(str(out), providers=["CPUExecutionProvider"])
-    meta = session.get_modelmeta().custom_metadata_map
+    runner = onnxruntime.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    meta = runner.get_modelmeta().custom_metadata_map
     pre = json.loads(meta["vit.preprocessing"])
     assert pre["layout"] == "NCHW" and json.loads(meta["vit.labels"])[0] == "digit0"
-    [inp] = session.get_inputs()
+    [inp] = runner.get_inputs()
     assert inp.name == "pixel_values" and not isinstance(inp.shape[0], int)  # dynamic batch
     assert inp.shape[1:] == [3, 8, 8]
     # The user's side: preprocessing from the metadata (no vit import needed for the maths).
@@ -53,7 +53,7 @@ def test_onnx_probabilities_match_vit_predict(tmp_path, tiny_files, run_vit, cap
         batch.append(x.transpose(2, 0, 1))
     assert pre["resample"] == "bilinear" and pre["crop_pct"] is None
     for size in (len(paths), 2):  # two batch sizes through the one file
-        logits, probs = session.run(["logits", "probabilities"],
+        logits, probs = runner.run(["logits", "probabilities"],
                                     {"pixel_values": np.stack(batch[:size]).astype(np.float32)})
         np.testing.assert_allclose(probs, want[:size], atol=1e-4)
         e = np.exp(logits - logits.max(-1, keepdims=True))

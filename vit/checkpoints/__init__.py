@@ -6,7 +6,7 @@ returns a `LoadedCheckpoint` (config, params as our pure dict, preprocessing, la
 `save_checkpoint(src, dst, format)` writes one. Readers hold the parameters as numpy float32
 arrays, so a round trip is bit-identical; a format that cannot hold a property of the model
 (its head, GELU form, preprocessing, labels, ...) is refused, naming it, before anything is
-written (each writer's `cannot_hold`).
+written (each writer's `cannot_hold`), unless `lossy=True` asks for the nearest it can hold.
 
 This file only re-exports; each thing lives in its own module:
 
@@ -22,8 +22,10 @@ This file only re-exports; each thing lives in its own module:
 - `files`: JSON files read as one-line errors; destinations checked before any work and written
   through a temporary sibling, so nothing is left half-written; `written_whole`: around any
   writer, orbax's included, what a failed write began is removed and a full disk is one line;
-- one module per format (`npz`, `hf`, `timm`, `orbax_io`; `orbax_format` names our items),
-  `resolve` (format detection, hub cache) and `labels` (class names).
+- one module per format (`npz`, `hf`, `timm`, `orbax_io`; `orbax_format` names our items;
+  `onnx_export` writes an ONNX classifier), `resolve` (format detection, names), `hub` (hub ids
+  and timm names through huggingface_hub: cache first, else a download), `lossy` (what
+  `--lossy` approximates) and `labels` (class names).
 
 Modules inside this package import from each other, never from this file.
 """

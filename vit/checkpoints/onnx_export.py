@@ -7,7 +7,7 @@ transformers and timm feed their models) with a dynamic batch; height and width 
 model's. Preprocessing is not in the graph: its settings (size, resample, crop_pct, mean, std)
 and the class names are stored in the file's metadata (`metadata_props`, keys
 `vit.preprocessing` and `vit.labels`; onnxruntime shows them in
-`session.get_modelmeta().custom_metadata_map`).
+`InferenceSession(path).get_modelmeta().custom_metadata_map`).
 """
 
 from __future__ import annotations
