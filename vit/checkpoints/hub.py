@@ -118,6 +118,9 @@ def _download(name: str, repo_id: str, revision: str | None, files: list[str]) -
         status = getattr(getattr(err, "response", None), "status_code", "an error")
         raise CheckpointError(f"{name}: {where} answered {status} for {repo_id}; try again "
                               "later, or give a local path") from None
+    except ValueError as err:  # huggingface_hub's HFValidationError: a name it cannot take
+        raise CheckpointError(f"{name}: not a valid hub id ({err}); give org/name, a timm name "
+                              "or a local path") from None
     except OSError as err:
         if is_out_of_space(err):
             raise OutOfSpace(hub_cache()) from None
