@@ -39,7 +39,9 @@ def hub(tmp_path, monkeypatch, make_tiny):
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
     monkeypatch.setenv("HF_HUB_CACHE", str(cache))
     monkeypatch.setenv("HF_ENDPOINT", server.url)
-    monkeypatch.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
+    from huggingface_hub import constants  # read at import: online here, whatever the caller
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
     server.cache = cache
     yield server
     server.stop()
@@ -58,7 +60,7 @@ def same_params(a, b) -> bool:
     return fa.keys() == fb.keys() and all(np.array_equal(fa[k], fb[k]) for k in fa)
 
 
-def test_a_hub_id_downloads_once_then_reads_from_the_cache(hub, make_tiny):
+def test_a_hub_id_downloads_once_then_reads_from_the_cache(hub, make_tiny, monkeypatch):
     loaded = load_checkpoint(REPO)
     assert same_params(loaded, make_tiny(seed=0)) and loaded.family == "hf"
     assert fetched(hub) == ["config.json", "model.safetensors", "preprocessor_config.json"]
@@ -69,6 +71,8 @@ def test_a_hub_id_downloads_once_then_reads_from_the_cache(hub, make_tiny):
     hub.requests.clear()
     again = load_checkpoint(REPO)
     assert same_params(again, loaded) and hub.requests == []
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # offline, a cached name still works
+    assert same_params(load_checkpoint(REPO), loaded)
 
 
 def test_a_revision_reaches_the_server(hub, make_tiny):
@@ -83,6 +87,10 @@ def test_a_revision_reaches_the_server(hub, make_tiny):
 
 
 def test_a_timm_name_is_fetched_from_the_timm_org(hub, make_tiny):
+    with pytest.raises(CheckpointError, match="without a pretrained tag; name one, e.g. "
+                       "vit_tiny_patch16_224.augreg2_in21k_ft_in1k"):
+        load_checkpoint("vit_tiny_patch16_224")  # nothing cached yet: no guess on the hub
+    assert hub.requests == []
     loaded = load_checkpoint(TIMM_NAME)
     assert loaded.family == "timm" and same_params(loaded, make_tiny(seed=4))
     assert fetched(hub) == ["config.json", "model.safetensors"]

@@ -33,9 +33,12 @@ def hub_cache() -> Path:
 
 
 def offline() -> bool:
-    """HF_HUB_OFFLINE (or TRANSFORMERS_OFFLINE) set to a true value, as huggingface_hub reads it."""
+    """HF_HUB_OFFLINE (or TRANSFORMERS_OFFLINE) set to a true value now, or when huggingface_hub
+    was imported (it then refuses every request itself)."""
+    from huggingface_hub import constants
+
     value = os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE") or ""
-    return value.strip().upper() in {"1", "ON", "YES", "TRUE"}
+    return value.strip().upper() in {"1", "ON", "YES", "TRUE"} or constants.HF_HUB_OFFLINE
 
 
 def endpoint() -> str:
