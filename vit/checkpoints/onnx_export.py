@@ -58,6 +58,9 @@ def write(loaded: LoadedCheckpoint, dst) -> list[str]:
     if cfg.dtype != "float32":
         notes.append(f"the ONNX graph computes in float32 (the checkpoint's dtype {cfg.dtype} "
                      "is a run setting)")
+    if cfg.dynamic_image_size:
+        notes.append(f"the ONNX graph takes {cfg.image_size[0]}x{cfg.image_size[1]} images only "
+                     "(dynamic_image_size is not exported; --image-size picks another size)")
     exported = dataclasses.replace(
         loaded, config=cfg.replace(attention_impl="xla", dtype="float32", remat=False))
     model = exported.build_model()
