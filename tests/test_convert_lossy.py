@@ -84,3 +84,26 @@ def test_hf_eps_to_timm_and_npz_list_each_change(tmp_path, make_tiny, run_vit):
     lossy = [line for line in err if "--lossy:" in line]
     assert len(lossy) == 2 and "exact GELU becomes the tanh approximation" in lossy[0]
     assert load_checkpoint(tmp_path / "m.npz").config.gelu == "tanh"
+
+
+def test_layer_scale_and_sincos_become_what_the_formats_hold(tmp_path, make_tiny):
+    """Exact rewrites under --lossy: layer scale folded into the layer before it (Hugging
+    Face), fixed sin-cos position embeddings stored as learned ones (timm): the same logits."""
+    import jax.numpy as jnp
+
+    x = jnp.asarray(np.random.RandomState(3).randn(2, 8, 8, 3).astype(np.float32))
+    for fields, fmt, words in (({"layer_scale": 0.5}, "hf", "layer scale is folded"),
+                               ({"posemb": "sincos2d"}, "timm", "sin-cos position embeddings")):
+        src = make_tiny(**fields)
+        if "layer_scale" in fields:  # gammas that are not all one value
+            for block in src.params["blocks"].values():
+                for ls in ("ls1", "ls2"):
+                    block[ls]["gamma"] = np.linspace(0.1, 2, 32, dtype=np.float32)
+        with pytest.raises(CheckpointError, match="pass --lossy"):
+            save_checkpoint(src, tmp_path / fmt, fmt)
+        notes = save_checkpoint(src, tmp_path / fmt, fmt, lossy=True)
+        assert any(words in n for n in notes), notes
+        back = load_checkpoint(tmp_path / fmt)
+        assert back.config.layer_scale is None and back.config.posemb == "learn"
+        np.testing.assert_allclose(np.asarray(back.build_model()(x)),
+                                   np.asarray(src.build_model()(x)), atol=1e-5)

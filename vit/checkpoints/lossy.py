@@ -3,14 +3,17 @@ can approximate, each changed to the nearest thing the format says, with a line 
 change. What has no approximation (a register token, a 'gap' head in a Hugging Face folder,
 ...) is still refused by the writer.
 
-Every change here moves the outputs (a little for an epsilon or a GELU form, more for a
-different crop); the writers' default refusal names `--lossy` when it would help.
+Most changes move the outputs (a little for an epsilon or a GELU form, more for a different
+crop); storing a sin-cos table or folding layer scale keeps them at the model's size. The
+writers' default refusal names `--lossy` when it would help.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+
+import numpy as np
 
 from vit.checkpoints.loaded import LoadedCheckpoint, describe
 from vit.preprocess import INCEPTION
@@ -61,12 +64,54 @@ def _no_labels(loaded: LoadedCheckpoint) -> tuple[LoadedCheckpoint, str] | None:
             f"the {len(loaded.labels)} class names are dropped (an npz holds none)")
 
 
+def _learned_sincos(loaded: LoadedCheckpoint) -> tuple[LoadedCheckpoint, str] | None:
+    """Fixed sin-cos position embeddings stored as learned ones: the same function at the
+    model's size; at another size they are interpolated instead of recomputed."""
+    from vit.models.posemb import sincos_2d
+
+    cfg = loaded.config
+    if cfg.posemb != "sincos2d":
+        return None
+    pe = np.asarray(sincos_2d(cfg.grid, cfg.width), np.float32)
+    if cfg.class_token:
+        pe = np.concatenate([np.zeros((1, 1, cfg.width), np.float32), pe], 1)
+    params = {**loaded.params, "pos_embed": pe}
+    return (dataclasses.replace(loaded, config=cfg.replace(posemb="learn"), params=params),
+            "sin-cos position embeddings are stored as learned ones (the same at "
+            f"{cfg.image_size[0]}x{cfg.image_size[1]}; interpolated, not recomputed, at other "
+            "sizes)")
+
+
+def _fold_layer_scale(loaded: LoadedCheckpoint) -> tuple[LoadedCheckpoint, str] | None:
+    """Layer scale multiplied into the layer before it (attention output, second MLP layer):
+    the same function up to float32 rounding."""
+    cfg = loaded.config
+    if cfg.layer_scale is None:
+        return None
+    blocks = {}
+    for i, old in loaded.params["blocks"].items():
+        block = {k: v for k, v in old.items() if k not in ("ls1", "ls2")}
+        for ls, part, name in (("ls1", "attn", "proj"), ("ls2", "mlp", "fc2")):
+            gamma = np.asarray(old[ls]["gamma"], np.float32)
+            layer = block[part][name]
+            scaled = {"kernel": np.asarray(layer["kernel"], np.float32) * gamma[None, :]}
+            if "bias" in layer:
+                scaled["bias"] = np.asarray(layer["bias"], np.float32) * gamma
+            block[part] = {**block[part], name: scaled}
+        blocks[i] = block
+    params = {**loaded.params, "blocks": blocks}
+    return (dataclasses.replace(loaded, config=cfg.replace(layer_scale=None), params=params),
+            "layer scale is folded into the attention output and second MLP layer of each "
+            "block (the same function up to float32 rounding)")
+
+
 Fix = Callable[[LoadedCheckpoint], "tuple[LoadedCheckpoint, str] | None"]
 FIXES: dict[str, list[Fix]] = {
-    "hf": [lambda c: _plain_resize(c, "ViTImageProcessor resizes without a crop")],
-    "timm": [lambda c: _eps(c, 1e-6, "timm's ViT uses 1e-6")],
+    "hf": [lambda c: _plain_resize(c, "ViTImageProcessor resizes without a crop"),
+           _learned_sincos, _fold_layer_scale],
+    "timm": [lambda c: _eps(c, 1e-6, "timm's ViT uses 1e-6"), _learned_sincos],
     "npz": [_tanh_gelu, lambda c: _eps(c, 1e-6, "npz files imply 1e-6"), _inception,
-            _no_labels],
+            _no_labels, _fold_layer_scale],
 }
 
 
