@@ -128,5 +128,8 @@ def resize_crop(image: Image.Image, size: tuple[int, int], crop_pct: float | Non
 def normalize(image, mean, std) -> np.ndarray:
     """uint8 pixels (a PIL image, or a 0..255 array of any shape ending in channels) -> float32
     `(x / 255 - mean) / std`."""
-    x = np.asarray(image, np.float32) / 255.0
-    return (x - np.asarray(mean, np.float32)) / np.asarray(std, np.float32)
+    x = np.array(image, np.float32)  # a fresh array, then in place: no temporaries
+    x /= 255.0
+    x -= np.asarray(mean, np.float32)
+    x /= np.asarray(std, np.float32)
+    return x

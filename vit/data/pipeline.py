@@ -10,6 +10,8 @@ replay exactly too.
 from __future__ import annotations
 
 import dataclasses
+import sys
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -19,7 +21,8 @@ from PIL import Image
 
 from vit.data import randaugment as RA
 from vit.data import transforms as T
-from vit.errors import ConfigError
+from vit.data.sources import ArraySource
+from vit.errors import ConfigError, DataError
 from vit.preprocess import Preprocessing, normalize
 
 
@@ -136,8 +139,79 @@ class BatchTransform(grain.transforms.RandomMap):
         return {**batch, "image": image, "target": target}
 
 
+# What the batches made ahead may hold in memory, and the most of them.
+PREFETCH_BYTES = 256 * 2**20
+PREFETCH_MAX = 64
+
+
+def read_options(num_threads: int, batch_size: int = 1, size: tuple[int, int] = (224, 224)
+                 ) -> grain.ReadOptions:
+    """Each thread assembles whole batches; the buffer counts batches, ready or in the making.
+    At least two per thread keeps every thread busy while the consumer takes one; small batches
+    (digits) get a deeper buffer, up to `PREFETCH_BYTES` of float32 images, which rides out a
+    busy CPU. Counted in images, it would hold that many batches of 224 px floats: gigabytes."""
+    batch_bytes = batch_size * size[0] * size[1] * 3 * 4
+    depth = min(PREFETCH_MAX, max(2, 2 * num_threads, PREFETCH_BYTES // max(batch_bytes, 1)))
+    return grain.ReadOptions(num_threads=num_threads, prefetch_buffer_size=depth)
+
+
 def shard_of(dataset: grain.MapDataset, index: int, count: int) -> grain.MapDataset:
     return dataset[index::count] if count > 1 else dataset
+
+
+class EpochBatches:
+    """The shuffled order as batches of indices: batch `b` holds the examples at positions
+    `b * size ...` of the endless stream of epochs, each epoch a fresh permutation of `indices`
+    drawn from (seed, epoch). One numpy permutation per epoch, where grain's per-element shuffle
+    costs about 0.1 ms an example (more than a small model's step on an accelerator)."""
+
+    def __init__(self, indices: np.ndarray, batch_size: int, seed: int):
+        self.indices, self.batch_size, self.seed = np.asarray(indices), batch_size, seed
+        self._orders: dict[int, np.ndarray] = {}
+        self._lock = threading.Lock()  # grain's threads ask for batches at once
+
+    def __len__(self) -> int:
+        return sys.maxsize // self.batch_size  # endless, as grain's repeat(None)
+
+    def order(self, epoch: int) -> np.ndarray:
+        with self._lock:
+            order = self._orders.get(epoch)
+            if order is None:
+                order = self.indices[np.random.default_rng([self.seed, epoch]).permutation(
+                    len(self.indices))]
+                if len(self._orders) >= 4:  # threads work on neighbouring epochs at most
+                    del self._orders[min(self._orders)]
+                self._orders[epoch] = order
+            return order
+
+    def __getitem__(self, b: int) -> dict:
+        position = int(b) * self.batch_size + np.arange(self.batch_size)
+        epoch, at = np.divmod(position, len(self.indices))
+        index = np.empty(self.batch_size, np.int64)
+        for e in np.unique(epoch):
+            index[epoch == e] = self.order(int(e))[at[epoch == e]]
+        return {"index": index, "position": position}
+
+
+class ReadArrays(grain.transforms.Map):
+    """The fast path for in-memory images that need no per-example work (the bundled digits'
+    recipe): one fancy index per batch, the batch `TrainTransform` would have made of them."""
+
+    def __init__(self, source: ArraySource):
+        self.source = source
+
+    def map(self, batch: dict) -> dict:
+        index = batch["index"]
+        return {"image": self.source.images[index],
+                "label": np.asarray(self.source.labels[index], np.int64)}
+
+
+def _no_example_work(source, pre: Preprocessing, aug: Augment, tokenize) -> bool:
+    """True when every example would leave `TrainTransform` as it came in."""
+    return (isinstance(source, ArraySource) and tokenize is None and not aug.inception_crop
+            and not aug.flip and aug.rand_augment(pre) is None and aug.random_erasing == 0
+            and pre.crop_pct is None and tuple(source.images.shape[1:3]) == pre.size
+            and source.images.dtype == np.uint8 and source.images.ndim == 4)
 
 
 def train_iterator(source, pre: Preprocessing, aug: Augment, *, batch_size: int, seed: int,
@@ -147,14 +221,27 @@ def train_iterator(source, pre: Preprocessing, aug: Augment, *, batch_size: int,
     """An endless iterator of this host's training batches; checkpoint it with `get_state()`.
 
     `batch_size` is the per-host batch. With `tokenize`, batches also carry the prompts
-    (`text`, `text_mask`) and their `answer`s.
+    (`text`, `text_mask`) and their `answer`s. Each host shuffles its own shard
+    (`shard_index::shard_count` of the examples), every epoch in a new order; grain's threads
+    make whole batches ahead of the consumer. In-memory images that need no per-example work
+    (the digits recipe) are read a batch at a time (`EpochBatches`, `ReadArrays`); the rest go
+    example by example through grain's shuffle and `TrainTransform`.
     """
-    ds = shard_of(grain.MapDataset.source(source).seed(seed), shard_index, shard_count)
-    ds = (ds.shuffle().repeat(None).random_map(TrainTransform(pre, aug, tokenize))
-          .batch(batch_size, drop_remainder=True)
-          .random_map(BatchTransform(pre, num_classes, aug)))
-    read = grain.ReadOptions(num_threads=num_threads, prefetch_buffer_size=4 * batch_size)
-    return iter(ds.to_iter_dataset(read))
+    indices = np.arange(len(source))[shard_index::shard_count]
+    if not len(indices):
+        raise DataError(f"{getattr(source, 'name', 'the dataset')}: no training examples for "
+                        f"host {shard_index} of {shard_count}; add images")
+    if _no_example_work(source, pre, aug, tokenize):
+        ds = grain.MapDataset.source(EpochBatches(indices, batch_size, seed)).seed(seed)
+        ds = ds.map(ReadArrays(source))
+    else:
+        ds = shard_of(grain.MapDataset.source(source).seed(seed), shard_index, shard_count)
+        ds = (ds.shuffle().repeat(None).random_map(TrainTransform(pre, aug, tokenize))
+              .batch(batch_size, drop_remainder=True))
+    ds = ds.random_map(BatchTransform(pre, num_classes, aug))
+    it = iter(ds.to_iter_dataset(read_options(num_threads, batch_size, pre.size)))
+    it.start_prefetch()  # decoding starts now, while the caller compiles its step
+    return it
 
 
 def eval_batches(source, pre: Preprocessing, *, batch_size: int, shard_index: int = 0,
@@ -163,8 +250,7 @@ def eval_batches(source, pre: Preprocessing, *, batch_size: int, shard_index: in
     """One pass in order; the last batch is padded to `batch_size`, with `mask` 0 on padding."""
     ds = shard_of(grain.MapDataset.source(source), shard_index, shard_count)
     ds = ds.map(EvalTransform(pre, tokenize)).batch(batch_size, drop_remainder=False)
-    read = grain.ReadOptions(num_threads=num_threads, prefetch_buffer_size=4 * batch_size)
-    for batch in ds.to_iter_dataset(read):
+    for batch in ds.to_iter_dataset(read_options(num_threads, batch_size, pre.size)):
         n = len(batch["label"])
         pad = batch_size - n
         out = {k: np.pad(v, [(0, pad)] + [(0, 0)] * (v.ndim - 1)) for k, v in batch.items()}

@@ -24,7 +24,10 @@ def resize(image: np.ndarray, size: tuple[int, int], resample: str = "bilinear")
 
 def center_crop(image: np.ndarray, size: tuple[int, int], crop_pct: float | None,
                 resample: str = "bilinear") -> np.ndarray:
-    """The eval geometry of a `Preprocessing` on a uint8 array: `vit.preprocess.resize_crop`."""
+    """The eval geometry of a `Preprocessing` on a uint8 array: `vit.preprocess.resize_crop`.
+    An image already at `size` with no crop is returned as it is (PIL's resize would copy it)."""
+    if crop_pct is None and image.shape[:2] == tuple(size):
+        return image
     return np.asarray(resize_crop(Image.fromarray(image), size, crop_pct, resample))
 
 
@@ -69,11 +72,13 @@ def random_affine(images: np.ndarray, rng: np.random.Generator, *, shift: float 
     src_x = -sin[:, None, None] * yr + cos[:, None, None] * xr + (w - 1) / 2
     y0, x0 = np.floor(src_y).astype(np.int64), np.floor(src_x).astype(np.int64)
     ty, tx = (src_y - y0)[..., None], (src_x - x0)[..., None]
-    padded = np.pad(images.astype(np.float32), ((0, 0), (1, 1), (1, 1), (0, 0)))
-    batch = np.arange(b)[:, None, None]
+    # One flat gather per tap (a single index array is several times faster than three).
+    pixels = np.pad(images.astype(np.float32), ((0, 0), (1, 1), (1, 1), (0, 0))).reshape(
+        -1, images.shape[-1])
+    base = np.arange(b)[:, None, None] * ((h + 2) * (w + 2))
 
     def tap(y, x):  # reads outside the image land on the zero border
-        return padded[batch, np.clip(y + 1, 0, h + 1), np.clip(x + 1, 0, w + 1)]
+        return pixels[base + np.clip(y + 1, 0, h + 1) * (w + 2) + np.clip(x + 1, 0, w + 1)]
 
     return ((1 - ty) * ((1 - tx) * tap(y0, x0) + tx * tap(y0, x0 + 1))
             + ty * ((1 - tx) * tap(y0 + 1, x0) + tx * tap(y0 + 1, x0 + 1)))

@@ -1,0 +1,77 @@
+"""The training pipeline's two roads (in-memory arrays a batch at a time, everything else
+example by example) give the same batches of the same examples; the memory made ahead is
+bounded."""
+
+import numpy as np
+import pytest
+
+from vit.data import Augment, open_source, train_iterator
+from vit.data.pipeline import PREFETCH_BYTES, EpochBatches, read_options
+from vit.preprocess import Preprocessing, normalize
+
+pytestmark = pytest.mark.timeout(120)
+
+PRE8 = Preprocessing(size=(8, 8), mean=(0.5,) * 3, std=(0.5,) * 3)
+
+
+class Examples:
+    """The same examples behind a plain `len` / `[i]` source: the example-by-example road."""
+
+    def __init__(self, source):
+        self.source = source
+
+    def __len__(self):
+        return len(self.source)
+
+    def __getitem__(self, i):
+        return self.source[i]
+
+
+def key(image, label):
+    return image.tobytes() + bytes([int(label)])
+
+
+def test_each_epoch_visits_every_example_once_in_a_new_order():
+    batches = EpochBatches(np.arange(10, 20), batch_size=4, seed=0)
+    stream = np.concatenate([batches[b]["index"] for b in range(10)])  # 40 = four epochs
+    epochs = stream.reshape(4, 10)
+    for epoch in epochs:
+        np.testing.assert_array_equal(np.sort(epoch), np.arange(10, 20))
+    assert len({e.tobytes() for e in epochs}) == 4
+    np.testing.assert_array_equal(batches[7]["index"], EpochBatches(np.arange(10, 20), 4, 0)[7]
+                                  ["index"])  # random access: any batch, any time, same answer
+    assert not np.array_equal(stream[:10], np.concatenate(
+        [EpochBatches(np.arange(10, 20), 4, 1)[b]["index"] for b in range(3)])[:10])
+
+
+def test_the_array_road_gives_the_batches_the_example_road_gives():
+    src = open_source("digits", "validation")  # 144 images: 9 batches of 16 are one epoch
+    aug = Augment(label_smoothing=0.1)
+    fast = train_iterator(src, PRE8, aug, batch_size=16, seed=0, num_classes=10)
+    slow = train_iterator(Examples(src), PRE8, aug, batch_size=16, seed=0, num_classes=10)
+    want = {key(src[i]["image"], src[i]["label"]): src[i] for i in range(len(src))}
+    for it in (fast, slow):
+        seen = []
+        for _ in range(9):
+            batch = next(it)
+            assert batch["image"].dtype == np.float32 and batch["label"].dtype == np.int64
+            for image, label, target in zip(batch["image"], batch["label"], batch["target"],
+                                            strict=True):
+                # Undo the normalisation: the uint8 example it came from.
+                raw = np.round((image * 0.5 + 0.5) * 255).astype(np.uint8)
+                k = key(raw, label)
+                assert k in want
+                np.testing.assert_array_equal(image, normalize(want[k]["image"], (0.5,) * 3,
+                                                               (0.5,) * 3))
+                np.testing.assert_allclose(target[label], 0.91, rtol=1e-6)
+                seen.append(k)
+        assert sorted(seen) == sorted(want)  # one epoch: every example once
+
+
+def test_the_buffer_made_ahead_is_bounded_in_memory():
+    for threads, batch, side in ((4, 64, 224), (4, 512, 224), (1, 64, 8), (16, 256, 384)):
+        depth = read_options(threads, batch, (side, side)).prefetch_buffer_size
+        batch_bytes = batch * side * side * 3 * 4
+        assert depth >= max(2, 2 * threads)  # every thread has work while one batch is taken
+        assert depth * batch_bytes <= max(PREFETCH_BYTES, 2 * threads * batch_bytes)
+    assert read_options(1, 64, (8, 8)).prefetch_buffer_size >= 16  # small batches: deep
