@@ -60,6 +60,7 @@ from vit.train.state import (
 )
 from vit.train.step import make_train_step
 from vit.train.tensorboard import FOLDER as TB_FOLDER
+from vit.train.tensorboard import EventLog
 
 
 def train(config, workdir: str | Path, *, init: str | None = None,
@@ -241,8 +242,8 @@ class _Run:
         self.iterator, (self.train_src, self.val_src) = iterator, sources
         self.tokenizer, self.loss_name, self.logits_fn = tokenizer, loss_name, logits_fn
         self.mesh, self.eval_batch_size, self.primary = mesh, eval_batch_size, primary
-        self.log = MetricsLog(workdir, start, enabled=primary,
-                              tensorboard=config.train.get("tensorboard", True))
+        events = EventLog(workdir / TB_FOLDER) if config.train.get("tensorboard", True) else None
+        self.log = MetricsLog(workdir, start, enabled=primary, events=events)
         self.saver = CheckpointPolicy(ckpts, every=config.train.checkpoint_every,
                                       resumed=bool(start))
         self.meter, self.pending, self.early, self.last_val = TrainMeter(), [], early, {}

@@ -25,15 +25,12 @@ class MetricsLog:
     logs anything leaves the file as it was. A write the disk refuses takes back its part."""
 
     def __init__(self, workdir: str | Path, resume_step: int | None, enabled: bool = True,
-                 tensorboard: bool = False):
+                 events=None):
         self.path, self.enabled = Path(workdir) / "metrics.jsonl", enabled
         self.resume_step = resume_step or 0
         self._settled = False
-        self.events = None
-        if tensorboard and enabled:  # the same records as TensorBoard events (WORKDIR/tb)
-            from vit.train.tensorboard import FOLDER, EventLog
-
-            self.events = EventLog(Path(workdir) / FOLDER)
+        # The same records as TensorBoard events (`vit.train.tensorboard.EventLog`), or None.
+        self.events = events if enabled else None
 
     def write(self, record: dict) -> None:
         if not self.enabled:
