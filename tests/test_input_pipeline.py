@@ -75,3 +75,60 @@ def test_the_buffer_made_ahead_is_bounded_in_memory():
         assert depth >= max(2, 2 * threads)  # every thread has work while one batch is taken
         assert depth * batch_bytes <= max(PREFETCH_BYTES, 2 * threads * batch_bytes)
     assert read_options(1, 64, (8, 8)).prefetch_buffer_size >= 16  # small batches: deep
+
+
+def smooth(h, w):
+    y, x = np.mgrid[0:h, 0:w]
+    return np.stack([x * 255 // w, y * 255 // h, (x + y) * 127 // (h + w)], -1).astype(np.uint8)
+
+
+def test_a_training_jpeg_decodes_no_larger_than_needed(tmp_path):
+    from PIL import Image
+
+    from vit.images import open_image
+
+    Image.fromarray(smooth(1200, 1600)).save(tmp_path / "big.jpg", quality=95)
+    Image.fromarray(smooth(1200, 1600)).save(tmp_path / "big.png")
+    full = open_image(tmp_path / "big.jpg")
+    assert full.size == (1600, 1200) and open_image(tmp_path / "big.png", 300).size == (1600, 1200)
+    small = open_image(tmp_path / "big.jpg", min_side=300)
+    assert small.size == (400, 300)  # 1/4: the smallest reduction keeping 300 px
+    assert open_image(tmp_path / "big.jpg", min_side=700).size == (1600, 1200)  # 1/2 is too small
+    # The decoder's scaling averages as a box filter does over the full decode.
+    box = np.asarray(full.reduce(4), np.float32)
+    assert np.abs(np.asarray(small, np.float32) - box).mean() < 2.0
+
+
+def test_the_decoded_side_covers_the_smallest_crop_pixel_for_pixel():
+    """Draws as `inception_crop` does (area fraction, log-uniform aspect in [3/4, 4/3]) on an
+    image whose shorter side is `decode_side`: no accepted crop is smaller than the target."""
+    from vit.data.pipeline import decode_side
+
+    rng = np.random.default_rng(0)
+    for area_min, size in ((0.05, 224), (0.25, 224), (0.08, 384)):
+        pre, aug = Preprocessing(size=(size, size)), Augment(inception_crop=True,
+                                                            crop_area=(area_min, 1.0))
+        short = decode_side(pre, aug)
+        for long in (short, short * 4 // 3, short * 2):
+            for _ in range(500):
+                target = short * long * rng.uniform(area_min, 1.0)
+                aspect = np.exp(rng.uniform(np.log(3 / 4), np.log(4 / 3)))
+                cw, ch = np.sqrt(target * aspect), np.sqrt(target / aspect)
+                if cw <= long and ch <= short:
+                    assert min(cw, ch) >= size - 1
+    assert decode_side(Preprocessing(size=(224, 224), crop_pct=0.875), Augment()) == 256
+    assert decode_side(Preprocessing(size=(224, 224)), Augment()) == 224
+
+
+def test_the_training_copy_of_a_folder_decodes_small_and_evaluation_keeps_every_pixel(tmp_path):
+    from PIL import Image
+
+    (tmp_path / "a").mkdir()
+    Image.fromarray(smooth(1200, 1600)).save(tmp_path / "a" / "0.jpg", quality=95)
+    source = open_source(str(tmp_path), "train", val_fraction=0.0)
+    small = source.decoding_at_least(300)
+    assert small[0]["image"].shape == (300, 400, 3)
+    assert source[0]["image"].shape == (1200, 1600, 3) and source.min_side is None
+    batch = next(train_iterator(source, Preprocessing(size=(32, 32)), Augment(inception_crop=True),
+                                batch_size=2, seed=0, num_classes=1))
+    assert batch["image"].shape == (2, 32, 32, 3)

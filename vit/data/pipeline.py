@@ -10,6 +10,7 @@ replay exactly too.
 from __future__ import annotations
 
 import dataclasses
+import math
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -21,7 +22,7 @@ from PIL import Image
 
 from vit.data import randaugment as RA
 from vit.data import transforms as T
-from vit.data.sources import ArraySource
+from vit.data.sources import ArraySource, FolderSource
 from vit.errors import ConfigError, DataError
 from vit.preprocess import Preprocessing, normalize
 
@@ -214,6 +215,15 @@ def _no_example_work(source, pre: Preprocessing, aug: Augment, tokenize) -> bool
             and source.images.dtype == np.uint8 and source.images.ndim == 4)
 
 
+def decode_side(pre: Preprocessing, aug: Augment) -> int:
+    """The shorter side a training image needs so that its crop is never enlarged: the smallest
+    inception crop (area `crop_area[0]`, aspect 4:3) still covers `pre.size` pixel for pixel."""
+    side = max(pre.size)
+    if aug.inception_crop:
+        return math.ceil(side * math.sqrt((4 / 3) / aug.crop_area[0]))
+    return math.ceil(side / pre.crop_pct) if pre.crop_pct else side
+
+
 def train_iterator(source, pre: Preprocessing, aug: Augment, *, batch_size: int, seed: int,
                    num_classes: int, shard_index: int = 0, shard_count: int = 1,
                    num_threads: int = 2, tokenize: Tokenizer | None = None
@@ -235,6 +245,8 @@ def train_iterator(source, pre: Preprocessing, aug: Augment, *, batch_size: int,
         ds = grain.MapDataset.source(EpochBatches(indices, batch_size, seed)).seed(seed)
         ds = ds.map(ReadArrays(source))
     else:
+        if isinstance(source, FolderSource):  # JPEGs decoded no larger than the crops need
+            source = source.decoding_at_least(decode_side(pre, aug))
         ds = shard_of(grain.MapDataset.source(source).seed(seed), shard_index, shard_count)
         ds = (ds.shuffle().repeat(None).random_map(TrainTransform(pre, aug, tokenize))
               .batch(batch_size, drop_remainder=True))

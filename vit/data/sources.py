@@ -7,6 +7,7 @@ decode in parallel and resume at any example.
 
 from __future__ import annotations
 
+import copy
 import difflib
 import logging
 import os
@@ -75,6 +76,15 @@ class FolderSource:
         self.files, self.labels = files, np.asarray(labels, np.int64)
         self.class_names, self.name, self.strict = class_names, name, strict
         self.bad: list[str] = []
+        self.min_side: int | None = None  # see `decoding_at_least`
+
+    def decoding_at_least(self, min_side: int) -> FolderSource:
+        """This dataset, its JPEGs decoded no larger than needed for a shorter side of
+        `min_side` (`vit.images.open_image`): for training, where a crop is resized anyway.
+        Evaluation keeps every pixel, as prediction does."""
+        out = copy.copy(self)
+        out.min_side = min_side
+        return out
 
     def __len__(self) -> int:
         return len(self.files)
@@ -83,7 +93,7 @@ class FolderSource:
         for offset in range(len(self.files)):
             j = (i + offset) % len(self.files)
             try:
-                image = np.asarray(to_rgb(open_image(self.files[j])))
+                image = np.asarray(to_rgb(open_image(self.files[j], self.min_side)))
                 return {"image": image, "label": int(self.labels[j])}
             except DataError as err:
                 if self.strict:
