@@ -119,3 +119,48 @@ def test_vit_eval_writes_the_reliability_diagram_and_names_it(tiny_files, tmp_pa
     printed = capsys.readouterr().out
     assert "expected calibration error" in printed and "macro precision" in printed
     assert str(tmp_path / "ev2" / "reliability.png") in printed
+
+
+def test_multilabel_precision_recall_f1_match_sklearn_and_the_old_keys_stay():
+    sklearn_metrics = pytest.importorskip("sklearn.metrics")
+    from vit.inference.evaluate import evaluate_task
+
+    rng = np.random.RandomState(2)
+    n, c = 60, 5
+    target = (rng.rand(n, c) < 0.4).astype(np.float32)
+    target[:, 4] = 0  # a label never present: recall 0/0, sklearn's 0
+    logits = (rng.randn(n, c) + 2.0 * (target - 0.5)).astype(np.float32)
+    batch = {"image": logits, "label": target, "mask": np.ones(n, np.float32)}
+    res = evaluate_task("sigmoid_xent", lambda params, inputs: inputs["image"], None, [batch], c,
+                        device_mesh.make_mesh(1))
+    want = sklearn_metrics.precision_recall_fscore_support(
+        target.astype(int), (logits > 0).astype(int), zero_division=0)
+    for key, values in zip(("precision", "recall", "f1"), want[:3], strict=False):
+        np.testing.assert_allclose(res[key], values, atol=1e-12)
+    assert res["support"] == want[3].tolist()
+    macro = sklearn_metrics.precision_recall_fscore_support(
+        target.astype(int), (logits > 0).astype(int), average="macro", zero_division=0)
+    assert res["macro_f1"] == pytest.approx(macro[2], abs=1e-12)
+    assert res["accuracy"] == pytest.approx(np.mean(((logits > 0) == (target > 0.5)).all(1)))
+    assert {"accuracy", "label_accuracy", "loss", "num_examples"} <= set(res)
+
+
+def test_vit_eval_scores_a_sigmoid_trained_workdir_label_by_label(make_tiny, tmp_path, capsys):
+    """A workdir recording train.loss=sigmoid_xent on multi-hot promptshapes: the labels are
+    scored one by one (a softmax confusion matrix of multi-hot labels has no meaning)."""
+    from vit.checkpoints import save_checkpoint
+    from vit.data import open_source
+
+    names = open_source("promptshapes", "test").class_names
+    loaded = make_tiny(image_size=64, patch_size=16, num_classes=len(names), labels=names)
+    work = tmp_path / "run"
+    save_checkpoint(loaded, work / "checkpoints" / "1", "orbax")
+    (work / "config.json").write_text(json.dumps({
+        "data": {"name": "promptshapes", "data_dir": None, "test_split": "test"},
+        "train": {"loss": "sigmoid_xent"}}))
+    assert main(["eval", "--workdir", str(work), "--out", str(tmp_path / "ev"), "--json",
+                 "--no-cache"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["task"] == "multi_label" and len(report["per_class"]) == len(names)
+    assert 0 <= report["accuracy"] <= report["label_accuracy"] <= 1
+    assert sum(v["support"] for v in report["per_class"].values()) > report["num_examples"]

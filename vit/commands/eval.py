@@ -73,9 +73,11 @@ def run(args) -> int:
     if loaded.labels and list(loaded.labels) != list(class_names):
         print(f"warning: checkpoint labels {loaded.labels[:3]}... differ from the dataset's "
               f"{class_names[:3]}...; scoring by index", file=sys.stderr)
+    shown = [display_name(c) for c in class_names]  # a folder name that is not UTF-8, too
+    if _multi_label(args, source):
+        return _eval_multilabel(args, loaded, source, split, out, shown)
 
     res = scorer(loaded, batch_size(args, source), "softmax_xent")(source)
-    shown = [display_name(c) for c in class_names]  # a folder name that is not UTF-8, too
     report = {"checkpoint": loaded.source, "data": source.name, "split": split,
               "accuracy": res["accuracy"], "top5_accuracy": res["top5_accuracy"],
               "num_examples": res["num_examples"], "loss": res["loss"],
@@ -100,6 +102,38 @@ def run(args) -> int:
     print("  lowest per-class: " + ", ".join(f"{k} {v:.3f}" for k, v in worst))
     print(f"  confusion matrix {out / 'confusion.png'}, reliability diagram "
           f"{out / 'reliability.png'}, figures {out / 'eval.json'}")
+    return 0
+
+
+def _multi_label(args, source) -> bool:
+    """Scored label by label when the data is multi-hot or the checkpoint records training with
+    sigmoid_xent (as training's own validation scores it)."""
+    from vit.inference.recorded_loss import recorded_loss
+
+    if getattr(source, "multi_label", False):
+        return True
+    return recorded_loss(args.workdir or args.checkpoint)[0] == "sigmoid_xent"
+
+
+def _eval_multilabel(args, loaded, source, split: str, out: Path, shown: list[str]) -> int:
+    """Exact-match and per-label accuracy, each label's precision / recall / F1 at sigmoid 0.5
+    (no confusion matrix or calibration: the labels do not compete)."""
+    res = scorer(loaded, batch_size(args, source), "sigmoid_xent")(source)
+    report = {"checkpoint": loaded.source, "data": source.name, "split": split,
+              "task": "multi_label", "accuracy": res["accuracy"],
+              "label_accuracy": res["label_accuracy"], "num_examples": res["num_examples"],
+              "loss": res["loss"], "per_class": _per_class(shown, res),
+              **{k: res[k] for k in ("macro_precision", "macro_recall", "macro_f1")}}
+    if save_report(args, out, report):
+        return 0
+    print(f"{loaded.source} on {source.name}: {res['num_examples']} images, multi-label")
+    print(f"  exact-match accuracy {res['accuracy']:.4f} (every label right)")
+    print(f"  per-label accuracy {res['label_accuracy']:.4f}")
+    print(f"  macro precision {res['macro_precision']:.4f}, recall {res['macro_recall']:.4f}, "
+          f"F1 {res['macro_f1']:.4f}")
+    worst = sorted(report["per_class"].items(), key=lambda kv: kv[1]["f1"])[:5]
+    print("  lowest F1: " + ", ".join(f"{k} {v['f1']:.3f}" for k, v in worst))
+    print(f"  figures {out / 'eval.json'}")
     return 0
 
 

@@ -81,24 +81,31 @@ def evaluate_task(task: str, logits_fn, params, batches: Iterable[dict], num_cla
 
 def evaluate_multilabel(logits_fn, params, batches: Iterable[dict], mesh,
                         num_classes: int | None = None) -> dict:
-    """Exact-match accuracy (every label right), per-label accuracy, summed sigmoid loss.
+    """Exact-match accuracy (every label right), per-label accuracy, summed sigmoid loss, and
+    each label's precision / recall / F1 (a label is predicted where its logit is over 0, its
+    sigmoid over 0.5) with their macro means.
     A dataset with one class per image (integer labels, as big_vision trains ImageNet with
     `sigmoid_xent`) is scored against their one-hot form, as the training step is."""
     exact = label_hits = labels_seen = 0
     loss_sum, n = 0.0, 0
+    counts = np.zeros((3, num_classes or 0), np.int64)  # right, predicted, true per label
     for logits, batch in _outputs(logits_fn, params, batches, mesh):
         labels = batch["label"]
         if labels.ndim == 1:  # class indices: the training pipeline's one-hot form
             labels = one_hot(labels, num_classes or logits.shape[-1])
         target = labels > 0.5
         hits = (logits > 0) == target
+        if counts.shape[1] != logits.shape[-1]:  # the class count from the logits
+            counts = np.zeros((3, logits.shape[-1]), np.int64)
+        counts += np.stack([((logits > 0) & target).sum(0), (logits > 0).sum(0), target.sum(0)])
         exact += int(hits.all(-1).sum())
         label_hits, labels_seen = label_hits + int(hits.sum()), labels_seen + hits.size
         loss_sum += float(optax.sigmoid_binary_cross_entropy(
             jnp.asarray(logits), jnp.asarray(target, jnp.float32)).sum())
         n += len(logits)
+    per_label = _precision_recall_f1(*counts.astype(np.float64))
     return {"accuracy": exact / max(n, 1), "label_accuracy": label_hits / max(labels_seen, 1),
-            "loss": loss_sum / max(n, 1), "num_examples": n}
+            "loss": loss_sum / max(n, 1), "num_examples": n, **per_label}
 
 
 def evaluate_prompts(logits_fn, params, batches: Iterable[dict], mesh) -> dict:
@@ -151,8 +158,12 @@ def precision_recall_f1(confusion) -> dict:
     predicted), and their unweighted means over every class. A class never predicted has
     precision 0, one never present recall 0 (scikit-learn's `zero_division=0`)."""
     confusion = np.asarray(confusion, np.float64)
-    hits = confusion.diagonal()
-    predicted, support = confusion.sum(0), confusion.sum(1)
+    return _precision_recall_f1(confusion.diagonal(), confusion.sum(0), confusion.sum(1))
+
+
+def _precision_recall_f1(hits, predicted, support) -> dict:
+    """Per-class figures from the counts of right predictions, of predictions and of true
+    examples of each class."""
     precision = np.divide(hits, predicted, out=np.zeros_like(hits), where=predicted > 0)
     recall = np.divide(hits, support, out=np.zeros_like(hits), where=support > 0)
     both = precision + recall
