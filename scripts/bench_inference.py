@@ -1,5 +1,7 @@
 """Inference speed: our ViT (float32 and bfloat16) against Hugging Face transformers' PyTorch
-ViT in float32, with the same weights.
+ViT in float32 and in bfloat16 (the model cast with `.to(torch.bfloat16)`), with the same
+weights: like against like (`ours_bfloat16_ratio_to_hf_bfloat16`) beside the float32 pair. The
+record names the CPU's bfloat16 features (records.py).
 
 One checkpoint is made first: a transformers ViTForImageClassification with random
 variance-preserving weights (every matrix N(0, 1/fan_in), biases and LayerNorm perturbed by
@@ -75,13 +77,16 @@ def worker_ours(args, dtype: str):
     return times, probs
 
 
-def worker_hf(args):
+def worker_hf(args, dtype: str = "float32"):
     import torch
     from transformers import ViTForImageClassification
 
     torch.set_num_threads(os.cpu_count())
     model = ViTForImageClassification.from_pretrained(args.checkpoint).eval()
+    if dtype == "bfloat16":
+        model = model.to(torch.bfloat16)
     x = torch.from_numpy(inputs(args.batch, args.image_size, 0).transpose(0, 3, 1, 2).copy())
+    x = x.to(model.dtype)
     times, probs = [], None
     with torch.inference_mode():
         model(pixel_values=x)  # warm-up
@@ -91,8 +96,9 @@ def worker_hf(args):
             times.append(time.perf_counter() - t)
         if args.agree_images:
             xs = torch.from_numpy(inputs(args.agree_images, args.image_size, 1)
-                                  .transpose(0, 3, 1, 2).copy())
-            probs = torch.cat([torch.softmax(model(pixel_values=xs[i:i + args.batch]).logits, -1)
+                                  .transpose(0, 3, 1, 2).copy()).to(model.dtype)
+            probs = torch.cat([torch.softmax(
+                model(pixel_values=xs[i:i + args.batch]).logits.float(), -1)
                                for i in range(0, len(xs), args.batch)]).numpy()
     return times, probs
 
@@ -189,8 +195,9 @@ def main() -> None:
     if args.worker:
         import numpy as np
 
-        if args.worker == "hf":
-            times, probs = worker_hf(args)
+        if args.worker in ("hf", "hf_bfloat16"):
+            times, probs = worker_hf(args, "bfloat16" if args.worker == "hf_bfloat16"
+                                     else "float32")
         else:
             dtype = ("float32" if args.worker in ("baseline", "ours_float32_ynn")
                      else args.worker.split("_", 1)[1])
@@ -202,7 +209,8 @@ def main() -> None:
     ours = [f"ours_{d}" for d in args.dtypes.split(",") if d]
     if args.ynn:
         ours.append("ours_float32_ynn")
-    kinds = ours + (["baseline"] if args.baseline else []) + ["hf"]
+    peers = ["hf"] + (["hf_bfloat16"] if "ours_bfloat16" in ours else [])
+    kinds = ours + (["baseline"] if args.baseline else []) + peers
     rounds = []
     with tempfile.TemporaryDirectory() as folder:
         if args.checkpoint:
@@ -218,6 +226,8 @@ def main() -> None:
             for kind in kinds:
                 if kind != "hf":
                     r[f"{kind}_ratio"] = r[kind] / r["hf"]
+            if "hf_bfloat16" in r:  # like against like
+                r["ours_bfloat16_ratio_to_hf_bfloat16"] = r["ours_bfloat16"] / r["hf_bfloat16"]
             if args.baseline:
                 r["ratio_to_baseline"] = r["ours_float32"] / r["baseline"]
             rounds.append(r)
@@ -235,11 +245,14 @@ def main() -> None:
                              "sides load it",
                   "ours": "vit.checkpoints.load_checkpoint(dtype=...) + jax.jit forward + "
                           "softmax",
-                  "peer": "transformers ViTForImageClassification float32, "
-                          "torch.inference_mode, default SDPA attention, threads = cores"},
+                  "peer": "transformers ViTForImageClassification float32 (hf) and cast with "
+                          ".to(torch.bfloat16) (hf_bfloat16), torch.inference_mode, default "
+                          "SDPA attention, threads = cores"},
         "rounds": rounds,
         "img_s_median": {k: med(k) for k in kinds},
         "ratio_to_transformers_median": {k: med(f"{k}_ratio") for k in kinds if k != "hf"},
+        "ours_bfloat16_ratio_to_hf_bfloat16_median": (
+            med("ours_bfloat16_ratio_to_hf_bfloat16") if "hf_bfloat16" in kinds else None),
         "agreement": agree,
     }
     if args.baseline:
@@ -249,6 +262,7 @@ def main() -> None:
         result["ratio_to_baseline_median"] = med("ratio_to_baseline")
     records.write(args.out, result, extra_packages=("torch", "transformers"))
     print(json.dumps({k: result[k] for k in ("img_s_median", "ratio_to_transformers_median",
+                                             "ours_bfloat16_ratio_to_hf_bfloat16_median",
                                              "ratio_to_baseline_median", "agreement")
                       if k in result}, indent=1))
 

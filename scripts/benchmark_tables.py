@@ -98,10 +98,21 @@ def inference(r: dict) -> list[str]:
              f"{agree[f'ours_{dtype}']['max_prob_error']:.1e}"]
             for dtype in ("float32", "bfloat16") if f"ours_{dtype}" in speed]
     rows.append(["transformers, float32", num(speed["hf"]), "1.00", "", ""])
+    if "hf_bfloat16" in speed:
+        peer = agree.get("hf_bfloat16", {})
+        rows.append(["transformers, bfloat16", num(speed["hf_bfloat16"]),
+                     num(ratio["hf_bfloat16"]),
+                     f"{round(peer['top1_agreement_with_transformers'] * n)} of {n}"
+                     if peer else "", f"{peer['max_prob_error']:.1e}" if peer else ""])
+    like = r.get("ours_bfloat16_ratio_to_hf_bfloat16_median")
+    cpu = r.get("machine", {}).get("cpu", {})
+    tail = ([f"bfloat16 against bfloat16: vit {num(like)}x transformers. CPU bfloat16 "
+             f"arithmetic: {', '.join(cpu.get('bfloat16_arithmetic') or []) or 'none'}."]
+            if like is not None else [])
     return [f"`{s['model']}`, batch {s['batch']}, {s['image_size']} px, "
             f"median of {s['rounds']} rounds:", "",
             *table(["model", "images/s", "vs transformers", "top-1 = transformers'",
-                    "largest probability difference"], rows)]
+                    "largest probability difference"], rows), *([""] + tail if tail else [])]
 
 
 def predict(r: dict) -> list[str]:

@@ -40,9 +40,7 @@ RULES = (
     ("vit/train/losses.py", None, "loss + accuracy"),
     ("vit/models/vit.py", "embed", "patch embedding"),
 )
-LINEAR = "flax/nnx/nn/linear.py"
-SITES = {"Mlp.__call__": "dense fc1/fc2 (MLP)", "Attention.__call__": "dense qkv/proj",
-         "MAPHead.__call__": "dense head", "VisionTransformer.head_logits": "dense head"}
+LINEAR = ("flax/nnx/nn/linear.py", "vit/ops/matmul.py")
 
 
 def _tables(hlo: str):
@@ -94,9 +92,8 @@ def classify(op_name: str, frames: list) -> str:
                 if part.startswith("optimiser"):
                     return part
                 return f"{part}, {direction}"
-        if LINEAR in file:
-            site = next((SITES[f] for _, f, _ in frames if f in SITES), "dense other")
-            return f"{site}, {direction}"
+        if file.endswith(LINEAR):
+            return f"dense layers (qkv, proj, fc1, fc2, head), {direction}"
     if "isfinite" in op_name or "reduce_and" in op_name:
         return "finite check"
     if any(f.endswith("vit/train/step.py") for f, _, _ in frames[:1]):
