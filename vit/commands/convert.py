@@ -17,8 +17,8 @@ FORMATS = ("npz", "hf", "timm", "orbax", "onnx")
 
 def add_arguments(parser) -> None:
     parser.add_argument("src", help="any checkpoint `vit predict --checkpoint` accepts")
-    parser.add_argument("dst", help="a new destination: an .npz file, or a folder (hf, timm, "
-                                    "orbax); never an existing path")
+    parser.add_argument("dst", help="a new destination: an .npz or .onnx file, or a folder "
+                                    "(hf, timm, orbax); never an existing path")
     parser.add_argument("--format", choices=FORMATS, default=None,
                         help="vit_jax-layout npz, Hugging Face folder, timm folder "
                              "(model.safetensors + config.json), our orbax export, or an ONNX "
