@@ -85,9 +85,9 @@ def test_json_and_format_disagreeing_is_one_line_exit_2(tiny_files, images, caps
 
 @pytest.fixture(scope="module")
 def text_model(tmp_path_factory):
-    import vit
     from flax import nnx
 
+    import vit
     from vit.checkpoints.orbax_io import save_orbax
 
     model = vit.create_model("Ti/16", num_classes=3, image_size=16, depth=2, width=32,
