@@ -2,7 +2,9 @@
 """Records the text-conditioning benchmark: trains configs/promptshapes.py (all stages) into a
 fresh workdir, evaluates it with `vit eval --json`, and writes the figures, the wall time of
 each stage and of the whole run, the command, the machine and the versions to
-benchmarks/promptshapes.json.
+benchmarks/promptshapes.json. The eval's `questions` hold every colour x shape question asked
+of every test scene (balanced accuracy and AUC for seen pairs, held-out pairs and held-out
+wordings, false-yes by what the scene shares, yes-rate on never-drawn words).
 
     python scripts/bench_promptshapes.py [--workdir runs/bench_promptshapes] [--set KEY=VALUE ...]
 """
@@ -66,8 +68,12 @@ def main() -> None:
         "eval": report,
     }
     records.write(args.out, result, extra_packages=("grain",))
+    questions = report.get("questions", {})
     print(json.dumps({"train_seconds": result["train_seconds"], **{
-        k: report.get(k) for k in ("accuracy", "controls", "heldout_accuracy")}}))
+        k: report.get(k) for k in ("accuracy", "controls", "heldout_accuracy")},
+        **{group: {k: questions[group][k] for k in ("balanced_accuracy", "auc", "false_yes")}
+           for group in ("seen", "heldout", "wording") if group in questions},
+        "never_yes_rate": questions.get("never", {}).get("yes_rate")}))
 
 
 if __name__ == "__main__":
