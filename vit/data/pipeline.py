@@ -44,7 +44,7 @@ class Augment:
     random_erasing: float = 0.0  # the chance of a noise box on each image; 0 = off
 
     def __post_init__(self):
-        RA.parse(self.randaugment)  # a bad spec stops the run before any data is read
+        RA.parse(self.randaugment)  # a bad spec is one line here, before any training step
         p = self.random_erasing
         if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 <= p <= 1:
             raise ConfigError(f"input.random_erasing={p!r}: give the chance of erasing a box of "
