@@ -37,8 +37,10 @@ class MetricsLog:
             return
         if not self._settled:
             dropped = self._set_aside()
-            if self.events is not None and (dropped or not self.events.has_events()):
-                self.events.rebuild(self.path)  # the curves as metrics.jsonl now holds them
+            if self.events is not None and not self.events.has_events():
+                self.events.backfill(self.path)  # the curves from the run's first step
+            elif self.events is not None and dropped:  # the steps past the resume step go
+                self.events.restart(self.resume_step + 1)
             self._settled = True
         append_whole(self.path, json.dumps(record) + "\n")
         if self.events is not None:

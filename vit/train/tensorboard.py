@@ -7,9 +7,12 @@ tagged `SPLIT/NAME` (`train/loss`, `train/lr`, `train/images_per_s`, `train/data
 whole or not at all (`append_whole`), so a full disk is the same one line as for metrics.jsonl.
 
 On resume the new run appends a new event file (TensorBoard reads a folder's files as one run).
-When the resume set records of metrics.jsonl aside (steps past the checkpoint), or the workdir
-has no event files yet (a run of a release without them), the event files are written again
-from metrics.jsonl first, so the curves never show steps the run went back on and lose none.
+When the resume set records of metrics.jsonl aside (steps past the checkpoint), the new file
+begins with TensorBoard's restart marker (`SessionLog.START` at the first step run again), so
+TensorBoard drops the older files' events from that step on and the curves show each step
+once; the older files stay as they were, as `metrics.dropped.jsonl` keeps the records. A
+workdir without event files (a run of a release without them) gets metrics.jsonl's records
+first, so no curve starts mid-run.
 """
 
 from __future__ import annotations
@@ -49,15 +52,18 @@ class EventLog:
         self._append([event_pb2.Event(wall_time=wall_time, step=record["step"],
                                       summary=summary_pb2.Summary(value=values))])
 
-    def rebuild(self, metrics_path: Path) -> None:
-        """Replaces the folder's event files by one holding `metrics_path`'s records."""
-        if self.folder.is_dir():
-            for old in self.folder.glob("*tfevents*"):
-                old.unlink()
-        self.path = None
-        records = read_metrics(metrics_path) if metrics_path.is_file() else []
-        for record in records:
+    def backfill(self, metrics_path: Path) -> None:
+        """Writes `metrics_path`'s records (a workdir that has no events yet)."""
+        for record in read_metrics(metrics_path) if metrics_path.is_file() else []:
             self.write(record)
+
+    def restart(self, step: int) -> None:
+        """Marks that the run goes on from `step` again: TensorBoard drops the events of
+        earlier files at `step` and after."""
+        from tensorboard.compat.proto import event_pb2
+
+        self._append([event_pb2.Event(wall_time=time.time(), step=step, session_log=event_pb2
+                                      .SessionLog(status=event_pb2.SessionLog.START))])
 
     def has_events(self) -> bool:
         return self.folder.is_dir() and any(self.folder.glob("*tfevents*"))
