@@ -104,6 +104,7 @@ def _old_maps(work: Path) -> None:
 
 
 PREDICT = "predict {imgs} --checkpoint {orbax} --no-cache"
+EVAL_FILES = ("ev", "ev/confusion.png", "ev/reliability.png", "ev/eval.json")  # vit eval's
 TRAIN = "train --config {recipe} --workdir {work}/run --set"
 # Subprocess: keep the compile cache's free-space floor out of the way, so JAX's own write meets
 # the full disk.
@@ -163,7 +164,7 @@ ROWS = [
         ("vit predict: 3 images classified",), sub=True, cap=True),
     Row("eval-batch-100000000-is-capped",
         "eval --checkpoint {orbax} --data digits --batch-size 100000000 --out {work}/ev", 0,
-        ("digits",), sub=True, cap=True, allowed=("ev", "ev/confusion.png", "ev/eval.json")),
+        ("digits",), sub=True, cap=True, allowed=EVAL_FILES),
     Row("xla-resource-exhausted", PREDICT + " --image-size 1024", 2,
         ("vit predict: error: out of memory (Out of memory allocating",
          "lower --batch-size or --image-size"), sub=True, cap=True, prelude=NO_FORESIGHT),
@@ -214,9 +215,9 @@ ROWS = [
         ("optim.lr=inf: must be a finite number of 0 or more",)),
     Row("eval-class-folder-not-utf8", "eval --checkpoint {orbax} --data {classes} --split test "
         "--out {work}/ev", 0, ("confusion matrix",),
-        allowed=("ev", "ev/confusion.png", "ev/eval.json")),
+        allowed=EVAL_FILES),
     Row("eval-class-folder-not-utf8-json", "eval --checkpoint {orbax} --data {classes} --split "
-        "test --out {work}/ev --json", 0, (), allowed=("ev", "ev/confusion.png", "ev/eval.json")),
+        "test --out {work}/ev --json", 0, (), allowed=EVAL_FILES),
     Row("predict-fifo-in-folder", PREDICT.replace("{imgs}", "{odd}"), 0,
         ("vit: note: skipped", "odd/pipe.png: a FIFO (named pipe), not a regular file",
          "vit predict: 2 images classified, 0 failed"), sub=True),
@@ -229,7 +230,7 @@ ROWS = [
                  "maps/*/0.png", "maps/*/1.png", "maps/maps/0.npy", "maps/maps/1.npy")),
     Row("eval-fifo-in-class-folder", "eval --checkpoint {orbax} --data {classes} --split test "
         "--out {work}/ev", 0, ("c0/pipe.png: a FIFO (named pipe), not a regular file",),
-        sub=True, allowed=("ev", "ev/confusion.png", "ev/eval.json")),
+        sub=True, allowed=EVAL_FILES),
     Row("predict-fifo-given", "predict {odd}/pipe.png {imgs}/0.png --checkpoint {orbax} "
         "--no-cache", 0, ("1 images classified, 1 failed",), sub=True),
     Row("predict-only-a-fifo-given", "predict {odd}/pipe.png --checkpoint {orbax} --no-cache",

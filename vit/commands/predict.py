@@ -21,7 +21,8 @@ def add_arguments(parser) -> None:
                         help="image files or folders (walked for image files)")
     parser.add_argument("--checkpoint", required=True,
                         help="npz, Hugging Face or timm folder/file, orbax checkpoint, training "
-                             "workdir, or a hub id / timm name in the local Hugging Face cache")
+                             "workdir, or a hub id / timm name (NAME@REVISION), from the "
+                             "Hugging Face cache or downloaded")
     parser.add_argument("--image-size", type=int, default=None,
                         help="run at this resolution (position embeddings are resized)")
     parser.add_argument("--top-k", type=int, default=5,
