@@ -107,6 +107,7 @@ def main(argv=None) -> None:
                 row[f"wait_share_at_{step_ms:g}_ms_steps"] = round(share, 4)
             print(row, flush=True)
             results.append(row)
+        time.sleep(2)  # a closed iterator's last running batch ends before its files go
     print(records.write(args.out, {"results": results}, extra_packages=("grain", "pillow")))
 
 
