@@ -183,7 +183,8 @@ def _train(config, workdir: Path, ckpts: TrainCheckpoints, claim: workdirs.Claim
     if primary and (workdir / "metrics.jsonl").exists():
         plot_curves(workdir / "metrics.jsonl", workdir / "curves.png")
     if (step >= steps or stopped_by == STOPPED_EARLY) and primary:
-        tb = f", TensorBoard events in {workdir / TB_FOLDER}" if tc.tensorboard else ""
+        with_tb = tc.get("tensorboard", True)  # a config of an earlier release lacks the key
+        tb = f", TensorBoard events in {workdir / TB_FOLDER}" if with_tb else ""
         print(f"done: {step} steps; checkpoints in {ckpts.directory}, metrics in "
               f"{workdir / 'metrics.jsonl'}, curves in {workdir / 'curves.png'}{tb}")
     return {**last, **{f"val_{k}": v for k, v in run.last_val.items()},
