@@ -281,7 +281,8 @@ class _Run:
                     self._drain()  # waits for the step (training time)
                     with self.meter.paused():  # images/s counts training steps only
                         val_acc = self.validate(step)
-                    stopped_early = self.early.update(step, val_acc)
+                    # At the last step the run ends anyway: that is no early stop.
+                    stopped_early = self.early.update(step, val_acc) and step < steps
                     if stopped_early and not logged:  # the run's last training figures
                         last = self._log_train(step, lr_fn, bar)
                 else:
