@@ -25,7 +25,8 @@ COMMANDS = {
                 "classify images with a checkpoint (top-k), or answer prompts with a text model"),
     "convert": ("vit.commands.convert", "convert a checkpoint between npz, hf, timm and orbax"),
     "train": ("vit.commands.train", "fine-tune or train a ViT from a config file"),
-    "eval": ("vit.commands.eval", "accuracy, per-class accuracy and confusion matrix"),
+    "eval": ("vit.commands.eval", "accuracy, precision/recall/F1, calibration, confusion "
+             "matrix and reliability diagram"),
     "rollout": ("vit.commands.rollout", "export attention-rollout overlays for images"),
     "explain-eval": ("vit.commands.explain_eval", "deletion/insertion faithfulness of maps"),
 }

@@ -128,6 +128,7 @@ def _train(config, workdir: Path, ckpts: TrainCheckpoints, claim: workdirs.Claim
     if config.train.batch_size % config.train.accum_steps:
         raise ConfigError(f"train.batch_size={config.train.batch_size} is not divisible by "
                           f"train.accum_steps={config.train.accum_steps}")
+    augment_of(config)  # a bad input.randaugment: one line, before any data or model is built
     loss_name = config.train.get("loss", DEFAULT_LOSS)
     loss_fn = get_loss(loss_name)
     train_src, val_src = _open_sources(config, loss_name, sources)

@@ -22,6 +22,7 @@ import contextlib
 import os
 import signal
 import sys
+import threading
 from collections.abc import Callable
 
 import jax
@@ -77,6 +78,9 @@ class StopSignals:
     @contextlib.contextmanager
     def installed(self):
         """Handlers for the duration of the block; the previous ones come back after it."""
+        if threading.current_thread() is not threading.main_thread():
+            yield self  # signals reach only the main thread (vit.train from a worker thread)
+            return
         signals = (signal.SIGINT,) if self.synced else (signal.SIGINT, signal.SIGTERM)
         old = {s: signal.signal(s, self._handle) for s in signals}
         try:
