@@ -11,7 +11,8 @@ def add_arguments(parser) -> None:
                         help="compute dtype (default: the checkpoint's, normally float32). "
                              "bfloat16 runs the matmuls in bfloat16, with LayerNorm, softmax "
                              "and the residual stream in float32; it is the fast choice on GPUs "
-                             "and TPUs, while on CPUs float32 is as fast or faster")
+                             "and TPUs and on CPUs with bfloat16 arithmetic (AVX512_BF16, AMX); "
+                             "on other CPUs float32 is as fast or faster")
     parser.add_argument("--no-cache", action="store_true",
                         help="do not read or write the caches in $VIT_CACHE_DIR (default "
                              "~/.cache/vit): JAX's compiles and vit predict's prepared "
@@ -29,12 +30,11 @@ def start(args):
     folder = configure(args.no_cache, note=lambda text: print(f"vit {command}: note: {text}",
                                                               file=sys.stderr))
     if args.dtype == "bfloat16":
-        import jax
+        from vit.ops.matmul import bfloat16_note
 
-        if jax.default_backend() == "cpu":  # XLA widens bfloat16 matmuls to float32 on CPUs
-            print(f"vit {command}: note: bfloat16 is no faster than float32 "
-                  "on a CPU (XLA computes its matmuls in float32); it is meant for GPUs and TPUs",
-                  file=sys.stderr)
+        note = bfloat16_note()  # None on GPUs, TPUs and CPUs with bfloat16 arithmetic
+        if note:
+            print(f"vit {command}: note: {note}", file=sys.stderr)
     return folder
 
 
