@@ -201,6 +201,23 @@ def train(r: dict) -> list[str]:
             *([""] + ours + note if ours or note else [])]
 
 
+def data_wait(r: dict) -> list[str]:
+    rows = []
+    for name, run in r["runs"].items():
+        rows.append([name, run["recipe"], run["steps"],
+                     " / ".join(pct(x) for x in run["data_wait_per_window"]),
+                     pct(run["data_wait_median_after_first"]),
+                     num(run["images_per_s_median_after_first"], 1),
+                     num(run["pipeline_alone_images_per_s"], 0)])
+    load = (r.get("machine") or {}).get("load_average")
+    return ["The share of `vit train`'s wall time spent waiting for the input pipeline, per "
+            "logging window (target: " + r["target"] + "):", "",
+            *table(["run", "recipe", "steps", "waiting, by window",
+                    "median after the first", "training img/s", "pipeline alone img/s"], rows),
+            *([""] + [f"Load average while measured: {load[0]:.1f} (the machine was shared)."]
+              if load else [])]
+
+
 def scaling(r: dict) -> list[str]:
     rows = [[run["devices"], f"{run['mesh']['data']} x {run['mesh']['fsdp']}",
              num(run["steps_per_s"]), num(run["images_per_s"], 1),
@@ -321,6 +338,7 @@ RENDERERS: dict[str, Callable[[dict], list[str]]] = {
     "bench_gemm": gemm,
     "bench_train": train,
     "bench_scaling": scaling,
+    "data_wait": data_wait,
     "bfloat16_agreement": bfloat16_agreement,
     "promptshapes": promptshapes,
     "faithfulness": faithfulness,
