@@ -22,9 +22,12 @@ from vit.errors import OutOfSpace, VitError, is_out_of_memory, is_out_of_space
 COMMANDS = {
     "info": ("vit.commands.info", "parameters, GMACs and tokens of a model variant"),
     "predict": ("vit.commands.predict",
-                "classify images with a checkpoint (top-k), or answer prompts with a text model"),
-    "convert": ("vit.commands.convert", "convert a checkpoint between npz, hf, timm and orbax"),
-    "train": ("vit.commands.train", "fine-tune or train a ViT from a config file"),
+                "classify images with a checkpoint (top-k or multi-label), or answer prompts "
+                "with a text model"),
+    "convert": ("vit.commands.convert",
+                "convert a checkpoint between npz, hf, timm and orbax, or export it to onnx"),
+    "train": ("vit.commands.train", "fine-tune or train a ViT from a shipped recipe or a "
+              "config file"),
     "eval": ("vit.commands.eval", "accuracy, precision/recall/F1, calibration, confusion "
              "matrix and reliability diagram"),
     "rollout": ("vit.commands.rollout", "export attention-rollout overlays for images"),
