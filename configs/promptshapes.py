@@ -1,6 +1,10 @@
 """Text conditioning on `promptshapes`: "is there a red triangle?" about 64x64 scenes of 2-4
 coloured shapes, every prompt true in half its uses (see vit/data/promptshapes.py).
 
+The prompt head scores every patch against the prompt and takes a soft maximum over patches
+(`text.head="patches"`), so "red triangle" needs red and triangle on one object: that is what
+answers colour x shape pairs never asked in training.
+
 Three stages (vit/train/stages.py), one command, resumable across them:
 - `vit`: the ViT learns the scenes' own labels, a multi-hot sigmoid over every colour x shape
   pair present (held-out pairs included: they are withheld from the prompts, not the images).
@@ -29,7 +33,7 @@ def get_config():
     c.model = dict(name="Ti/16", width=128, depth=4, mlp_dim=256, num_heads=4, patch_size=16,
                    classifier="gap", class_token=False, attention_impl="xla",
                    text=dict(source="bytes", max_len=48, width=64, depth=1, num_heads=2,
-                             mlp_dim=128, xattn_start=2, xattn_every=1))
+                             mlp_dim=128, xattn_start=2, xattn_every=1, head="patches"))
     c.input = dict(image_size=64, mean=[0.5] * 3, std=[0.5] * 3, inception_crop=False,
                    flip=False)
     c.optim = dict(name="adamw", lr=3e-3, weight_decay=0.05)

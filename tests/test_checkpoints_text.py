@@ -250,3 +250,21 @@ def test_adapt_params_plain_into_text_and_back(plain, text_model):
         out = adapt_params(src, text_model.config, dst_cfg,
                            dst_template=abstract_template(dst_cfg))
     assert_equal_trees(out, {k: v for k, v in src.items() if k not in TEXT_SUBTREES})
+
+
+def test_patch_head_text_model_round_trips_through_orbax(plain, tmp_path):
+    text = TextConfig(width=32, depth=1, num_heads=2, mlp_dim=64, max_len=16, head="patches")
+    model = with_text(plain, text)
+    for block in model.xattn:
+        block.attn_gate[...] = 0.7
+    model.prompt_head.log_temperature[...] = -0.3  # not the init: the file must carry it
+    path = tmp_path / "orbax"
+    assert save_checkpoint(model, path, "orbax") == []
+    back = load_checkpoint(path)
+    assert back.config.text.head == "patches" and back.warnings == []
+    assert_equal_trees(back.params, nnx.to_pure_dict(nnx.state(model, nnx.Param)))
+    assert float(back.params["prompt_head"]["log_temperature"]) == pytest.approx(-0.3)
+    tokens, mask = vit.tokenize(["a cat", "a dog"], 16)
+    np.testing.assert_array_equal(np.asarray(back.build_model()(images(), text=tokens,
+                                                                text_mask=mask)),
+                                  np.asarray(model(images(), text=tokens, text_mask=mask)))

@@ -31,6 +31,8 @@ CASES = {
                                     image_size=(16, 12), text=TEXT),
     "gap-embeddings": dict(classifier="gap", class_token=False,
                            text=dict(TEXT, source="embeddings", embed_dim=8, xattn_start=1)),
+    # every patch scored against the prompt, soft maximum over patches
+    "gap-patch-head": dict(classifier="gap", class_token=False, text=dict(TEXT, head="patches")),
 }
 PROMPTS = ["is there a red é?", "blue"]  # ragged, and a two-byte character
 
@@ -104,7 +106,7 @@ def grad_times_attention(model, x, text, mask):
                                     xattn_hook=hook("cross"))
             # The prompt head also reads the pooled text: the same (perturbed) text encoder.
             txt, kv_len, _ = model.encode_text(text, mask)
-        logits = model.prompt_head(model.pool(tokens), model.text_path.pooled(txt, kv_len))
+        logits = model.answer(tokens, (txt, kv_len, None))
         return logits.sum(), (logits, tokens, recorded)
 
     _, (_, _, shapes) = jax.eval_shape(lambda: forward(None))
@@ -144,7 +146,15 @@ def reference(model, x, text=None, mask=None):
         if i in xlayers:
             r_sq = r_sq + np.swapaxes(np_bar(r_ss), 1, 2) @ next(cross) @ np_bar(r_qq)
     prefix = cfg.num_prefix_tokens
-    if cfg.classifier == "token":
+    if cfg.text.head == "patches":  # the soft maximum's weights: softmax(scores / temperature)
+        txt, kv_len, _ = model.encode_text(text, mask)
+        head = model.prompt_head
+        s = np.asarray(head.scores(tokens[:, prefix:], model.text_path.pooled(txt, kv_len)),
+                       np.float64) / np.exp(float(head.log_temperature[...]))
+        readout = np.zeros((b, n))
+        readout[:, prefix:] = np.exp(s - s.max(-1, keepdims=True))
+        readout /= readout.sum(-1, keepdims=True)
+    elif cfg.classifier == "token":
         readout = np.eye(n)[None, 0].repeat(b, 0)
     elif cfg.classifier == "gap":
         readout = np.zeros((b, n))

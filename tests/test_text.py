@@ -200,3 +200,61 @@ def test_text_on_a_plain_model_is_refused():
     tokens, mask = _prompts()
     with pytest.raises(ValueError, match="no text path"):
         plain(_images(), text=jnp.asarray(tokens), text_mask=jnp.asarray(mask))
+
+
+def _patch_model():
+    common = dict(num_classes=5, image_size=32, depth=4, width=64, num_heads=4, mlp_dim=128)
+    model = vit.create_model("Ti/16", rngs=nnx.Rngs(0), **common,
+                             text=TextConfig(**{**TEXT.__dict__, "head": "patches"}))
+    for block in model.xattn:  # open the gates: the prompt must change the patches
+        block.attn_gate[...] = jnp.float32(0.7)
+    return model
+
+
+def test_patch_head_is_a_soft_maximum_of_per_patch_scores():
+    model = _patch_model()
+    head = model.prompt_head
+    head.log_temperature[...] = jnp.float32(np.log(0.5))
+    x = _images(2)
+    tokens, mask = tokenize(["is there a red triangle?", "is there a blue cross?"], 48)
+    encoded = model.encode_text(tokens, mask)
+    final = np.asarray(model.features(x, encoded_text=encoded), np.float64)
+    txt = np.asarray(model.text_path.pooled(*encoded[:2]), np.float64)
+
+    def norm(v, ln):  # LayerNorm in numpy
+        v = (v - v.mean(-1, keepdims=True)) / np.sqrt(v.var(-1, keepdims=True) + ln.epsilon)
+        return v * np.asarray(ln.scale[...]) + np.asarray(ln.bias[...])
+
+    patches = norm(final[:, model.num_prefix_tokens:], head.norm)
+    match = np.einsum("bnd,de,be->bn", patches, np.asarray(head.image.kernel[...]),
+                      norm(txt, head.text_norm) @ np.asarray(head.text.kernel[...]))
+    s = (patches @ np.asarray(head.out.kernel[...]))[..., 0] + float(head.out.bias[0]) \
+        + match / np.sqrt(patches.shape[-1])
+    want = 0.5 * (np.log(np.exp(s / 0.5).sum(-1)) - np.log(s.shape[-1]))
+    got = np.asarray(model(x, text=tokens, text_mask=mask))
+    np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-4)
+    # One patch scoring far above the rest decides the answer at a low temperature.
+    head.log_temperature[...] = jnp.float32(np.log(0.01))
+    np.testing.assert_allclose(np.asarray(model(x, text=tokens, text_mask=mask)),
+                               s.max(-1) - 0.01 * np.log(s.shape[-1]), rtol=1e-3, atol=1e-3)
+
+
+def test_patch_head_answers_every_prompt_as_one_at_a_time():
+    model = _patch_model()
+    x = _images(2)
+    tokens, mask = tokenize(["is there a red triangle?", "", "is there a blue cross?"], 48)
+    every = np.asarray(model.answer_prompts(x, tokens, mask))
+    for p in range(3):
+        one = model(x, text=jnp.broadcast_to(tokens[p], (2, 48)),
+                    text_mask=jnp.broadcast_to(mask[p], (2, 48)))
+        np.testing.assert_allclose(every[:, p], np.asarray(one), rtol=1e-5, atol=1e-5)
+
+
+def test_prompt_head_defaults_to_the_pooled_head_and_refuses_unknown_heads():
+    from vit.errors import ConfigError
+    from vit.models.config import ViTConfig
+
+    old = {k: v for k, v in TEXT.__dict__.items() if k != "head"}  # a file from before the field
+    assert ViTConfig(text=old).text.head == "pooled"
+    with pytest.raises(ConfigError, match="text.head"):
+        TextConfig(head="max")

@@ -2,6 +2,7 @@
 staged training with resume, and a short run that must learn to read the prompt."""
 
 import functools
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -14,7 +15,10 @@ from vit.data.pipeline import Augment
 from vit.data.prompt_controls import PromptControl
 from vit.models.text import detokenize, tokenize
 from vit.preprocess import Preprocessing
+from vit.recipes.load import load_config
 from vit.train.losses import prompt_xent, sigmoid_xent
+
+RECIPE = Path(__file__).resolve().parents[1] / "configs" / "promptshapes.py"
 
 
 def _bce(logit, y):
@@ -43,12 +47,15 @@ def test_losses_equal_plain_binary_cross_entropy():
 
 def test_pipeline_carries_prompts_answers_and_multi_hot_labels():
     src = open_source("promptshapes", "test")
-    tok = functools.partial(tokenize, max_len=32)
+    # The recipe's own text length, which must hold every prompt whole (no silent truncation).
+    max_len = load_config(RECIPE).model.text.max_len
+    assert max(len(p.encode()) + 1 for p in src.prompts) <= max_len
+    tok = functools.partial(tokenize, max_len=max_len)
     pre = Preprocessing(size=(64, 64), mean=(0.5,) * 3, std=(0.5,) * 3)
     it = train_iterator(src, pre, Augment(), batch_size=8, seed=0, num_classes=24,
                         num_threads=1, tokenize=tok)
     batch = next(it)
-    assert batch["image"].shape == (8, 64, 64, 3) and batch["text"].shape == (8, 32)
+    assert batch["image"].shape == (8, 64, 64, 3) and batch["text"].shape == (8, max_len)
     assert batch["label"].shape == batch["target"].shape == (8, 24)
     prompts = set(src.prompts)
     assert all(p in prompts for p in detokenize(batch["text"]))

@@ -15,8 +15,9 @@ and `R^sq = 0`, and are updated with `Abar = E_h[(grad A * A)^+]`:
 
 The patch map is the readout row of `R^ss` over the patches, the text relevance the readout
 row of `R^sq` over the real text tokens (the readout is what the prompt head pools: class
-token, patch mean, or the MAP head's weights). A gate still at 0 sends no gradient to its
-cross-attention probabilities, so with every gate closed the text relevance is exactly 0.
+token, patch mean, the MAP head's weights, or the patch head's soft-maximum weights). A gate
+still at 0 sends no gradient to its cross-attention probabilities, so with every gate closed
+the text relevance is exactly 0.
 
 Unlike `maps.py` this keeps every layer's attention and gradient (`layers x heads x tokens^2`
 per image): text models are explained a few images at a time. The forward pass is the model's
@@ -49,11 +50,12 @@ class PromptExplanation(NamedTuple):
 
 
 def _prompt_forward(model, images, text, mask, text_hook, image_hook, cross_hook):
-    """The prompt-match logit with a hook at every attention; returns (logits, final tokens)."""
+    """The prompt-match logit with a hook at every attention; returns (logits, final tokens,
+    the readout the prompt head weighs patches by, or None when the pooling fixes it)."""
     encoded = model.encode_text(text, mask, text_hook=text_hook)
     tokens = model.features(images, encoded_text=encoded, probs_hook=image_hook,
                             xattn_hook=cross_hook)
-    return model.prompt_head(model.pool(tokens), model.text_path.pooled(*encoded[:2])), tokens
+    return model.answer(tokens, encoded), tokens, model.answer_readout(tokens, encoded)
 
 
 def capture_prompt(model, images, text, mask):
@@ -83,9 +85,11 @@ def capture_prompt(model, images, text, mask):
                 return probs + deltas[kind][i]
             return perturb
 
-        logits, tokens = _prompt_forward(model, images, text, mask, hook("text"),
-                                         hook("image"), hook("cross"))
-        if cfg.classifier == "map":
+        logits, tokens, readout = _prompt_forward(model, images, text, mask, hook("text"),
+                                                  hook("image"), hook("cross"))
+        if readout is not None:  # the patch head: its own soft-maximum weights
+            pass
+        elif cfg.classifier == "map":
             readout = map_readout(model.map_head, tokens)
         else:
             readout = TokenLayout.for_model(model, images.shape[1:3]).fixed_readout(b)

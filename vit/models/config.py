@@ -47,6 +47,7 @@ ATTENTION_IMPLS = ("auto", "pallas", "cudnn", "xla")
 POSEMB_RESIZES = ("linear", "bicubic")  # the methods of vit.models.posemb.resize_posemb
 
 
+TEXT_HEADS = ("pooled", "patches")
 TEXT_SOURCES = ("bytes", "embeddings")
 
 
@@ -71,6 +72,10 @@ class TextConfig:
     xattn_start: int = 0
     xattn_every: int = 1
     similarity_dim: int = 0
+    # "pooled": the prompt head scores the mean of the patches; "patches": it scores every
+    # patch against the prompt and takes a soft maximum, so colour and shape must meet on one
+    # patch (composes unseen colour x shape pairs).
+    head: str = "pooled"
 
     def __post_init__(self):
         for f in dataclasses.fields(self):  # a dict from --set or a file is not typed for us
@@ -78,6 +83,7 @@ class TextConfig:
             if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
                 raise ConfigError(f"text.{f.name}={value!r}: expected {kind.__name__}")
         _check_choice("text.source", self.source, TEXT_SOURCES)
+        _check_choice("text.head", self.head, TEXT_HEADS)
         if self.source == "embeddings" and self.embed_dim <= 0:
             raise ConfigError("text.source='embeddings' needs text.embed_dim > 0 (the width of "
                               "the supplied embeddings)")

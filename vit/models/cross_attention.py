@@ -83,6 +83,47 @@ class PromptHead(nnx.Module):
         return (self.out(img)[..., 0] + match / jnp.sqrt(img.shape[-1])).astype(jnp.float32)
 
 
+class PatchPromptHead(nnx.Module):
+    """Is the prompt true of the image? Every patch scored against the pooled text, then a soft
+    maximum over patches: `t * (logsumexp(s / t) - log n)` with
+    `s_i = w . LN(p_i) + <U LN(p_i), V LN(txt)> / sqrt(d)` and a learned temperature `t`.
+
+    Scoring before pooling makes "red triangle" need red and triangle on the *same* patch; a
+    pooled head sees red somewhere and triangle somewhere and cannot tell them apart, which is
+    what sinks colour x shape pairs never asked in training. At `t` large the soft maximum is
+    the patch mean; small `t` approaches the single best patch."""
+
+    def __init__(self, width: int, cfg: ViTConfig, rngs: nnx.Rngs):
+        self.norm = layer_norm(width, cfg, rngs)
+        self.out = nnx.Linear(width, 1, kernel_init=nnx.initializers.normal(0.02),
+                              dtype=jnp.float32, rngs=rngs)
+        self.image = nnx.Linear(width, width, use_bias=False, dtype=jnp.float32,
+                                kernel_init=nnx.initializers.xavier_uniform(), rngs=rngs)
+        self.text = nnx.Linear(width, width, use_bias=False, dtype=jnp.float32,
+                               kernel_init=nnx.initializers.xavier_uniform(), rngs=rngs)
+        self.text_norm = layer_norm(width, cfg, rngs)
+        self.log_temperature = nnx.Param(jnp.zeros((), jnp.float32))
+
+    def scores(self, patches: jax.Array, text_pooled: jax.Array) -> jax.Array:
+        """`[batch, patches, width]`, `[batch, width]` -> per-patch logits `[batch, patches]`."""
+        img = self.norm(patches).astype(jnp.float32)
+        txt = self.text(self.text_norm(text_pooled).astype(jnp.float32))
+        match = jnp.einsum("bnd,bd->bn", self.image(img), txt)
+        return self.out(img)[..., 0] + match / jnp.sqrt(img.shape[-1])
+
+    def weights(self, patches: jax.Array, text_pooled: jax.Array) -> jax.Array:
+        """How much each patch counts in the answer, `[batch, patches]` summing to 1 (the soft
+        maximum's gradient): the readout the explain tools follow."""
+        t = jnp.exp(self.log_temperature[...])
+        return jax.nn.softmax(self.scores(patches, text_pooled) / t, axis=-1)
+
+    def __call__(self, patches: jax.Array, text_pooled: jax.Array) -> jax.Array:
+        s = self.scores(patches, text_pooled)
+        t = jnp.exp(self.log_temperature[...])
+        soft_max = jax.nn.logsumexp(s / t, axis=-1) - jnp.log(s.shape[-1])
+        return (t * soft_max).astype(jnp.float32)
+
+
 class SimilarityHead(nnx.Module):
     """SigLIP-style image-text similarity: `exp(t) * cos(img, txt) + b`, trained with a sigmoid
     loss over every image-text pair of a batch; text written as prompts gives zero-shot labels."""

@@ -22,7 +22,12 @@ from flax import nnx
 from vit.models import posemb as posemb_lib
 from vit.models.blocks import Block, Keys, Mlp, dense, dropout, layer_norm, xavier
 from vit.models.config import ViTConfig, variant_config
-from vit.models.cross_attention import CrossAttentionBlock, PromptHead, SimilarityHead
+from vit.models.cross_attention import (
+    CrossAttentionBlock,
+    PatchPromptHead,
+    PromptHead,
+    SimilarityHead,
+)
 from vit.models.text import PAD, TextPath
 from vit.ops.attention import reference_attention
 
@@ -96,7 +101,8 @@ class VisionTransformer(nnx.Module):
             self.text_path = TextPath(cfg, rngs)
             self.xattn = nnx.List([CrossAttentionBlock(cfg, rngs)
                                    for _ in cfg.text.xattn_layers(cfg.depth)])
-            self.prompt_head = PromptHead(cfg.width, cfg, rngs)
+            head = PatchPromptHead if cfg.text.head == "patches" else PromptHead
+            self.prompt_head = head(cfg.width, cfg, rngs)
             self.similarity = (SimilarityHead(cfg.width, cfg.width, cfg.text.similarity_dim, rngs)
                                if cfg.text.similarity_dim else None)
         else:
@@ -271,8 +277,7 @@ class VisionTransformer(nnx.Module):
             raise ValueError("this model has no text path, so no prompt head")
         encoded = self.encode_text(text, text_mask, _keys_for(train, rng, self.config))
         tokens = self.features(images, encoded_text=encoded, train=train, rng=rng)
-        logits = self.prompt_head(self.pool(tokens, train=train, rng=rng),
-                                  self.text_path.pooled(*encoded[:2]))
+        logits = self.answer(tokens, encoded, train=train, rng=rng)
         return logits.reshape(images.shape[0], -1) if logits.shape[0] != images.shape[0] \
             else logits
 
@@ -292,8 +297,28 @@ class VisionTransformer(nnx.Module):
         text_pooled = jnp.tile(self.text_path.pooled(txt, kv_len), (b, 1))
         encoded = (jnp.tile(txt, (b, 1, 1)), jnp.tile(kv_len, b), p)  # image-major, as features
         tokens = self.features(images, encoded_text=encoded, train=train, rng=rng)
-        logits = self.prompt_head(self.pool(tokens, train=train, rng=rng), text_pooled)
+        logits = self.answer(tokens, encoded, train=train, rng=rng, text_pooled=text_pooled)
         return logits.reshape(b, p)
+
+    def answer(self, tokens, encoded, *, train=False, rng=None, text_pooled=None):
+        """Text-conditioned final tokens and the `encode_text` output -> `[n]` prompt logits,
+        by the prompt head the config names (`text.head`): the pooled image, or every patch
+        scored and soft-maximised. The forward pass and the explain tools both answer here."""
+        if text_pooled is None:
+            text_pooled = self.text_path.pooled(*encoded[:2])
+        if self.config.text.head == "patches":
+            return self.prompt_head(tokens[:, self.num_prefix_tokens:], text_pooled)
+        return self.prompt_head(self.pool(tokens, train=train, rng=rng), text_pooled)
+
+    def answer_readout(self, tokens, encoded) -> jax.Array | None:
+        """`[n, tokens]`: how much each final token counts in `answer` when the head weighs
+        patches by their own scores (`text.head="patches"`); None when the readout is fixed
+        by the pooling (class token, patch mean, MAP weights)."""
+        if self.config.text.head != "patches":
+            return None
+        weights = self.prompt_head.weights(tokens[:, self.num_prefix_tokens:],
+                                           self.text_path.pooled(*encoded[:2]))
+        return jnp.pad(weights, ((0, 0), (self.num_prefix_tokens, 0)))
 
     def image_embedding(self, images: jax.Array) -> jax.Array:
         """Unit image embeddings `[batch, dim]` of the similarity head (no text involved)."""
