@@ -88,14 +88,16 @@ SPELT_OUT = {
                    eval_batch_size=256),
         parallel=dict(data=-1, fsdp=1, rules=[[".*", "auto"]]),
     ),
+    # Since spelt out: longer prompts (max_len 48), the patch head, 900 text and 100 gentler
+    # tune steps; the values below are the recipe's today.
     "promptshapes": dict(
         seed=0, init="",
         data=dict(name="promptshapes", data_dir=None, train_split="train", val_split="test",
                   test_split="test", heldout_split="heldout", strict=False, num_threads=1),
         model=dict(name="Ti/16", width=128, depth=4, mlp_dim=256, num_heads=4, patch_size=16,
                    classifier="gap", class_token=False, attention_impl="xla",
-                   text=dict(source="bytes", max_len=32, width=64, depth=1, num_heads=2,
-                             mlp_dim=128, xattn_start=2, xattn_every=1)),
+                   text=dict(source="bytes", max_len=48, width=64, depth=1, num_heads=2,
+                             mlp_dim=128, xattn_start=2, xattn_every=1, head="patches")),
         input=dict(image_size=64, resample="bilinear", crop_pct=None, mean=[0.5, 0.5, 0.5],
                    std=[0.5, 0.5, 0.5], inception_crop=False, flip=False, shift=0.0, rotate=0.0,
                    scale=0.0, mixup=0.0, cutmix=0.0, label_smoothing=0.0),
@@ -109,11 +111,11 @@ SPELT_OUT = {
         stages=dict(
             vit=dict(order=0, text=False, skip_with_init=True,
                      train=dict(steps=800, loss="sigmoid_xent")),
-            text=dict(order=1, train=dict(steps=600, loss="prompt_xent"),
+            text=dict(order=1, train=dict(steps=900, loss="prompt_xent"),
                       optim=dict(lr=0.002, warmup_steps=50, trainable=TEXT_PARTS,
                                  lr_mults=[[GATE, 10.0]], no_decay=".*_gate")),
-            tune=dict(order=2, train=dict(steps=300, loss="prompt_xent"),
-                      optim=dict(lr=0.001, warmup_steps=50,
+            tune=dict(order=2, train=dict(steps=100, loss="prompt_xent"),
+                      optim=dict(lr=0.0003, warmup_steps=20,
                                  trainable=f"{TEXT_PARTS}|blocks/[23]/.*|norm/.*",
                                  lr_mults=[[GATE, 10.0]], no_decay=".*_gate")),
         ),
