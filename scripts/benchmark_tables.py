@@ -21,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 RECORDS = ROOT / "benchmarks"
 # The files that hold tables; the demo's result is in the README alone.
-DOCS = ("README.md", "docs/benchmarks.md")
+DOCS = ("README.md", "docs/benchmarks.md", "docs/text.md")
 
 BLOCK = re.compile(r"(<!-- table (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /table (?P=name) -->)",
                    re.DOTALL)
@@ -258,7 +258,24 @@ def promptshapes(r: dict) -> list[str]:
              "at least 0.80"],
             [f"training, all {len(stages)} stages", f"{r['train_seconds']:.0f} s ({steps:,} steps)",
              "under 10 minutes"]]
-    return table(["figure", "value", "target"], rows)
+    return [*questions(ev["questions"]), "", *table(["figure", "value", "target"], rows)]
+
+
+def questions(q: dict) -> list[str]:
+    """Every question asked of every test scene (`vit eval`'s `questions`)."""
+    groups = [("seen", f"every seen pair ({q['seen']['questions']})", "at least 0.97"),
+              ("heldout", f"the {q['heldout']['questions']} held-out pairs", "at least 0.80"),
+              ("wording", "seen pairs, 2 held-out wordings", "at least 0.90")]
+    rows = [[label, f"{q[g]['balanced_accuracy']:.3f}", target, f"{q[g]['auc']:.3f}",
+             " / ".join(f"{q[g]['false_yes'][k]:.3f}"
+                        for k in ("neither", "colour_only", "shape_only", "both_apart"))]
+            for g, label, target in groups]
+    rows.append([f"never-drawn words ({q['never']['questions']} questions): yes-rate",
+                 f"{q['never']['yes_rate']:.3f}", "at most 0.05", "", ""])
+    return [f"Every question asked of each of {q['images']} test scenes (yes above "
+            f"{q['threshold']}); false yes at most 0.03 where the scene has neither:", "",
+            *table(["questions", "balanced accuracy", "target", "AUC",
+                    "false yes: neither / colour only / shape only / both apart"], rows)]
 
 
 METHODS = ("attention", "rollout", "grad-rollout", "relevancy")
