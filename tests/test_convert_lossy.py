@@ -9,6 +9,9 @@ import pytest
 from vit.checkpoints import flatten, load_checkpoint, save_checkpoint
 from vit.errors import CheckpointError
 
+# Compiles whole models or imports torch: with the slow set.
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture
 def timm_crop(tmp_path, make_tiny):

@@ -9,6 +9,9 @@ from PIL import Image
 
 from vit.cli import main
 
+# Compiles whole models or imports torch: with the slow set.
+pytestmark = pytest.mark.slow
+
 onnxruntime = pytest.importorskip("onnxruntime")
 pytest.importorskip("jax2onnx")
 

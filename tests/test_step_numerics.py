@@ -16,6 +16,9 @@ from vit.train.placement import Placement
 from vit.train.state import fresh_params
 from vit.train.step import make_train_step
 
+# Compiles whole models or imports torch: with the slow set.
+pytestmark = pytest.mark.slow
+
 # An "optimiser" that keeps the gradient it is given in its state and moves nothing.
 KEEP_GRADS = optax.GradientTransformation(
     lambda p: {"grad": jax.tree.map(jnp.zeros_like, p)},

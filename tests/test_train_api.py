@@ -15,7 +15,8 @@ import pytest
 from vit.errors import DataError
 from vit.train.metrics import read_metrics
 
-pytestmark = pytest.mark.timeout(600)
+# Each test trains for real (tens of seconds on 2 cores): with the slow set.
+pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = {"model.width": 16, "model.mlp_dim": 32, "model.depth": 1, "model.num_heads": 2,
