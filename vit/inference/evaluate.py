@@ -215,7 +215,6 @@ def display_name(name) -> str:
 def confusion_png(confusion, class_names: list[str]) -> bytes:
     """The confusion matrix (row-normalised colour, counts written in) as PNG bytes: made
     whole before anything is written, so its size is known and no half image is left."""
-    import io
 
     import matplotlib
 
@@ -239,13 +238,7 @@ def confusion_png(confusion, class_names: list[str]) -> bytes:
                     ax.text(j, i, str(confusion[i, j]), ha="center", va="center", fontsize=8,
                             color="white" if rows[i, j] > 0.5 else "black")
     ax.set(xlabel="predicted", ylabel="true", title="confusion matrix (row-normalised colour)")
-    fig.tight_layout()
-    out = io.BytesIO()
-    try:
-        fig.savefig(out, format="png", dpi=100)
-    finally:
-        plt.close(fig)
-    return out.getvalue()
+    return _png(fig)
 
 
 
@@ -253,7 +246,6 @@ def reliability_png(calibration: dict) -> bytes:
     """The reliability diagram of `calibration` (`CalibrationBins.summary`): each bin's accuracy
     against its mean confidence, the diagonal a perfectly calibrated model would follow, the
     expected calibration error in the title and the share of examples per bin below."""
-    import io
 
     import matplotlib
 
@@ -280,6 +272,15 @@ def reliability_png(calibration: dict) -> bytes:
     share = count / max(count.sum(), 1)
     bottom.bar(centres, share, width=width, edgecolor="black", color="grey")
     bottom.set(xlim=(0, 1), xlabel="top-1 confidence", ylabel="share of examples")
+    return _png(fig)
+
+
+def _png(fig) -> bytes:
+    """The figure as PNG bytes; the figure is closed either way."""
+    import io
+
+    import matplotlib.pyplot as plt
+
     fig.tight_layout()
     out = io.BytesIO()
     try:

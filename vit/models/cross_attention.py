@@ -83,7 +83,7 @@ class PromptHead(nnx.Module):
         return (self.out(img)[..., 0] + match / jnp.sqrt(img.shape[-1])).astype(jnp.float32)
 
 
-class PatchPromptHead(nnx.Module):
+class PatchPromptHead(PromptHead):
     """Is the prompt true of the image? Every patch scored against the pooled text, then a soft
     maximum over patches: `t * (logsumexp(s / t) - log n)` with
     `s_i = w . LN(p_i) + <U LN(p_i), V LN(txt)> / sqrt(d)` and a learned temperature `t`.
@@ -94,14 +94,7 @@ class PatchPromptHead(nnx.Module):
     the patch mean; small `t` approaches the single best patch."""
 
     def __init__(self, width: int, cfg: ViTConfig, rngs: nnx.Rngs):
-        self.norm = layer_norm(width, cfg, rngs)
-        self.out = nnx.Linear(width, 1, kernel_init=nnx.initializers.normal(0.02),
-                              dtype=jnp.float32, rngs=rngs)
-        self.image = nnx.Linear(width, width, use_bias=False, dtype=jnp.float32,
-                                kernel_init=nnx.initializers.xavier_uniform(), rngs=rngs)
-        self.text = nnx.Linear(width, width, use_bias=False, dtype=jnp.float32,
-                               kernel_init=nnx.initializers.xavier_uniform(), rngs=rngs)
-        self.text_norm = layer_norm(width, cfg, rngs)
+        super().__init__(width, cfg, rngs)  # the same scoring layers, applied per patch
         self.log_temperature = nnx.Param(jnp.zeros((), jnp.float32))
 
     def scores(self, patches: jax.Array, text_pooled: jax.Array) -> jax.Array:
