@@ -12,9 +12,10 @@ Arrays are `[batch, seq, heads, head_dim]`. `impl` picks the backend:
 Whatever is asked for, a user is never left without a working path: a backend that does not
 apply to the platform or shape falls back to the next one, and the choice and its reason are
 logged once; a backend asked for by name and replaced also warns once (`RuntimeWarning`).
-Under `"auto"` the kernel is compiled once per shape on its own before it is used (fast: one
-small program); if it fails to lower or compile there (a new GPU, a new jax), the call goes to
-cuDNN, else XLA, with one warning naming the error. `impl="pallas"` asked for by name gets no
+Under `"auto"` on a GPU or TPU the chosen backend (the kernel, or cuDNN) is compiled once per
+shape on its own before it is used (fast: one small program); if it fails to lower or compile
+there (a new GPU, a new jax), the call goes to the next one (Pallas -> cuDNN -> XLA), with one
+warning naming each error. `impl="pallas"` asked for by name gets no
 such net: its failure is the caller's to see.
 """
 
@@ -56,26 +57,58 @@ def _warn_once(message: str) -> None:
     warnings.warn(message, RuntimeWarning, stacklevel=4)
 
 
+def _backend_fn(backend: str, kv_len, scale):
+    if backend == "pallas":
+        from vit.ops.flash_attention import flash_attention
+
+        return lambda q, k, v: flash_attention(q, k, v, kv_len=kv_len, scale=scale)
+    return lambda q, k, v: jax.nn.dot_product_attention(q, k, v, scale=scale,
+                                                        implementation="cudnn")
+
+
 @functools.cache
-def _kernel_failure(q_shape: tuple, k_shape: tuple, dtype, has_kv_len: bool,
-                    scale: float | None) -> str | None:
-    """Why the Pallas kernel cannot lower or compile here for this call (forward and backward),
-    or None when it can. Compiled from shapes alone, once per process and signature."""
-    from vit.ops.flash_attention import flash_attention
+def _compile_failure(backend: str, q_shape: tuple, k_shape: tuple, dtype, has_kv_len: bool,
+                     scale: float | None) -> str | None:
+    """Why `backend` ("pallas" or "cudnn") cannot lower or compile here for this call (forward
+    and backward), or None when it can. Compiled from shapes alone, once per process and
+    signature."""
 
     def fwd_bwd(q, k, v, kv_len):
-        out, vjp = jax.vjp(lambda q, k, v: flash_attention(q, k, v, kv_len=kv_len, scale=scale),
-                           q, k, v)
+        out, vjp = jax.vjp(_backend_fn(backend, kv_len, scale), q, k, v)
         return out, vjp(out)
 
     spec = lambda shape: jax.ShapeDtypeStruct(shape, dtype)  # noqa: E731
     kv_len = jax.ShapeDtypeStruct(q_shape[:1], jnp.int32) if has_kv_len else None
     try:
         jax.jit(fwd_bwd).lower(spec(q_shape), spec(k_shape), spec(k_shape), kv_len).compile()
-    except Exception as e:  # noqa: BLE001 - any failure to build the kernel means: not here
+    except Exception as e:  # noqa: BLE001 - any failure to build it means: not here
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
         return f"{type(e).__name__}: {first[:300]}"
     return None
+
+
+_NAMES = {"pallas": "the Pallas kernel", "cudnn": "cuDNN attention"}
+
+
+def _first_that_compiles(chosen: str, reason: str, q_shape: tuple, k_shape: tuple, dtype,
+                         has_kv_len: bool, scale) -> tuple[str, str]:
+    """Under `auto` on a GPU/TPU: `chosen` if it compiles here, else the next backend that
+    does (Pallas -> cuDNN -> XLA), with one warning naming each failure."""
+    failures = []
+    while chosen in _NAMES:
+        failure = _compile_failure(chosen, q_shape, k_shape, dtype, has_kv_len, scale)
+        if failure is None:
+            break
+        failures.append(f"{_NAMES[chosen]} failed to compile here ({failure})")
+        if chosen == "pallas":
+            chosen, reason = choose_impl("cudnn", q_shape, k_shape, dtype, has_mask=False,
+                                         dropout=False, has_kv_len=has_kv_len)
+        else:
+            chosen, reason = "xla", "cuDNN failed to compile here"
+    if failures:
+        _warn_once(f"attention: {'; '.join(failures)}; running {chosen!r} instead. Set "
+                   "attention_impl='xla' (or 'cudnn') to skip the attempt")
+    return chosen, reason
 
 
 def choose_impl(
@@ -174,16 +207,10 @@ def dot_product_attention(q, k, v, *, mask=None, kv_len=None, impl: str = "auto"
         impl, q.shape, k.shape, q.dtype, has_mask=mask is not None, dropout=dropout,
         has_kv_len=kv_len is not None,
     )
-    if chosen == "pallas" and impl == "auto" and _platform() in ("gpu", "tpu"):
-        failure = _kernel_failure(tuple(q.shape), tuple(k.shape), jnp.dtype(q.dtype),
-                                  kv_len is not None, scale)
-        if failure is not None:
-            # The kernel does not build on this device: the next path that does, visibly once.
-            chosen, reason = choose_impl("cudnn", q.shape, k.shape, q.dtype, has_mask=False,
-                                         dropout=False, has_kv_len=kv_len is not None)
-            _warn_once(f"attention: the Pallas kernel failed to compile here ({failure}); "
-                       f"running {chosen!r} instead. Set attention_impl='xla' (or 'cudnn') "
-                       "to skip the attempt")
+    if impl == "auto" and chosen in _NAMES and _platform() in ("gpu", "tpu"):
+        # A backend that does not build on this device: the next one that does, visibly once.
+        chosen, reason = _first_that_compiles(chosen, reason, tuple(q.shape), tuple(k.shape),
+                                              jnp.dtype(q.dtype), kv_len is not None, scale)
     _log_choice(impl, chosen, reason)
     if chosen == "pallas":
         from vit.ops.flash_attention import flash_attention
@@ -194,8 +221,11 @@ def dot_product_attention(q, k, v, *, mask=None, kv_len=None, impl: str = "auto"
             return jax.nn.dot_product_attention(q, k, v, scale=scale, implementation="cudnn")
         except (RuntimeError, ValueError, NotImplementedError) as e:
             # cuDNN rejects some GPUs, shapes and layouts at trace time: use XLA, visibly.
-            _log_choice(impl, "xla", f"cuDNN refused this call ({type(e).__name__}: "
-                                     f"{str(e).splitlines()[0] if str(e) else ''})")
+            why = (f"cuDNN refused this call ({type(e).__name__}: "
+                   f"{str(e).splitlines()[0] if str(e) else ''})")
+            _log_choice(impl, "xla", why)
+            if impl == "auto":
+                _warn_once(f"attention: {why}; running 'xla' instead")
     return reference_attention(
         q, k, v, mask=mask, kv_len=kv_len, scale=scale,
         dropout_rate=dropout_rate if dropout else 0.0, dropout_rng=dropout_rng,
