@@ -90,6 +90,7 @@ def refused(run_vit):
     (["train.steps=1"], ["train.steps=1", "step 2", "--workdir"]),
 ], ids=["unknown-dataset", "model-changed", "preprocessing-changed", "class-count",
         "steps-below-saved"])
+@pytest.mark.slow
 def test_refused_resume_leaves_the_workdir_as_it_was(run, tmp_path, refused, file_tree, extra,
                                                      names):
     workdir = _copy(run, tmp_path)
@@ -101,6 +102,7 @@ def test_refused_resume_leaves_the_workdir_as_it_was(run, tmp_path, refused, fil
 
 
 @pytest.mark.parametrize("item", ["opt_state", "data_iter", "params"])
+@pytest.mark.slow
 def test_damaged_latest_step_names_the_folder_and_the_previous_step(run, tmp_path, refused,
                                                                      run_vit, file_tree, item):
     workdir = _copy(run, tmp_path)

@@ -224,6 +224,7 @@ def test_npz_convention_only_differs_by_gelu_and_eps(tmp_path, hf_exact):
     assert not np.allclose(_probs(loaded.build_model(), x), hf_probs(ref, x), atol=1e-7)
 
 
+@pytest.mark.slow
 def test_npz_dynamic_image_size_resizes_like_scipy_zoom(tmp_path, hf_tanh):
     # vit_jax and big_vision resize with scipy.ndimage.zoom(order=1), corners aligned; an npz
     # model run at another size (dynamic_image_size) must do the same, not timm's bicubic.

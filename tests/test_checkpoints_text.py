@@ -66,6 +66,7 @@ def plain(make_tiny):
 
 
 @pytest.mark.parametrize("fmt", ["npz", "hf", "timm", "orbax", "workdir"])
+@pytest.mark.slow
 def test_plain_checkpoint_loads_into_a_text_model(plain, tiny_files, fmt):
     file = load_checkpoint(tiny_files[fmt])
     loaded = load_checkpoint(tiny_files[fmt], text=TEXT)
@@ -89,6 +90,7 @@ def test_plain_checkpoint_loads_into_a_text_model(plain, tiny_files, fmt):
     assert prompt.shape == (2, 3) and np.isfinite(prompt).all()
 
 
+@pytest.mark.slow
 def test_similarity_head_is_initialised_too(tiny_files):
     text = TextConfig(width=32, depth=1, num_heads=2, mlp_dim=64, max_len=16, similarity_dim=8)
     loaded = load_checkpoint(tiny_files["orbax"], text=text)
@@ -142,6 +144,7 @@ def text_orbax(text_model, tmp_path_factory):
     return path, pre
 
 
+@pytest.mark.slow
 def test_text_model_round_trips_through_orbax(text_model, text_orbax):
     path, pre = text_orbax
     back = load_checkpoint(path)
@@ -157,6 +160,7 @@ def test_text_model_round_trips_through_orbax(text_model, text_orbax):
     assert again.warnings == [] and again.config == back.config
 
 
+@pytest.mark.slow
 def test_embeddings_text_model_round_trips_through_orbax(plain, tmp_path):
     text = TextConfig(source="embeddings", embed_dim=24, width=32, depth=1, num_heads=2,
                       mlp_dim=64, max_len=8)
@@ -252,6 +256,7 @@ def test_adapt_params_plain_into_text_and_back(plain, text_model):
     assert_equal_trees(out, {k: v for k, v in src.items() if k not in TEXT_SUBTREES})
 
 
+@pytest.mark.slow
 def test_patch_head_text_model_round_trips_through_orbax(plain, tmp_path):
     text = TextConfig(width=32, depth=1, num_heads=2, mlp_dim=64, max_len=16, head="patches")
     model = with_text(plain, text)

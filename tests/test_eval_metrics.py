@@ -100,6 +100,7 @@ def test_an_over_confident_model_has_a_large_ece_and_a_calibrated_one_a_small_on
     assert _score(logits, drawn, c)["expected_calibration_error"] < 0.05
 
 
+@pytest.mark.slow
 def test_vit_eval_writes_the_reliability_diagram_and_names_it(tiny_files, tmp_path, capsys):
     out = tmp_path / "ev"
     assert main(["eval", "--checkpoint", str(tiny_files["orbax"]), "--data", "digits",

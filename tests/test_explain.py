@@ -176,6 +176,7 @@ def built():
 
 
 @pytest.mark.parametrize("name,method", CASES)
+@pytest.mark.slow
 def test_streaming_maps_match_the_full_reference_and_logits_match_the_model(built, name, method):
     model, x, logits = built(name)
     out = explain(model, x, method)
@@ -188,6 +189,7 @@ def test_streaming_maps_match_the_full_reference_and_logits_match_the_model(buil
 
 
 @pytest.mark.parametrize("method", METHODS)
+@pytest.mark.slow
 def test_a_batch_gives_each_image_the_map_it_gets_alone(built, method):
     # The MAP head's readout depends on the image: the strictest case.
     model, x, _ = built("map-nonsquare")
@@ -196,6 +198,7 @@ def test_a_batch_gives_each_image_the_map_it_gets_alone(built, method):
     np.testing.assert_allclose(together.maps[2], alone.maps[0], rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.slow
 def test_gradients_pair_with_their_own_layer():
     model = tiny(depth=3)
     x = images(2)
@@ -238,6 +241,7 @@ def _jaxpr_text(fn, model, *args):
     return str(jax.make_jaxpr(lambda s, *a: fn(nnx.merge(graphdef, s), *a))(state, *args))
 
 
+@pytest.mark.slow
 def test_explain_on_a_pallas_model_gives_the_pallas_forward_logits_and_the_reference_maps():
     """The claim: whatever backend the model was built with, explain recomputes attention on the
     materialising path and its logits equal the model's own forward pass. Here the forward pass
@@ -275,6 +279,7 @@ def compiled_bytes(model, x, method=None, naive=False):
     return stats.temp_size_in_bytes + stats.output_size_in_bytes
 
 
+@pytest.mark.slow
 def test_memory_does_not_grow_as_layers_times_tokens_squared():
     # 65 tokens, 4 heads, width 16: one layer's attention (b*h*N^2) dwarfs its tokens (b*N*D).
     shape = dict(width=16, mlp_dim=32, num_heads=4, image_size=32)
@@ -289,6 +294,7 @@ def test_memory_does_not_grow_as_layers_times_tokens_squared():
     assert naive > 4 * per_layer
 
 
+@pytest.mark.slow
 def test_forward_rollout_memory_stays_flat_at_larger_batches_and_token_counts():
     # Unrolled, XLA kept every layer's attention here (batch 4, 1,025 tokens), not at the
     # 65 tokens of the test above: ViT-L/14 at 518 px took 12.3 GB at batch 4, 0.40 at batch 1.

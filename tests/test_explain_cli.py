@@ -75,6 +75,7 @@ def test_rollout_reports_user_mistakes_in_one_line(checkpoint, tmp_path, capsys)
     assert "Traceback" not in err and err.count("error:") == 3
 
 
+@pytest.mark.slow
 def test_explain_eval_prints_the_json_report(checkpoint, capsys):
     rc = main(["explain-eval", "--checkpoint", checkpoint, "--data", "digits", "--limit", "12",
                "--method", "rollout", "attention", "--steps", "4", "--json"])

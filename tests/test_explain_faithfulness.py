@@ -75,6 +75,7 @@ def test_substrates():
         fa.substrate(images, "noise")
 
 
+@pytest.mark.slow
 def test_evaluate_reports_paired_differences_and_mean_curves():
     import jax
     from flax import nnx

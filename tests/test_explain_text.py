@@ -181,6 +181,7 @@ def built():
 
 
 @pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.slow
 def test_open_gates_match_the_plain_reference(built, name):
     model = built(name, 0.8)
     x = images_for(model)
@@ -208,6 +209,7 @@ def test_open_gates_match_the_plain_reference(built, name):
 
 
 @pytest.mark.parametrize("name", ["token", "gap-embeddings"])
+@pytest.mark.slow
 def test_closed_gates_give_zero_text_relevance_and_the_image_only_map(built, name):
     model = built(name, None)  # gates at their initial 0
     assert all(float(b.attn_gate[...]) == 0 and float(b.mlp_gate[...]) == 0
@@ -228,6 +230,7 @@ def test_closed_gates_give_zero_text_relevance_and_the_image_only_map(built, nam
     np.testing.assert_allclose(out.maps, want_maps, rtol=1e-4, atol=1e-9)
 
 
+@pytest.mark.slow
 def test_a_batch_gives_each_image_what_it_gets_alone(built):
     model = built("token", 0.8)
     x = images_for(model)
@@ -238,6 +241,7 @@ def test_a_batch_gives_each_image_what_it_gets_alone(built):
                                atol=1e-9)
 
 
+@pytest.mark.slow
 def test_text_relevance_groups_bytes_into_characters(built):
     model = built("token", 0.8)
     x = images_for(model, 3)
@@ -260,6 +264,7 @@ def test_text_relevance_groups_bytes_into_characters(built):
                                float(np.sum(cut.text_scores[0])), rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_explain_prompt_refuses_what_it_cannot_explain(built):
     plain = vit.create_model("Ti/16", width=32, depth=1, mlp_dim=64, num_heads=4, patch_size=4,
                              image_size=16, num_classes=5, rngs=nnx.Rngs(0))
@@ -293,6 +298,7 @@ def checkpoints(tmp_path_factory, tiny_files):
     return {"text": str(root / "text"), "plain": str(tiny_files["orbax"]), "model": text}
 
 
+@pytest.mark.slow
 def test_rollout_prompt_writes_maps_prompt_probability_and_token_scores(checkpoints, tmp_path,
                                                                        capsys):
     pics = tmp_path / "pics"

@@ -388,7 +388,15 @@ def _allowed(rel: str, patterns: tuple[str, ...]) -> bool:
     return any(fnmatch(rel, pattern) for pattern in patterns)
 
 
-@pytest.mark.parametrize("row", ROWS, ids=[r.id for r in ROWS])
+# The rows that train or evaluate a model for several seconds run with the slow set (.ci/run).
+SLOW_ROWS = ("eval-batch-100000000-is-capped", "eval-fifo-in-class-folder",
+             "xla-resource-exhausted", "predict-caches-full", "predict-image-size-4096",
+             "eval-out-full", "predict-batch-100000000-is-capped")
+
+
+@pytest.mark.parametrize("row", [pytest.param(r, id=r.id, marks=pytest.mark.slow)
+                                 if r.id in SLOW_ROWS else pytest.param(r, id=r.id)
+                                 for r in ROWS])
 def test_fault(row, base, tmp_path, mounts, monkeypatch, capsys):
     work, values = _workspace(base, tmp_path)
     monkeypatch.chdir(work)

@@ -102,6 +102,7 @@ CASES = [
     "seq_q,seq_k,head_dim,dtype,block", CASES,
     ids=[f"q{c[0]}-k{c[1]}-d{c[2]}-{jnp.dtype(c[3]).name}-b{c[4]}" for c in CASES],
 )
+@pytest.mark.slow
 def test_matches_reference(seq_q, seq_k, head_dim, dtype, block):
     q, k, v, do = _inputs(seq_q, seq_k, head_dim, dtype)
     got = _kernel_and_grads(q, k, v, do, block_q=block, block_k=block)
@@ -113,6 +114,7 @@ def test_matches_reference(seq_q, seq_k, head_dim, dtype, block):
         _assert_close(a, b, dtype, name, nonzero=seq_k > 1 or name in ("out", "dv"))
 
 
+@pytest.mark.slow
 def test_kv_len_masks_nan_poisoned_padding():
     seq_q, seq_k = 50, 197
     q, k, v, do = _inputs(seq_q, seq_k, 32, jnp.float32)
@@ -131,6 +133,7 @@ def test_kv_len_masks_nan_poisoned_padding():
         assert not bool(jnp.any(jnp.where(valid, 0, a))), f"{name} nonzero beyond kv_len"
 
 
+@pytest.mark.slow
 def test_kv_len_zero_gives_zeros_not_nan():
     # Example 0 attends to nothing; example 1 to 3 of 50 keys. NaN everywhere beyond kv_len.
     q, k, v, do = _inputs(5, 50, 64, jnp.float32)
@@ -165,6 +168,7 @@ def test_padded_query_rows_by_value():
                                   err_msg="padded queries got a gradient")
 
 
+@pytest.mark.slow
 def test_composes_with_jit_vmap_grad_remat():
     # vmap over a leading axis of two independent [batch=3, ...] problems.
     q, k, v, do = (jnp.stack([x, x[::-1] * 0.5]) for x in _inputs(33, 20, 32, jnp.float32, 3))
@@ -326,6 +330,7 @@ def test_lowers_for_accelerators(monkeypatch, platform, target, kernel_call, dty
 
 @pytest.mark.skipif(COMPILED or jax.default_backend() != "cpu",
                     reason="TPU interpreter check; runs on the CPU test host")
+@pytest.mark.slow
 def test_tpu_variant_in_tpu_interpret_mode():
     from jax.experimental.pallas import tpu as pltpu
 
@@ -423,6 +428,7 @@ def test_gpu_check_dry_run(tmp_path):
     assert all(r["default"] and r.get("tflops", 0) > 0 for r in sweep), sweep
 
 
+@pytest.mark.slow
 def test_gpu_check_quick_dry_run_keeps_skipped_apart(tmp_path):
     """--quick: the compiled tests and the seq-577 attention rows only. With no time budget
     every row is skipped, not failed: the JSON says so and the exit status is 3, not 1."""

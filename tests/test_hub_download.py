@@ -114,6 +114,7 @@ def _cli(args, env):
                           text=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_the_cli_downloads_with_a_progress_bar_and_honours_offline(hub, tmp_path):
     """In a fresh process, as huggingface_hub reads its environment at import."""
     from PIL import Image

@@ -158,6 +158,7 @@ def _imports_cleanly(module: str) -> tuple[str, int, str]:
     return module, proc.returncode, proc.stderr[-2000:]
 
 
+@pytest.mark.slow
 def test_checkpoint_modules_import_first_in_a_fresh_interpreter():
     # Each submodule imported first, alone: a cycle shows up as an ImportError in one of them.
     first = ["vit.checkpoints"] + sorted(m for m in MODULES if m.startswith("vit.checkpoints."))

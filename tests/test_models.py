@@ -83,6 +83,7 @@ def test_same_seed_same_model_and_logits():
     assert not np.allclose(forward(a, x), forward(c, x))
 
 
+@pytest.mark.slow
 def test_gradients_reach_every_parameter():
     model = tiny(classifier="map", num_registers=2, qk_norm=True, layer_scale=0.1,
                  representation_size=16)
@@ -115,6 +116,7 @@ def test_bfloat16_compute_close_to_float32():
     assert float(jnp.abs(a - b).max()) > 0  # really ran in bfloat16
 
 
+@pytest.mark.slow
 def test_classifiers_registers_and_headless_backbone():
     x = jnp.ones((3, 16, 16, 3))
     for kw in (dict(classifier="gap", class_token=False), dict(classifier="map"),
@@ -145,6 +147,7 @@ def test_non_square_images_and_dynamic_size():
     assert forward(dyn, jnp.ones((1, 24, 32, 3))).shape == (1, 5)
 
 
+@pytest.mark.slow
 def test_dropout_and_drop_path_only_in_training_and_keyed():
     model = tiny(dropout=0.2, drop_path=0.2, attention_dropout=0.1)
     randomise_head(model)
@@ -160,6 +163,7 @@ def test_dropout_and_drop_path_only_in_training_and_keyed():
         nnx.jit(lambda m, x: m(x, train=True))(model, x)
 
 
+@pytest.mark.slow
 def test_remat_gives_same_gradients():
     x = jax.random.normal(jax.random.key(0), (2, 16, 16, 3))
     plain, remat = tiny(), tiny(remat=True)
@@ -172,6 +176,7 @@ def test_remat_gives_same_gradients():
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_class_token_head_computes_the_last_block_for_the_class_token_only():
     """`model(x)` skips the last block's work on tokens a class-token head never reads; the
     logits and gradients equal those of the all-token path, and the work really is smaller."""

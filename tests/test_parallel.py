@@ -233,6 +233,7 @@ print("REPORT", json.dumps(report))
 """
 
 
+@pytest.mark.slow
 def test_data_and_fsdp_meshes_give_one_devices_gradients_shard_and_restore_across(tmp_path):
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
            "JAX_PLATFORMS": "cpu"}

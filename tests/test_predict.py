@@ -55,6 +55,7 @@ GOOD = ["a_rgb.png", "b_gray.jpg", "c_rgba.png", "d_pal.gif", "e_16bit.png", "i_
 BAD = ["f_truncated.png", "g_text.jpg", "h_bomb.png"]
 
 
+@pytest.mark.slow
 def test_predict_json_lines_with_bad_files(checkpoint, image_dir, capsys):
     code = main(["predict", str(image_dir), "--checkpoint", str(checkpoint), "--json",
                  "--top-k", "3", "--batch-size", "4"])

@@ -76,6 +76,7 @@ def test_a_warm_run_reads_neither_the_checkpoint_nor_the_model(setup, capsys, mo
     same(warm, want)
 
 
+@pytest.mark.slow
 def test_a_changed_checkpoint_or_batch_is_a_miss_and_a_new_batch_reuses_the_weights(
         setup, capsys, make_tiny):
     predict(capsys, setup)
@@ -97,6 +98,7 @@ def test_a_changed_checkpoint_or_batch_is_a_miss_and_a_new_batch_reuses_the_weig
     assert "prepared:" not in err and len(entries(setup)) == 3
 
 
+@pytest.mark.slow
 def test_a_damaged_entry_is_dropped_and_the_run_goes_on(setup, capsys):
     want, _ = predict(capsys, setup, "--no-cache")
     predict(capsys, setup)
@@ -137,6 +139,7 @@ def test_labels_a_refused_head_and_only_the_newest_entries_stay(setup, capsys, m
     assert new != old
 
 
+@pytest.mark.slow
 def test_a_prepared_forward_runs_split_over_several_devices(setup):
     """Two forced host devices in fresh processes: the exported forward keeps its split over
     them (jax refuses to call it on another device count), cold and warm answer as --no-cache."""
@@ -165,6 +168,7 @@ def test_a_prepared_forward_runs_split_over_several_devices(setup):
     same(warm, want)
 
 
+@pytest.mark.slow
 def test_a_hub_id_is_prepared_by_its_snapshot_and_a_new_revision_is_a_miss(setup, capsys,
                                                                             monkeypatch,
                                                                             make_tiny):

@@ -101,6 +101,7 @@ def text_model(tmp_path_factory):
     return path
 
 
+@pytest.mark.slow
 def test_csv_in_prompt_mode_is_a_row_per_image_and_prompt(text_model, images, capsys):
     prompts = ["is there a red, square thing?", 'say "hi"']
     argv = ["predict", str(images), "--checkpoint", str(text_model), "--prompt", prompts[0],

@@ -78,6 +78,7 @@ def _prompt_probs(model, x, text, mask):
             for p in range(len(text))]
 
 
+@pytest.mark.slow
 def test_prompts_json_match_reference(ckpts, images, capsys):
     argv = ["predict", str(images), "--checkpoint", str(ckpts["text"]), "--json",
             "--batch-size", "2"]  # 3 good images: one full batch, one padded
@@ -135,6 +136,7 @@ def test_prompt_human_output_and_truncation_warning(ckpts, images, capsys):
         == 'p.png: "say \\"hi\\"" 0.93, "b" 0.04'
 
 
+@pytest.mark.slow
 def test_zero_shot_top_k_matches_similarity(ckpts, images, tmp_path, capsys):
     names = tmp_path / "names.txt"
     names.write_text("\n".join(NAMES) + "\n\n")
@@ -168,6 +170,7 @@ def _embeddings(rng, prompts=2, length=5, dim=EMBED_DIM):
     return tokens, mask
 
 
+@pytest.mark.slow
 def test_text_embeddings_match_reference(ckpts, images, tmp_path, capsys):
     tokens, mask = _embeddings(np.random.RandomState(3))
     np.savez(tmp_path / "e.npz", tokens=tokens, mask=mask)

@@ -107,6 +107,7 @@ def test_an_old_checkpoint_predicts(old_workdir, tmp_path, capsys):
     assert len(probs) == 3 and probs == sorted(probs, reverse=True) and 0 < sum(probs) <= 1
 
 
+@pytest.mark.slow
 def test_an_old_workdir_resumes_where_it_stopped(old_workdir):
     from vit.cli import main
 

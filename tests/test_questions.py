@@ -125,6 +125,7 @@ def _text_model():
 PROMPTS = ["is there a red cross?", "", "Blue", "is there a green square"]
 
 
+@pytest.mark.slow
 def test_each_prompt_is_encoded_once_per_batch_and_answers_equal_per_image_encoding(monkeypatch):
     model = _text_model()
     images = jax.random.normal(jax.random.key(1), (5, 32, 32, 3))
@@ -154,6 +155,7 @@ def test_each_prompt_is_encoded_once_per_batch_and_answers_equal_per_image_encod
     np.testing.assert_allclose(probs, jax.nn.sigmoid(per_image), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_case_never_matters_to_the_byte_encoder():
     model = _text_model()
     images = jax.random.normal(jax.random.key(2), (2, 32, 32, 3))

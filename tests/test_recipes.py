@@ -326,6 +326,7 @@ def _old_tiny_digits(steps: int) -> dict:
     return old
 
 
+@pytest.mark.slow
 def test_an_old_workdir_resumes_under_the_trimmed_recipe(tmp_path, capsys):
     from vit.cli import main
     from vit.train.loop import train

@@ -72,6 +72,7 @@ def test_kv_len_attention_equals_a_plain_formula_on_the_real_keys():
         np.testing.assert_allclose(np.asarray(out[b]), want, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_text_model_equals_the_plain_vit_at_initialisation():
     plain, text = _models()
     x = _images()
@@ -98,6 +99,7 @@ def test_text_model_equals_the_plain_vit_at_initialisation():
                                np.asarray(want), atol=1e-5, rtol=0)
 
 
+@pytest.mark.slow
 def test_gradients_reach_the_gates_at_step_0():
     _, text = _models()
     x = _images()
@@ -114,6 +116,7 @@ def test_gradients_reach_the_gates_at_step_0():
         assert abs(float(block["mlp_gate"])) > 0
 
 
+@pytest.mark.slow
 def test_padding_does_not_change_outputs_and_empty_prompt_works():
     _, text = _models()
     # open the gates so the text actually matters
@@ -133,6 +136,7 @@ def test_padding_does_not_change_outputs_and_empty_prompt_works():
     assert float(jnp.abs(a - c).max()) > 1e-4
 
 
+@pytest.mark.slow
 def test_several_prompts_share_the_image_prefix_and_equal_one_at_a_time():
     _, text = _models()
     for block in text.xattn:
@@ -151,6 +155,7 @@ def test_several_prompts_share_the_image_prefix_and_equal_one_at_a_time():
                                    atol=1e-6)
 
 
+@pytest.mark.slow
 def test_cross_attention_on_pallas_equals_xla_forward_and_gradients():
     _, text = _models()
     for block in text.xattn:
@@ -182,6 +187,7 @@ def test_cross_attention_on_pallas_equals_xla_forward_and_gradients():
                                    atol=1e-4 + 1e-3 * float(jnp.abs(b).max()))
 
 
+@pytest.mark.slow
 def test_similarity_head_scores_every_image_against_every_text():
     cfg = TextConfig(width=32, depth=1, num_heads=2, mlp_dim=64, similarity_dim=16)
     model = vit.create_model("Ti/16", num_classes=0, image_size=32, depth=2, width=64,
@@ -195,6 +201,7 @@ def test_similarity_head_scores_every_image_against_every_text():
     np.testing.assert_allclose(np.asarray(logits), want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_text_on_a_plain_model_is_refused():
     plain, _ = _models()
     tokens, mask = _prompts()
@@ -211,6 +218,7 @@ def _patch_model():
     return model
 
 
+@pytest.mark.slow
 def test_patch_head_is_a_soft_maximum_of_per_patch_scores():
     model = _patch_model()
     head = model.prompt_head
@@ -239,6 +247,7 @@ def test_patch_head_is_a_soft_maximum_of_per_patch_scores():
                                s.max(-1) - 0.01 * np.log(s.shape[-1]), rtol=1e-3, atol=1e-3)
 
 
+@pytest.mark.slow
 def test_patch_head_answers_every_prompt_as_one_at_a_time():
     model = _patch_model()
     x = _images(2)

@@ -52,6 +52,7 @@ def straight_run(tmp_path_factory):
     return workdir, result
 
 
+@pytest.mark.slow
 def test_resumed_run_matches_uninterrupted_run_step_for_step(straight_run, tmp_path, capsys):
     from vit.train.loop import train
 
@@ -91,6 +92,7 @@ def test_checkpoint_layout_and_retention(straight_run):
     assert meta["model_config"]["num_classes"] == 10
 
 
+@pytest.mark.slow
 def test_eval_on_arrays_matches_predict_on_exported_pngs(trained_digits, tmp_path, capsys):
     """On the shared trained digits model (tests/conftest.py), whose answers have margins."""
     from PIL import Image
@@ -126,6 +128,7 @@ def test_eval_on_arrays_matches_predict_on_exported_pngs(trained_digits, tmp_pat
     assert [by_image[f"digit{i}.png"] for i in range(6)] == eval_top1.tolist()
 
 
+@pytest.mark.slow
 def test_init_replaces_head_and_resizes_posemb(straight_run, tmp_path):
     from vit.checkpoints import load_checkpoint
     from vit.train.loop import train
@@ -244,6 +247,7 @@ def test_optimizer_recipes():
     assert isinstance(tx, optax.GradientTransformation)
 
 
+@pytest.mark.slow
 def test_gradient_accumulation_equals_one_big_batch():
     from vit import device_mesh
     from vit.models.config import get_config
@@ -275,6 +279,7 @@ def test_gradient_accumulation_equals_one_big_batch():
 
 
 
+@pytest.mark.slow
 def test_trainable_mask_freezes_in_the_step_and_losses_are_chosen_by_name():
     """A mask given to the step freezes what it says even under an optimiser that would move
     everything (AdamW decays kernels), and trains the rest exactly as freezing by optimiser."""
@@ -351,6 +356,7 @@ print("OK", out[0][1], out[1][1])
 """
 
 
+@pytest.mark.slow
 def test_two_device_data_parallel_step_equals_one_device_step():
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2",
            "JAX_PLATFORMS": "cpu"}
@@ -442,6 +448,7 @@ def test_sigterm_saves_and_sigkill_mid_save_leaves_a_usable_checkpoint(tmp_path)
 
 
 @pytest.mark.parametrize("recipe", ["cifar10_finetune", "pets_finetune", "imagefolder"])
+@pytest.mark.slow
 def test_finetune_recipes_smoke(recipe, straight_run, tiny_tfds, tmp_path):
     """The big recipes as shipped (SGD, inception crop, flip, accumulation), shrunk with --set
     to two steps on a tiny TFDS dataset, starting from a tiny checkpoint."""

@@ -273,6 +273,7 @@ def test_two_runs_started_together_into_one_new_workdir_one_runs(tmp_path):
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.slow
 def test_a_second_run_mid_run_is_refused_and_readers_still_read(tmp_path, vit_train, image,
                                                                 capsys):
     """Guards: a second `vit train` on a workdir being trained resumed beside the first and cut
@@ -300,6 +301,7 @@ def test_a_second_run_mid_run_is_refused_and_readers_still_read(tmp_path, vit_tr
     assert logged_steps(workdir) == [1, 2, 3, 4]  # the first run's history, whole and in order
 
 
+@pytest.mark.slow
 def test_a_lock_left_by_a_killed_run_is_no_lock(finished, copy_of, vit_train):
     """Guards: a SIGKILLed run must not leave a stale lock: the kernel releases it."""
     workdir = copy_of(finished)
@@ -324,6 +326,7 @@ def test_a_lock_left_by_a_killed_run_is_no_lock(finished, copy_of, vit_train):
 
 # -- history ------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_retraining_after_checkpoints_were_deleted_keeps_the_old_metrics(finished, copy_of,
                                                                          vit_train):
     """Guards: re-training a workdir whose checkpoints/ was deleted wiped metrics.jsonl."""
@@ -339,6 +342,7 @@ def test_retraining_after_checkpoints_were_deleted_keeps_the_old_metrics(finishe
     assert_kept(before, tree(workdir), "metrics.jsonl", "config.json", "curves.png")
 
 
+@pytest.mark.slow
 def test_a_resume_that_drops_records_keeps_them_aside(finished, copy_of, vit_train):
     """Guards: a resume cut metrics.jsonl back to its step, deleting the later records."""
     workdir = copy_of(finished)
@@ -415,6 +419,7 @@ def test_a_step_dropped_while_read_by_name_is_said_to_be_gone_not_damaged(
     assert "removed while it was read" in line and "damaged" not in line, line
 
 
+@pytest.mark.slow
 def test_a_save_in_flight_is_not_a_step(finished, copy_of, vit_train, image, capsys):
     """Guards: a run started during a save was told "checkpoints/N is damaged ... delete
     checkpoints/N". A half-written `3.orbax-checkpoint-tmp-*` is no step to readers, and the
@@ -441,6 +446,7 @@ def test_a_save_in_flight_is_not_a_step(finished, copy_of, vit_train, image, cap
 
 # -- a 0.1.0 workdir ----------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_a_release_0_1_0_workdir_is_ours_and_is_marked_when_written(copy_of, vit_train):
     """Guards: the marker must not lock out workdirs written before it existed."""
     workdir = copy_of(OLD_WORKDIR)
@@ -556,6 +562,7 @@ def _disk_fills_at(where: str, monkeypatch) -> None:
 
 
 @pytest.mark.parametrize("where", ["config.json", "metrics.jsonl", "curves.png"])
+@pytest.mark.slow
 def test_a_full_disk_on_the_workdir_files_is_one_line(where, finished, copy_of, vit_train,
                                                       monkeypatch):
     """Guards: config.json.tmp, half a metrics line or a cut curves.png left by a full disk."""
@@ -590,6 +597,7 @@ def _capped(args: list[str]) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=280)
 
 
+@pytest.mark.slow
 def test_a_batch_larger_than_the_data_is_capped_under_a_memory_cap(tmp_path):
     """Guards: `train.batch_size=100000000` built a batch of 10^8 images before the first step."""
     workdir = tmp_path / "run"
