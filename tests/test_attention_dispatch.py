@@ -244,3 +244,24 @@ def test_pallas_by_name_still_fails_loudly_when_the_kernel_cannot_lower(monkeypa
     q = jax.random.normal(jax.random.key(0), (2, 9, 2, 16), jnp.bfloat16)
     with pytest.raises(Exception, match="(?i)interpret|lower|cpu"):
         jax.jit(lambda q: attention.dot_product_attention(q, q, q, impl="pallas"))(q)
+
+
+@pytest.mark.parametrize("impl", ["xla", "pallas"])
+def test_heads_first_layout_gives_the_same_attention(impl):
+    """layout="bhsd" (what the CPU path hands over) against a plain-jnp softmax attention on
+    [batch, seq, heads, head_dim] arrays, with padded keys; the kernel takes it through a
+    transpose."""
+    q, k, v = (jax.random.normal(jax.random.key(i), (2, 11, 3, 8)) for i in range(3))
+    kv_len = jnp.array([11, 5])
+    logits = jnp.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(8)
+    logits = jnp.where(jnp.arange(11)[None, None, None, :] < kv_len[:, None, None, None],
+                       logits, -jnp.inf)
+    want = jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(logits, axis=-1), v)
+    heads_first = [jnp.swapaxes(x, 1, 2) for x in (q, k, v)]
+    out = attention.dot_product_attention(*heads_first, kv_len=kv_len, impl=impl, layout="bhsd")
+    assert out.shape == (2, 3, 11, 8)
+    assert float(jnp.abs(want).max()) > 0.1
+    np.testing.assert_allclose(np.asarray(jnp.swapaxes(out, 1, 2)), np.asarray(want),
+                               rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="layout"):
+        attention.dot_product_attention(q, k, v, layout="hbsd")

@@ -11,12 +11,11 @@ from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
-from einops import rearrange
 from flax import nnx
 
 from vit.models.config import ViTConfig
 from vit.ops import matmul
-from vit.ops.attention import dot_product_attention, reference_attention
+from vit.ops.attention import dot_product_attention, preferred_layout, reference_attention
 
 xavier = nnx.initializers.xavier_uniform()
 
@@ -126,12 +125,14 @@ class Mlp(nnx.Module):
 
 
 def hooked_attention(q: jax.Array, k: jax.Array, v: jax.Array, kv_len: jax.Array | None,
-                     probs_hook: Callable[[jax.Array], jax.Array]) -> jax.Array:
+                     probs_hook: Callable[[jax.Array], jax.Array],
+                     layout: str = "bshd") -> jax.Array:
     """Explain mode: the probabilities materialised, seen (or perturbed) by `probs_hook`, then
     applied to `v`."""
-    _, probs = reference_attention(q, k, v, kv_len=kv_len, return_probs=True)
+    _, probs = reference_attention(q, k, v, kv_len=kv_len, return_probs=True, layout=layout)
     probs = probs_hook(probs)
-    return matmul.narrow_einsum("bhqk,bkhd->bqhd", probs, v, v.dtype)
+    spec = "bhqk,bkhd->bqhd" if layout == "bshd" else "bhqk,bhkd->bhqd"
+    return matmul.narrow_einsum(spec, probs, v, v.dtype)
 
 
 class Attention(nnx.Module):
@@ -153,21 +154,37 @@ class Attention(nnx.Module):
                  kv_len: jax.Array | None = None, queries: int | None = None) -> jax.Array:
         """`queries`: only the first `queries` tokens ask (all tokens still give keys and
         values), so the output is `[batch, queries, width]`."""
-        # Split by slicing the fused projection: moving `three` to the front makes XLA copy q, k
-        # and v out of it.
-        qkv = rearrange(self.qkv(x), "b n (three h d) -> b n three h d", three=3,
-                        h=self.num_heads)
-        q, k, v = qkv[:, :queries, 0], qkv[:, :, 1], qkv[:, :, 2]
+        # The fused `qkv` kernel (timm's layout) is read as [width, 3, heads, head_dim] and q, k
+        # and v are three products written straight in the layout attention wants: no copy
+        # splits a fused output, and the backward adds three input gradients instead of
+        # stitching one [tokens, 3 * width] gradient together.
+        layout = preferred_layout()
+        heads = "bhnd" if layout == "bhsd" else "bnhd"
+        kernel = self.qkv.kernel[...].reshape(x.shape[-1], 3, self.num_heads, self.head_dim)
+        bias = self.qkv.bias[...].reshape(3, self.num_heads, 1, self.head_dim) \
+            if self.qkv.bias is not None else None
+        if bias is not None and layout == "bshd":
+            bias = bias.reshape(3, 1, self.num_heads, self.head_dim)
+
+        def project(i, tokens):
+            return matmul.einsum_dense(f"bnc,chd->{heads}", tokens, kernel[:, i],
+                                       None if bias is None else bias[i], self.qkv.dtype)
+
+        q = project(0, x[:, :queries])
+        k, v = project(1, x), project(2, x)
         if self.q_norm is not None:
             q, k = self.q_norm(q).astype(v.dtype), self.k_norm(k).astype(v.dtype)
         if probs_hook is not None:
-            out = hooked_attention(q, k, v, kv_len, probs_hook)
+            out = hooked_attention(q, k, v, kv_len, probs_hook, layout)
         else:
             # A few queries against all keys leave nothing for a tiled kernel to do: XLA.
             impl = self.impl if queries is None else "xla"
             out = dot_product_attention(q, k, v, kv_len=kv_len, impl=impl,
-                                        dropout_rate=self.attn_rate, dropout_rng=keys(0))
-        return self.proj(rearrange(out, "b n h d -> b n (h d)"))
+                                        dropout_rate=self.attn_rate, dropout_rng=keys(0),
+                                        layout=layout)
+        proj = self.proj.kernel[...].reshape(self.num_heads, self.head_dim, -1)
+        return matmul.einsum_dense(f"{heads},hdc->bnc", out, proj, self.proj.bias[...],
+                                   self.proj.dtype)
 
 
 class LayerScale(nnx.Module):

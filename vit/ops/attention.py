@@ -158,8 +158,16 @@ def key_padding_mask(kv_len, kv_seq: int):
     return (jnp.arange(kv_seq)[None, :] < jnp.asarray(kv_len)[:, None])[:, None, None, :]
 
 
+def preferred_layout() -> str:
+    """The q/k/v layout a layer should hand `dot_product_attention`: `"bhsd"` on the CPU, where
+    the XLA path runs and XLA's dots are much faster with the batch dimensions leading (the
+    projections then write that layout directly, with no copy either way); `"bshd"` elsewhere,
+    the layout of the kernel and cuDNN."""
+    return "bhsd" if _platform() == "cpu" else "bshd"
+
+
 def reference_attention(q, k, v, *, mask=None, kv_len=None, scale=None, dropout_rate=0.0,
-                        dropout_rng=None, return_probs=False):
+                        dropout_rng=None, return_probs=False, layout: str = "bshd"):
     """Materialising softmax attention: float32 logits and softmax, output in q's dtype.
 
     `mask` is boolean, broadcastable to `[batch, heads, q_len, kv_len]`, True where a query may
@@ -169,14 +177,15 @@ def reference_attention(q, k, v, *, mask=None, kv_len=None, scale=None, dropout_
     """
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     if kv_len is not None:
-        keys = key_padding_mask(kv_len, k.shape[1])
+        keys = key_padding_mask(kv_len, k.shape[1 if layout == "bshd" else 2])
         mask = keys if mask is None else jnp.logical_and(mask, keys)
         # Padded K/V rows may hold anything (NaN included): p == 0 times NaN is still NaN.
-        real = keys[:, 0, 0, :, None, None]
+        real = keys[:, 0, 0, :, None, None] if layout == "bshd" else keys[:, 0, 0, None, :, None]
         k, v = jnp.where(real, k, 0), jnp.where(real, v, 0)
     # Heads before sequence: XLA's CPU dots are much faster with the batch dimensions leading
     # than in einsum's "bqhd" layout.
-    q, k, v = (rearrange(x, "b s h d -> b h s d") for x in (q, k, v))
+    if layout == "bshd":
+        q, k, v = (rearrange(x, "b s h d -> b h s d") for x in (q, k, v))
     # The scale goes on q (n*d values) rather than on the n*n logits: fewer multiplies.
     logits = jnp.einsum("bhqd,bhkd->bhqk", q * jnp.asarray(scale, q.dtype), k,
                         preferred_element_type=jnp.float32)
@@ -191,42 +200,60 @@ def reference_attention(q, k, v, *, mask=None, kv_len=None, scale=None, dropout_
         keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, probs.shape)
         kept = jnp.where(keep, probs / (1.0 - dropout_rate), 0.0)
     out = matmul.narrow_einsum("bhqk,bhkd->bhqd", kept, v, v.dtype)
-    out = rearrange(out, "b h s d -> b s h d").astype(q.dtype)
+    if layout == "bshd":
+        out = rearrange(out, "b h s d -> b s h d")
+    out = out.astype(q.dtype)
     return (out, probs) if return_probs else out
 
 
 def dot_product_attention(q, k, v, *, mask=None, kv_len=None, impl: str = "auto", scale=None,
-                          dropout_rate: float = 0.0, dropout_rng=None):
-    """Attention over `[batch, seq, heads, head_dim]` arrays through the chosen backend.
+                          dropout_rate: float = 0.0, dropout_rng=None, layout: str = "bshd"):
+    """Attention over `[batch, seq, heads, head_dim]` arrays through the chosen backend
+    (`layout="bhsd"`: `[batch, heads, seq, head_dim]` in and out, see `preferred_layout`).
 
     `kv_len` (`[batch]` ints) masks keys beyond each example's length (padded text tokens):
     the Pallas kernel takes it natively; the XLA path masks the same way.
     """
+    if layout not in ("bshd", "bhsd"):
+        raise ValueError(f"attention layout {layout!r} is not 'bshd' or 'bhsd'")
+    to_bshd = (lambda x: x) if layout == "bshd" else (
+        lambda x: rearrange(x, "b h s d -> b s h d"))
+    q_shape, k_shape = (tuple(x.shape) if layout == "bshd" else
+                        (x.shape[0], x.shape[2], x.shape[1], x.shape[3]) for x in (q, k))
     dropout = dropout_rate > 0.0 and dropout_rng is not None
     chosen, reason = choose_impl(
-        impl, q.shape, k.shape, q.dtype, has_mask=mask is not None, dropout=dropout,
+        impl, q_shape, k_shape, q.dtype, has_mask=mask is not None, dropout=dropout,
         has_kv_len=kv_len is not None,
     )
     if impl == "auto" and chosen in _NAMES and _platform() in ("gpu", "tpu"):
         # A backend that does not build on this device: the next one that does, visibly once.
-        chosen, reason = _first_that_compiles(chosen, reason, tuple(q.shape), tuple(k.shape),
+        chosen, reason = _first_that_compiles(chosen, reason, q_shape, k_shape,
                                               jnp.dtype(q.dtype), kv_len is not None, scale)
     _log_choice(impl, chosen, reason)
+    if chosen in _NAMES:
+        out = _backend(chosen, impl, to_bshd(q), to_bshd(k), to_bshd(v), kv_len, scale)
+        if out is not None:
+            return out if layout == "bshd" else rearrange(out, "b s h d -> b h s d")
+    return reference_attention(
+        q, k, v, mask=mask, kv_len=kv_len, scale=scale,
+        dropout_rate=dropout_rate if dropout else 0.0, dropout_rng=dropout_rng, layout=layout,
+    )
+
+
+def _backend(chosen: str, impl: str, q, k, v, kv_len, scale):
+    """The Pallas kernel's or cuDNN's output on `[batch, seq, heads, head_dim]` arrays; None
+    when cuDNN refuses the call at trace time (the caller runs XLA)."""
     if chosen == "pallas":
         from vit.ops.flash_attention import flash_attention
 
         return flash_attention(q, k, v, kv_len=kv_len, scale=scale)
-    if chosen == "cudnn":
-        try:
-            return jax.nn.dot_product_attention(q, k, v, scale=scale, implementation="cudnn")
-        except (RuntimeError, ValueError, NotImplementedError) as e:
-            # cuDNN rejects some GPUs, shapes and layouts at trace time: use XLA, visibly.
-            why = (f"cuDNN refused this call ({type(e).__name__}: "
-                   f"{str(e).splitlines()[0] if str(e) else ''})")
-            _log_choice(impl, "xla", why)
-            if impl == "auto":
-                _warn_once(f"attention: {why}; running 'xla' instead")
-    return reference_attention(
-        q, k, v, mask=mask, kv_len=kv_len, scale=scale,
-        dropout_rate=dropout_rate if dropout else 0.0, dropout_rng=dropout_rng,
-    )
+    try:
+        return jax.nn.dot_product_attention(q, k, v, scale=scale, implementation="cudnn")
+    except (RuntimeError, ValueError, NotImplementedError) as e:
+        # cuDNN rejects some GPUs, shapes and layouts at trace time: use XLA, visibly.
+        why = (f"cuDNN refused this call ({type(e).__name__}: "
+               f"{str(e).splitlines()[0] if str(e) else ''})")
+        _log_choice(impl, "xla", why)
+        if impl == "auto":
+            _warn_once(f"attention: {why}; running 'xla' instead")
+        return None

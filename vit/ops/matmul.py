@@ -28,47 +28,59 @@ def wide_output() -> bool:
     return jax.default_backend() == "cpu"
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4))
-def _dense(x, kernel, dtype, x_dtype, kernel_dtype):
-    return _dense_fwd(x, kernel, dtype, x_dtype, kernel_dtype)[0]
+def _transposed(spec: str) -> tuple[str, str]:
+    """For `spec` "A,B->C": the specs of the two gradient products, "C,B->A" and "A,C->B"."""
+    ins, out = spec.split("->")
+    a, b = ins.split(",")
+    return f"{out},{b}->{a}", f"{a},{out}->{b}"
 
 
-def _contract(a, b, dims):
-    return jax.lax.dot_general(a, b, (dims, ((), ())), preferred_element_type=jnp.float32)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 3, 4, 5))
+def _narrow_product(spec, x, kernel, dtype, x_dtype, kernel_dtype):
+    return _narrow_fwd(spec, x, kernel, dtype, x_dtype, kernel_dtype)[0]
 
 
-def _dense_fwd(x, kernel, dtype, x_dtype, kernel_dtype):
+def _narrow_fwd(spec, x, kernel, dtype, x_dtype, kernel_dtype):
     xs, ks = x.astype(dtype), kernel.astype(dtype)
-    out = _contract(xs, ks, ((x.ndim - 1,), (0,)))
-    return out, (xs, ks)
+    return jnp.einsum(spec, xs, ks, preferred_element_type=jnp.float32), (xs, ks)
 
 
-def _dense_bwd(dtype, x_dtype, kernel_dtype, res, g):
+def _narrow_bwd(spec, dtype, x_dtype, kernel_dtype, res, g):
     xs, ks = res
     g = g.astype(dtype)
-    lead = tuple(range(xs.ndim - 1))
-    dx = _contract(g, ks, ((g.ndim - 1,), (1,))).astype(x_dtype)
-    dk = _contract(xs, g, (lead, lead)).astype(kernel_dtype)
+    dx_spec, dk_spec = _transposed(spec)
+    dx = jnp.einsum(dx_spec, g, ks, preferred_element_type=jnp.float32).astype(x_dtype)
+    dk = jnp.einsum(dk_spec, xs, g, preferred_element_type=jnp.float32).astype(kernel_dtype)
     return dx, dk
 
 
-_dense.defvjp(_dense_fwd, _dense_bwd)
+_narrow_product.defvjp(_narrow_fwd, _narrow_bwd)
 
 
-def dense(x: jax.Array, kernel: jax.Array, bias: jax.Array | None, dtype) -> jax.Array:
-    """`x @ kernel + bias` over x's last axis, computed in `dtype`, returned in `dtype`.
+def einsum_dense(spec: str, x: jax.Array, kernel: jax.Array, bias: jax.Array | None,
+                 dtype) -> jax.Array:
+    """`jnp.einsum(spec, x, kernel) + bias` computed in `dtype`, returned in `dtype`; `spec`
+    is "A,B->C" with every index of A and B in another of the three (a layer's product, its
+    output laid out as the caller needs it: XLA folds that layout into the product).
 
     A narrow `dtype` on the CPU: narrow inputs, float32 accumulation and output, the bias
     added in float32, one rounding at the end. Otherwise the plain product in `dtype`.
     """
     dtype = jnp.dtype(dtype)
     if dtype in NARROW and wide_output():
-        y = _dense(x, kernel, dtype, jnp.dtype(x.dtype), jnp.dtype(kernel.dtype))
+        y = _narrow_product(spec, x, kernel, dtype, jnp.dtype(x.dtype), jnp.dtype(kernel.dtype))
         if bias is not None:
             y = y + bias.astype(jnp.float32)
         return y.astype(dtype)
-    y = jnp.matmul(x.astype(dtype), kernel.astype(dtype))
+    y = jnp.einsum(spec, x.astype(dtype), kernel.astype(dtype))
     return y if bias is None else y + bias.astype(dtype)
+
+
+def dense(x: jax.Array, kernel: jax.Array, bias: jax.Array | None, dtype) -> jax.Array:
+    """`x @ kernel + bias` over x's last axis, computed and returned in `dtype` (as
+    `einsum_dense`)."""
+    lead = "abcdefgh"[:x.ndim - 1]
+    return einsum_dense(f"{lead}y,yz->{lead}z", x, kernel, bias, dtype)
 
 
 def narrow_einsum(spec: str, a: jax.Array, b: jax.Array, dtype) -> jax.Array:
