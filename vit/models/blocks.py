@@ -161,10 +161,9 @@ class Attention(nnx.Module):
         layout = preferred_layout()
         heads = "bhnd" if layout == "bhsd" else "bnhd"
         kernel = self.qkv.kernel[...].reshape(x.shape[-1], 3, self.num_heads, self.head_dim)
-        bias = self.qkv.bias[...].reshape(3, self.num_heads, 1, self.head_dim) \
-            if self.qkv.bias is not None else None
-        if bias is not None and layout == "bshd":
-            bias = bias.reshape(3, 1, self.num_heads, self.head_dim)
+        bias_shape = ((3, self.num_heads, 1, self.head_dim) if layout == "bhsd" else
+                      (3, 1, self.num_heads, self.head_dim))
+        bias = self.qkv.bias[...].reshape(bias_shape) if self.qkv.bias is not None else None
 
         def project(i, tokens):
             return matmul.einsum_dense(f"bnc,chd->{heads}", tokens, kernel[:, i],

@@ -15,8 +15,8 @@ logged once; a backend asked for by name and replaced also warns once (`RuntimeW
 Under `"auto"` on a GPU or TPU the chosen backend (the kernel, or cuDNN) is compiled once per
 shape on its own before it is used (fast: one small program); if it fails to lower or compile
 there (a new GPU, a new jax), the call goes to the next one (Pallas -> cuDNN -> XLA), with one
-warning naming each error. `impl="pallas"` asked for by name gets no
-such net: its failure is the caller's to see.
+warning naming each error. `impl="pallas"` asked for by name gets no such net: its failure is
+the caller's to see.
 """
 
 from __future__ import annotations
@@ -161,8 +161,8 @@ def key_padding_mask(kv_len, kv_seq: int):
 def preferred_layout() -> str:
     """The q/k/v layout a layer should hand `dot_product_attention`: `"bhsd"` on the CPU, where
     the XLA path runs and XLA's dots are much faster with the batch dimensions leading (the
-    projections then write that layout directly, with no copy either way); `"bshd"` elsewhere,
-    the layout of the kernel and cuDNN."""
+    projections write that layout, so the core needs no transposes of its own); `"bshd"`
+    elsewhere, the layout of the kernel and cuDNN."""
     return "bhsd" if _platform() == "cpu" else "bshd"
 
 
