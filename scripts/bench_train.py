@@ -12,10 +12,12 @@ accuracy and the same finiteness check. Both get the same batch (NHWC for us, NC
 
 Every measurement runs in its own process, ours and theirs alternating (the order flips every
 round), so neither warms the other's caches or competes for cores; torch uses a thread per
-core. Per case: each run's median step time, each round's ratio (transformers' time / ours:
-above 1 means ours is faster) and their median, each process's peak memory, and each side's
-loss at its first and last step: from the same weights and batch the first agrees when the two
-steps compute the same thing. The recipe is configs/imagefolder.py with AdamW (train_step.ADAMW);
+core. Ours runs in the environment the `vit` command gives itself (GLIBC_TUNABLES asking for
+huge pages, vit/host_allocator.py), transformers' in the caller's; the record names both.
+Per case: each run's median step time, each round's ratio (transformers' time / ours: above 1
+means ours is faster) and their median, each process's peak memory, and each side's loss at its
+first and last step: from the same weights and batch the first agrees when the two steps
+compute the same thing. The recipe is configs/imagefolder.py with AdamW (train_step.ADAMW);
 `--set` changes it further, as it would `vit train`'s.
 
 bfloat16 compares like with like: our mixed-precision step (float32 master weights, bfloat16
@@ -44,6 +46,8 @@ from pathlib import Path
 import memory
 import records
 import train_step
+
+from vit import host_allocator
 
 CASES = ("B/16:8", "S/16:32")
 CLASSES = 1000
@@ -171,7 +175,10 @@ def run_worker(kind: str, case: str, dtype: str, folder: Path, args) -> dict:
     cmd = [sys.executable, __file__, "--worker", kind, "--case", case, "--folder", str(folder),
            "--steps", str(args.steps), "--warmup", str(args.warmup), "--dtype", dtype,
            *(f"--set={s}" for s in args.set)]
-    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    # Ours runs in the environment the `vit` command gives itself (huge pages for XLA's
+    # scratch memory, vit/host_allocator.py); transformers' in the environment as it is.
+    env = {**(host_allocator.environment() if kind == "vit" else os.environ),
+           "JAX_PLATFORMS": "cpu"}
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if proc.returncode:
         raise SystemExit(f"{kind} worker for {case} failed:\n{proc.stderr[-3000:]}")
@@ -280,6 +287,11 @@ def main() -> None:
         "peer": "transformers ViTForImageClassification (default attention) from our initial "
                 "weights (cast with .to(torch.bfloat16) for bfloat16), torch.optim.AdamW, "
                 "clip_grad_norm_, threads = cores",
+        "environment": {
+            "vit": host_allocator.environment().get("GLIBC_TUNABLES", "(none)"),
+            "transformers": os.environ.get("GLIBC_TUNABLES", "(none)"),
+            "transparent_hugepage": (host_allocator.THP_MODE.read_text().strip()
+                                     if host_allocator.THP_MODE.exists() else "(none)")},
         "rounds": args.rounds, "timed_steps_per_run": args.steps, "warmup_steps": args.warmup,
         "load_average_before": [round(x, 2) for x in load_before],
         "cases": results,

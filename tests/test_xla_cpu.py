@@ -61,3 +61,43 @@ def test_no_options_on_other_backends_and_defaults_where_an_option_is_unknown(mo
     f = jax.jit(lambda a: jnp.tanh(a @ a))
     a = jnp.ones((8, 8))
     np.testing.assert_allclose(xla_cpu.compile_for_inference(f.lower(a))(a), f(a))
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="the options are XLA:CPU's")
+def test_the_float32_training_step_compiles_with_xla_dots_unless_opted_out(monkeypatch):
+    import optax
+
+    from vit import device_mesh
+    from vit.models.config import get_config
+    from vit.train.placement import Placement
+    from vit.train.state import fresh_params
+    from vit.train.step import make_train_step
+
+    cfg = get_config("Ti/16", num_classes=4, image_size=16, width=32, depth=1, num_heads=2,
+                     mlp_dim=64)
+    graphdef, params = fresh_params(cfg, 0)
+    tx = optax.sgd(0.1)
+    mesh = device_mesh.make_mesh(1)
+    place = Placement.of(mesh, params, tx)
+    batch = device_mesh.to_global(
+        {"image": np.zeros((2, 16, 16, 3), np.float32), "label": np.zeros(2, np.int32),
+         "target": np.full((2, 4), 0.25, np.float32)}, mesh)
+
+    def compiled(dtype="float32"):
+        step = make_train_step(graphdef, tx, place, accum_steps=1, ema_decay=0.0,
+                               compute_dtype=dtype)
+        return step.lower(params, tx.init(params), None, batch, 0, 0).compile().as_text()
+
+    monkeypatch.delenv(xla_cpu.OPT_OUT, raising=False)
+    assert "__ynn_fusion" not in compiled()  # XLA's own dots
+    assert "__ynn_fusion" in compiled("bfloat16")  # jax's defaults: not measured otherwise
+    monkeypatch.setenv(xla_cpu.OPT_OUT, "0")
+    assert "__ynn_fusion" in compiled()
+
+
+def test_jit_options_are_none_where_this_jaxlib_refuses_them(monkeypatch):
+    monkeypatch.delenv(xla_cpu.OPT_OUT, raising=False)
+    if jax.default_backend() == "cpu":
+        assert xla_cpu.jit_options() == {"compiler_options": xla_cpu.OPTIONS}
+    monkeypatch.setattr(xla_cpu, "OPTIONS", {"xla_cpu_no_such_option": True})
+    assert xla_cpu.jit_options() == {}

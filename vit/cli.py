@@ -16,6 +16,7 @@ import importlib
 import os
 import sys
 
+from vit import host_allocator
 from vit.errors import OutOfSpace, VitError, is_out_of_memory, is_out_of_space
 
 # subcommand -> (module, one-line help)
@@ -49,6 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if argv is None:  # run as the `vit` command: start again with huge pages for XLA's scratch
+        host_allocator.reexec()
     args = build_parser().parse_args(argv)
     try:
         return int(importlib.import_module(args._module).run(args) or 0)
