@@ -181,9 +181,12 @@ def main() -> None:
         subprocess.run([sys.executable, bench_train.__file__, "--worker", "prepare", "--case",
                         args.case, "--folder", tmp, *sets], env=env, check=True)
         for kind in ("vit", "transformers"):
+            # Ours in the environment the `vit` command gives itself, as bench_train runs it.
             proc = subprocess.run([sys.executable, __file__, "--worker", kind, "--case",
                                    args.case, "--folder", tmp, "--steps", str(args.steps),
-                                   *sets], env=env, capture_output=True, text=True)
+                                   *sets], capture_output=True, text=True,
+                                  env=bench_train.host_allocator.environment(env)
+                                  if kind == "vit" else env)
             if proc.returncode:
                 raise SystemExit(f"{kind}:\n{proc.stderr[-3000:]}")
             results[kind] = json.loads(proc.stdout.strip().splitlines()[-1])
