@@ -14,6 +14,7 @@ Every measurement runs in its own process, ours and theirs alternating (the orde
 round), so neither warms the other's caches or competes for cores; torch uses a thread per
 core. Ours runs in the environment the `vit` command gives itself (GLIBC_TUNABLES asking for
 huge pages, vit/host_allocator.py), transformers' in the caller's; the record names both.
+`--plain-malloc` times ours a second time in the caller's environment, to show what that gains.
 Per case: each run's median step time, each round's ratio (transformers' time / ours: above 1
 means ours is faster) and their median, each process's peak memory, and each side's loss at its
 first and last step: from the same weights and batch the first agrees when the two steps
@@ -28,7 +29,7 @@ arithmetic the bfloat16 figures are recorded but say nothing about one that has 
 
     python scripts/bench_train.py [--case B/16:8 --case S/16:32] [--dtype float32
         --dtype bfloat16] [--rounds 3] [--steps 3] [--warmup 1] [--set KEY=VALUE ...]
-        [--note TEXT] [--out benchmarks/bench_train.json]
+        [--plain-malloc] [--note TEXT] [--out benchmarks/bench_train.json]
 """
 
 from __future__ import annotations
@@ -50,6 +51,8 @@ import train_step
 from vit import host_allocator
 
 CASES = ("B/16:8", "S/16:32")
+# Ours once more in the caller's environment, without the huge-page tunable (--plain-malloc).
+PLAIN = "vit_plain_malloc"
 CLASSES = 1000
 # What transformers' side mirrors (the values it can run, the first being a key's default); a
 # recipe that needs more is refused rather than compared.
@@ -172,7 +175,8 @@ def worker_transformers(folder: Path, steps: int, warmup: int, dtype: str = "flo
 
 
 def run_worker(kind: str, case: str, dtype: str, folder: Path, args) -> dict:
-    cmd = [sys.executable, __file__, "--worker", kind, "--case", case, "--folder", str(folder),
+    worker = "vit" if kind == PLAIN else kind
+    cmd = [sys.executable, __file__, "--worker", worker, "--case", case, "--folder", str(folder),
            "--steps", str(args.steps), "--warmup", str(args.warmup), "--dtype", dtype,
            *(f"--set={s}" for s in args.set)]
     # Ours runs in the environment the `vit` command gives itself (huge pages for XLA's
@@ -188,6 +192,8 @@ def run_worker(kind: str, case: str, dtype: str, folder: Path, args) -> dict:
 def measure(case: str, folder: Path, args) -> dict:
     """Every (library, dtype) once per round, the order reversed every other round."""
     contestants = [(kind, dtype) for dtype in args.dtype for kind in ("vit", "transformers")]
+    if args.plain_malloc:
+        contestants += [(PLAIN, dtype) for dtype in args.dtype]
     runs = {c: [] for c in contestants}
     for r in range(args.rounds):
         for kind, dtype in contestants if r % 2 == 0 else contestants[::-1]:
@@ -212,6 +218,11 @@ def measure(case: str, folder: Path, args) -> dict:
             "loss_first": {"vit": vit[0]["loss_first"], "transformers": tf[0]["loss_first"]},
             "loss_last": {"vit": vit[0]["loss_last"], "transformers": tf[0]["loss_last"]},
             "loss_last_relative_difference": abs(vit[0]["loss_last"] / tf[0]["loss_last"] - 1)}
+        if args.plain_malloc:
+            plain = [x["median_step_s"] for x in runs[PLAIN, dtype]]
+            gains = [p / v["median_step_s"] for p, v in zip(plain, vit, strict=True)]
+            result[dtype]["plain_malloc"] = {"median_step_s": plain, "ratio_plain_over_vit": gains,
+                                             "median_ratio": statistics.median(gains)}
     if "float32" in args.dtype and "bfloat16" in args.dtype:
         # Our own bfloat16 step against our float32 step, round by round.
         ours = [f["median_step_s"] / b["median_step_s"] for f, b in
@@ -234,6 +245,9 @@ def main() -> None:
                              "transformers' side runs the same (its model cast to bfloat16)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="a recipe override, as `vit train --set`")
+    parser.add_argument("--plain-malloc", action="store_true",
+                        help="also time ours without the huge-page tunable the `vit` command "
+                             "sets (what it gains)")
     parser.add_argument("--note", default="", help="recorded with the results (e.g. load)")
     parser.add_argument("--out", default=records.default_out("bench_train"))
     parser.add_argument("--worker", choices=("prepare", "vit", "transformers"),

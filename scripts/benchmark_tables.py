@@ -186,6 +186,13 @@ def train(r: dict) -> list[str]:
                          " / ".join(num(x) for x in d["ratio_transformers_over_vit"]),
                          num(d["median_ratio"]),
                          f"{d['loss_last_relative_difference']:.1e}"])
+        for dtype in r.get("dtypes", ["float32"]):
+            plain = c.get(dtype, {}).get("plain_malloc")
+            if plain:  # ours once more without the huge-page tunable (--plain-malloc)
+                ours.append(f"ViT-{c['model']} batch {c['batch']} {dtype}, ours without huge "
+                            f"pages (glibc's default malloc): "
+                            f"{num(statistics.median(plain['median_step_s']))} s a step; huge "
+                            f"pages make it {num(plain['median_ratio'])}x as fast.")
         if "vit_bfloat16_speedup_median" in c:
             ours.append(f"ViT-{c['model']} batch {c['batch']}: our bfloat16 step is "
                         f"{num(c['vit_bfloat16_speedup_median'])}x our float32 step.")
@@ -193,12 +200,34 @@ def train(r: dict) -> list[str]:
     bf16 = cpu.get("bfloat16_arithmetic")
     note = ([f"CPU bfloat16 arithmetic: {', '.join(bf16) if bf16 else 'none'}."]
             if bf16 is not None else [])
+    env = r.get("environment")
+    if env:
+        note.append(f"Environment: ours `GLIBC_TUNABLES={env['vit']}` (as the `vit` command "
+                    f"sets it), transformers' `{env['transformers']}`; transparent huge pages "
+                    f"`{env['transparent_hugepage']}`.")
     return [f"`vit train`'s step against transformers' (CPU), seconds a step, median "
             f"of each run's {r['timed_steps_per_run']} timed steps, {r['rounds']} rounds:", "",
             *table(["model", "batch", "dtype", "vit", "transformers",
                     "speed vs transformers, by round", "median",
                     "loss difference after the last step (relative)"], rows),
             *([""] + ours + note if ours or note else [])]
+
+
+def profile(r: dict) -> list[str]:
+    """Ours by part of the model, theirs by aten op (the ops past 1% of the step)."""
+    def rows(parts: dict, floor: float) -> list[list]:
+        total = sum(parts.values())
+        return [[name, num(secs), pct(secs / total)] for name, secs in
+                sorted(parts.items(), key=lambda kv: -kv[1]) if secs >= floor * total]
+
+    model, batch = r["case"].split(":")
+    ours, theirs = r["vit"], r["transformers"]
+    return [f"Where one ViT-{model} batch-{batch} training step's time goes, seconds summed "
+            f"over the ops of every thread (mean of {r['profiled_steps']} profiled steps; the "
+            f"step took {num(ours['step_s'])} s ours, {num(theirs['step_s'])} s theirs under "
+            "the profilers):", "",
+            *table(["vit: part of the model", "s", "share"], rows(ours["parts_s"], 0.001)), "",
+            *table(["transformers: aten op", "s", "share"], rows(theirs["parts_s"], 0.01))]
 
 
 def data_wait(r: dict) -> list[str]:
@@ -354,6 +383,7 @@ RENDERERS: dict[str, Callable[[dict], list[str]]] = {
     "bench_predict": predict,
     "bench_gemm": gemm,
     "bench_train": train,
+    "profile_train_step": profile,
     "bench_scaling": scaling,
     "data_wait": data_wait,
     "bfloat16_agreement": bfloat16_agreement,

@@ -9,7 +9,7 @@ Each side runs in its own process (ours, then theirs), `--steps` profiled steps 
 warm-up step. Prints both tables; `--json` writes them.
 
     python scripts/profile_train_step.py [--case S/16:32] [--steps 2] [--set KEY=VALUE ...]
-        [--json out.json]
+        [--out benchmarks/profile_train_step.json]
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 import bench_train
+import records
 import train_step
 
 # (file suffix, function name or None, part): the first rule that any frame of an op's stack
@@ -165,7 +166,8 @@ def main() -> None:
     parser.add_argument("--case", default="S/16:32")
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--set", action="append", default=[])
-    parser.add_argument("--json")
+    parser.add_argument("--json", "--out", dest="json", metavar="PATH",
+                        help="write the record (benchmarks/profile_train_step.json)")
     parser.add_argument("--worker", choices=("vit", "transformers"), help=argparse.SUPPRESS)
     parser.add_argument("--folder", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -197,7 +199,11 @@ def main() -> None:
         for part, secs in sorted(res["parts_s"].items(), key=lambda kv: -kv[1]):
             print(f"  {secs:8.3f} s  {100 * secs / total:5.1f}%  {part}")
     if args.json:
-        Path(args.json).write_text(json.dumps({"case": args.case, **results}, indent=2))
+        records.write(args.json, {
+            "benchmark": "where a training step's time goes, ours (vit train's step, in the "
+                         "`vit` command's environment) beside transformers' (by aten op)",
+            "case": args.case, "profiled_steps": args.steps, **results},
+            extra_packages=("torch", "transformers"))
 
 
 if __name__ == "__main__":
