@@ -6,7 +6,8 @@ Python stack that made it) says which part of the model it belongs to and whethe
 forward or the backward pass. Theirs: the step scripts/bench_train.py times
 (ViTForImageClassification, AdamW, clipping), under torch.profiler, grouped by aten op.
 Each side runs in its own process (ours, then theirs), `--steps` profiled steps after one
-warm-up step. Prints both tables; `--json` writes them.
+warm-up step; ours in the environment the `vit` command gives itself (vit/host_allocator.py).
+Prints both tables; `--out` writes them as a record.
 
     python scripts/profile_train_step.py [--case S/16:32] [--steps 2] [--set KEY=VALUE ...]
         [--out benchmarks/profile_train_step.json]
@@ -29,6 +30,8 @@ from pathlib import Path
 import bench_train
 import records
 import train_step
+
+from vit import host_allocator
 
 # (file suffix, function name or None, part): the first rule that any frame of an op's stack
 # matches, innermost frame first.
@@ -183,11 +186,10 @@ def main() -> None:
         subprocess.run([sys.executable, bench_train.__file__, "--worker", "prepare", "--case",
                         args.case, "--folder", tmp, *sets], env=env, check=True)
         for kind in ("vit", "transformers"):
-            # Ours in the environment the `vit` command gives itself, as bench_train runs it.
             proc = subprocess.run([sys.executable, __file__, "--worker", kind, "--case",
                                    args.case, "--folder", tmp, "--steps", str(args.steps),
                                    *sets], capture_output=True, text=True,
-                                  env=bench_train.host_allocator.environment(env)
+                                  env=host_allocator.environment(env)
                                   if kind == "vit" else env)
             if proc.returncode:
                 raise SystemExit(f"{kind}:\n{proc.stderr[-3000:]}")
