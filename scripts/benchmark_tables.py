@@ -227,7 +227,29 @@ def profile(r: dict) -> list[str]:
             f"step took {num(ours['step_s'])} s ours, {num(theirs['step_s'])} s theirs under "
             "the profilers):", "",
             *table(["vit: part of the model", "s", "share"], rows(ours["parts_s"], 0.001)), "",
-            *table(["transformers: aten op", "s", "share"], rows(theirs["parts_s"], 0.01))]
+            *table(["transformers: aten op", "s", "share"], rows(theirs["parts_s"], 0.01)),
+            *(ceiling_lines(r["ceiling"]) if "ceiling" in r else [])]
+
+
+def ceiling_lines(c: dict) -> list[str]:
+    """Whether the target ratio is within this machine's reach (profile_train_step's ceiling)."""
+    rows = [["matrix-product GFLOP in a step", num(c["matmul_gflop"]["vit"], 0),
+             num(c["matmul_gflop"]["transformers"], 0)],
+            ["step's rate, share of the peak", pct(c["step_fraction_of_peak"]["vit"]),
+             pct(c["step_fraction_of_peak"]["transformers"])],
+            ["matrix products' rate, share of the peak",
+             pct(c["products_fraction_of_peak"]["vit"]),
+             pct(c["products_fraction_of_peak"]["transformers"])],
+            ["the rest of the step (not matrix products), s", num(c["rest_s_now"]["vit"]),
+             num(c["rest_s_now"]["transformers"])]]
+    peaks = " / ".join(f"{k} {num(v, 0)}" for k, v in c["square_product_gflop_s"].items())
+    return ["", f"What {c['target']}x transformers' step asks of this machine. Its float32 peak: "
+            f"{num(c['peak_gflop_s'], 0)} GFLOP/s (the faster library's "
+            f"{c['peak_product_side']}-square product: "
+            f"{peaks}). The target allows {num(c['step_s_target_allows'])} s a step; our "
+            f"matrix products alone take {num(c['vit_products_at_peak_s'])} s at the peak, "
+            f"leaving {num(c['rest_s_allowed_if_products_at_peak'])} s for everything else:", "",
+            *table(["", "vit", "transformers"], rows)]
 
 
 def data_wait(r: dict) -> list[str]:

@@ -98,6 +98,7 @@ def build(config, num_classes: int) -> TrainStep:
     place = Placement.of(mesh, params, tx, parallel.rules_from_config(config))
     state = new_state(params, tx, place, ema=tc.ema_decay > 0)
     step_fn = make_train_step(model.graphdef, tx, place, accum_steps=tc.accum_steps,
-                              ema_decay=tc.ema_decay, loss_fn=get_loss(loss_name))
+                              compute_dtype=model.config.dtype, ema_decay=tc.ema_decay,
+                              loss_fn=get_loss(loss_name))
     return TrainStep(config, model, num_classes, mesh, step_fn, state.params,
                      state.opt_state, state.ema)

@@ -1,6 +1,8 @@
-"""The inference compile options (vit/inference/xla_cpu.py): XLA's own dots in the compiled
-forward of a Predictor on CPU, jax's defaults when opted out, elsewhere, or where an option is
-unknown."""
+"""The XLA:CPU compile options (vit/inference/xla_cpu.py): XLA's own dots in the compiled
+forward of a Predictor on CPU; XLA's dots and YNNPACK's reductions in the float32 training step;
+jax's defaults when opted out, elsewhere, or where an option is unknown."""
+
+import re
 
 import jax
 import jax.numpy as jnp
@@ -61,3 +63,54 @@ def test_no_options_on_other_backends_and_defaults_where_an_option_is_unknown(mo
     f = jax.jit(lambda a: jnp.tanh(a @ a))
     a = jnp.ones((8, 8))
     np.testing.assert_allclose(xla_cpu.compile_for_inference(f.lower(a))(a), f(a))
+
+
+def ynn_fusions(hlo: str) -> dict:
+    """{"dot": n, "other": m}: the YNNPACK fusions of a compiled module, with a dot or without."""
+    bodies = dict(re.findall(r"\n%?([\w.\-]+) [^\n]*\{\n(.*?)\n\}", hlo, re.S))
+    called = re.findall(r"kind=kCustom, calls=%?([\w.\-]+)[^\n]*__ynn_fusion", hlo)
+    dots = sum(" dot(" in bodies.get(name, "") for name in called)
+    return {"dot": dots, "other": len(called) - dots}
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="the options are XLA:CPU's")
+def test_the_float32_training_step_takes_xla_dots_and_ynnpack_reductions(monkeypatch):
+    import optax
+
+    from vit import device_mesh
+    from vit.models.config import get_config
+    from vit.train.placement import Placement
+    from vit.train.state import fresh_params
+    from vit.train.step import make_train_step
+
+    # Big enough for XLA to hand reductions to YNNPACK (it keeps tiny ones).
+    cfg = get_config("Ti/16", num_classes=4, image_size=32, patch_size=8, width=64, depth=1,
+                     num_heads=2, mlp_dim=128)
+    graphdef, params = fresh_params(cfg, 0)
+    tx = optax.sgd(0.1)
+    mesh = device_mesh.make_mesh(1)
+    place = Placement.of(mesh, params, tx)
+    batch = device_mesh.to_global(
+        {"image": np.zeros((4, 32, 32, 3), np.float32), "label": np.zeros(4, np.int32),
+         "target": np.full((4, 4), 0.25, np.float32)}, mesh)
+
+    def fusions(dtype="float32"):
+        step = make_train_step(graphdef, tx, place, accum_steps=1, ema_decay=0.0,
+                               compute_dtype=dtype)
+        return ynn_fusions(step.lower(params, tx.init(params), None, batch, 0, 0)
+                           .compile().as_text())
+
+    monkeypatch.delenv(xla_cpu.OPT_OUT, raising=False)
+    fast = fusions()
+    assert fast["dot"] == 0 and fast["other"] > 0  # XLA's dots, YNNPACK's reductions
+    assert fusions("bfloat16")["dot"] > 0  # jax's defaults: not measured otherwise
+    monkeypatch.setenv(xla_cpu.OPT_OUT, "0")
+    assert fusions()["dot"] > 0
+
+
+def test_jit_options_are_none_where_this_jaxlib_refuses_them(monkeypatch):
+    monkeypatch.delenv(xla_cpu.OPT_OUT, raising=False)
+    if jax.default_backend() == "cpu":
+        assert xla_cpu.jit_options() == {"compiler_options": xla_cpu.INFERENCE}
+        assert xla_cpu.jit_options(xla_cpu.TRAINING) == {"compiler_options": xla_cpu.TRAINING}
+    assert xla_cpu.jit_options({"xla_cpu_no_such_option": True}) == {}

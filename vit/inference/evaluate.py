@@ -16,6 +16,7 @@ from flax import nnx
 from vit import device_mesh
 from vit.data import eval_batches
 from vit.data.transforms import one_hot
+from vit.inference.xla_cpu import jit_options
 
 # The model inputs of a batch: the images, and the prompts when the task reads text.
 INPUTS = ("image", "text", "text_mask")
@@ -32,7 +33,8 @@ def make_logits_fn(graphdef, mesh, params_sharding=None):
         return nnx.merge(graphdef, params)(inputs["image"], text=inputs.get("text"),
                                            text_mask=inputs.get("text_mask"))
 
-    return jax.jit(logits, in_shardings=(params_sharding or rep, sharded), out_shardings=rep)
+    return jax.jit(logits, in_shardings=(params_sharding or rep, sharded), out_shardings=rep,
+                   **jit_options())
 
 
 def sharded_eval_batches(source, pre, *, batch_size: int, num_threads: int = 2,

@@ -1,19 +1,28 @@
-"""XLA:CPU compile options for inference: XLA's own dot emitter instead of YNNPACK fusions.
+"""XLA:CPU compile options: which ops XLA hands to YNNPACK, per compile.
 
-jax 0.10's CPU backend hands matmuls to YNNPACK fusions by default; for ViT inference XLA's own
-dot emitter is faster (`scripts/bench_gemm.py` and `scripts/bench_inference.py --ynn` measure
-both), but not for training. So the options are given per compile, to the inference forwards
-only (`Predictor.compile`), never process-wide through `XLA_FLAGS`.
+jax 0.10's CPU backend hands matmuls, reductions and elementwise ops to YNNPACK fusions by
+default. For ViT, XLA's own dot emitter runs the dense layers faster; YNNPACK's reductions are
+much faster than XLA's (the bias and LayerNorm gradients of the backward pass). So:
 
-`VIT_XLA_DOTS=0` keeps jax's defaults. A jaxlib that does not know an option compiles with its
-defaults too. GPU and TPU compiles get no options. Standard library only until called.
+- inference forwards (`compile_for_inference`, the evaluation forward through `jit_options`):
+  no YNNPACK fusions at all (`INFERENCE`; the forward's few reductions gain nothing);
+- the float32 training step (`jit_options(TRAINING)`): XLA's dots, YNNPACK's reductions.
+
+`scripts/bench_gemm.py`, `scripts/bench_inference.py --ynn` and `scripts/bench_train.py`
+measure them (docs/benchmarks.md). The options are given per compile, never process-wide
+through `XLA_FLAGS`. `VIT_XLA_DOTS=0` keeps jax's defaults everywhere. A jaxlib that does not
+know an option compiles with its defaults too. GPU and TPU compiles get no options. Standard
+library only until called.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 
-OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": ""}  # "": no YNNPACK fusions
+INFERENCE = {"xla_cpu_experimental_ynn_fusion_type": ""}  # "": no YNNPACK fusions
+TRAINING = {"xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_REDUCE"}
+OPTIONS = INFERENCE  # the name this module first exported
 OPT_OUT = "VIT_XLA_DOTS"
 
 
@@ -28,3 +37,27 @@ def compile_for_inference(lowered):
         return lowered.compile(OPTIONS)
     except Exception:  # noqa: BLE001 - an option this jaxlib does not know: its defaults
         return lowered.compile()
+
+
+def jit_options(options: dict | None = None) -> dict:
+    """`jax.jit` keyword arguments giving `options` (default `OPTIONS`) to its compiles: none
+    off the CPU, when opted out, or when this jaxlib refuses them (tried once on a tiny
+    function)."""
+    import jax
+
+    options = OPTIONS if options is None else options
+    if os.environ.get(OPT_OUT) == "0" or jax.default_backend() != "cpu":
+        return {}
+    return {"compiler_options": dict(options)} if _known(tuple(options.items())) else {}
+
+
+@functools.cache
+def _known(options: tuple) -> bool:
+    import jax
+    import numpy as np
+
+    try:
+        jax.jit(lambda x: x + 1, compiler_options=dict(options)).lower(np.float32(0)).compile()
+    except Exception:  # noqa: BLE001 - an option this jaxlib does not know
+        return False
+    return True

@@ -172,7 +172,8 @@ def _train(config, workdir: Path, ckpts: TrainCheckpoints, claim: workdirs.Claim
     if state.iterator_state is not None:
         iterator.set_state(state.iterator_state)
     step_fn = make_train_step(model.graphdef, tx, place, accum_steps=tc.accum_steps,
-                              ema_decay=tc.ema_decay, loss_fn=loss_fn)
+                              compute_dtype=model.config.dtype, ema_decay=tc.ema_decay,
+                              loss_fn=loss_fn)
     run = _Run(config, workdir, ckpts, state, model=model, iterator=iterator,
                sources=(train_src, val_src), tokenizer=tokenizer, loss_name=loss_name,
                logits_fn=make_logits_fn(model.graphdef, mesh, place.params), mesh=mesh,

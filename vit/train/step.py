@@ -14,13 +14,14 @@ import optax
 from flax import nnx
 
 from vit import device_mesh
+from vit.inference.xla_cpu import TRAINING, jit_options
 from vit.train.losses import LossFn, softmax_xent
 from vit.train.placement import Placement
 
 
 def make_train_step(graphdef, tx: optax.GradientTransformation, place: Placement, *,
                     accum_steps: int, ema_decay: float, loss_fn: LossFn = softmax_xent,
-                    trainable=None):
+                    trainable=None, compute_dtype: str = "float32"):
     """`step(params, opt_state, ema, batch, seed, step) -> (params, opt_state, ema, metrics)`.
 
     `metrics` holds the loss, `loss_fn`'s metrics (means over the batch) and `finite`.
@@ -28,7 +29,10 @@ def make_train_step(graphdef, tx: optax.GradientTransformation, place: Placement
     gradient. `ema` is None to keep no EMA. `trainable` is a bool tree like the params (None:
     all): frozen leaves get no backward pass and never move, whatever `tx` does.
     `place` (`Placement.of`) gives the shardings of the state, the batch and the metrics:
-    replicated or fsdp-sharded state, the same step.
+    replicated or fsdp-sharded state, the same step. `compute_dtype` is the model's: a float32
+    step compiles on the CPU with XLA's own dots and YNNPACK's reductions
+    (`vit.inference.xla_cpu.TRAINING`), faster there than jax's defaults; other dtypes keep
+    jax's defaults, the ones measured on CPUs with bfloat16 arithmetic.
     """
     batch_sharding = place.batch
 
@@ -84,4 +88,5 @@ def make_train_step(graphdef, tx: optax.GradientTransformation, place: Placement
 
     state = (place.params, place.opt_state, place.ema if ema_decay > 0 else None)
     return jax.jit(step_fn, in_shardings=(*state, place.batch, None, None),
-                   out_shardings=(*state, place.metrics), donate_argnums=(0, 1, 2))
+                   out_shardings=(*state, place.metrics), donate_argnums=(0, 1, 2),
+                   **(jit_options(TRAINING) if compute_dtype == "float32" else {}))
