@@ -14,7 +14,9 @@ Every measurement runs in its own process, ours and theirs alternating (the orde
 round), so neither warms the other's caches or competes for cores; torch uses a thread per
 core. Ours runs in the environment the `vit` command gives itself (GLIBC_TUNABLES asking for
 huge pages, vit/host_allocator.py), transformers' in the caller's; the record names both.
-`--plain-malloc` times ours a second time in the caller's environment, to show what that gains.
+`--plain-malloc` times ours a second time in the caller's environment, to show what that gains;
+`--jax-defaults` times ours once more compiled with jax's default XLA:CPU options
+(`VIT_XLA_DOTS=0`: YNNPACK's dots instead of XLA's, vit/inference/xla_cpu.py), likewise.
 Per case: each run's median step time, each round's ratio (transformers' time / ours: above 1
 means ours is faster) and their median, each process's peak memory, and each side's loss at its
 first and last step: from the same weights and batch the first agrees when the two steps
@@ -29,7 +31,7 @@ arithmetic the bfloat16 figures are recorded but say nothing about one that has 
 
     python scripts/bench_train.py [--case B/16:8 --case S/16:32] [--dtype float32
         --dtype bfloat16] [--rounds 3] [--steps 3] [--warmup 1] [--set KEY=VALUE ...]
-        [--plain-malloc] [--note TEXT] [--out benchmarks/bench_train.json]
+        [--plain-malloc] [--jax-defaults] [--note TEXT] [--out benchmarks/bench_train.json]
 """
 
 from __future__ import annotations
@@ -49,10 +51,14 @@ import records
 import train_step
 
 from vit import host_allocator
+from vit.inference import xla_cpu
 
 CASES = ("B/16:8", "S/16:32")
-# Ours once more in the caller's environment, without the huge-page tunable (--plain-malloc).
-PLAIN = "vit_plain_malloc"
+# Ours once more, changed one way (what each change gains, measured in the same run):
+# {contestant: (record key, --flag)}. PLAIN: in the caller's environment, without the huge-page
+# tunable; DEFAULTS: with jax's default XLA:CPU compile options.
+PLAIN, DEFAULTS = "vit_plain_malloc", "vit_jax_defaults"
+VARIANTS = {PLAIN: ("plain_malloc", "plain_malloc"), DEFAULTS: ("jax_defaults", "jax_defaults")}
 CLASSES = 1000
 # What transformers' side mirrors (the values it can run, the first being a key's default); a
 # recipe that needs more is refused rather than compared.
@@ -175,14 +181,16 @@ def worker_transformers(folder: Path, steps: int, warmup: int, dtype: str = "flo
 
 
 def run_worker(kind: str, case: str, dtype: str, folder: Path, args) -> dict:
-    worker = "vit" if kind == PLAIN else kind
+    worker = "vit" if kind in VARIANTS else kind
     cmd = [sys.executable, __file__, "--worker", worker, "--case", case, "--folder", str(folder),
            "--steps", str(args.steps), "--warmup", str(args.warmup), "--dtype", dtype,
            *(f"--set={s}" for s in args.set)]
     # Ours runs in the environment the `vit` command gives itself (huge pages for XLA's
     # scratch memory, vit/host_allocator.py); transformers' in the environment as it is.
-    env = {**(host_allocator.environment() if kind == "vit" else os.environ),
+    env = {**(host_allocator.environment() if kind in ("vit", DEFAULTS) else os.environ),
            "JAX_PLATFORMS": "cpu"}
+    if kind == DEFAULTS:
+        env[xla_cpu.OPT_OUT] = "0"
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if proc.returncode:
         raise SystemExit(f"{kind} worker for {case} failed:\n{proc.stderr[-3000:]}")
@@ -192,8 +200,8 @@ def run_worker(kind: str, case: str, dtype: str, folder: Path, args) -> dict:
 def measure(case: str, folder: Path, args) -> dict:
     """Every (library, dtype) once per round, the order reversed every other round."""
     contestants = [(kind, dtype) for dtype in args.dtype for kind in ("vit", "transformers")]
-    if args.plain_malloc:
-        contestants += [(PLAIN, dtype) for dtype in args.dtype]
+    variants = [kind for kind, (_, flag) in VARIANTS.items() if getattr(args, flag)]
+    contestants += [(kind, dtype) for kind in variants for dtype in args.dtype]
     runs = {c: [] for c in contestants}
     for r in range(args.rounds):
         for kind, dtype in contestants if r % 2 == 0 else contestants[::-1]:
@@ -218,11 +226,11 @@ def measure(case: str, folder: Path, args) -> dict:
             "loss_first": {"vit": vit[0]["loss_first"], "transformers": tf[0]["loss_first"]},
             "loss_last": {"vit": vit[0]["loss_last"], "transformers": tf[0]["loss_last"]},
             "loss_last_relative_difference": abs(vit[0]["loss_last"] / tf[0]["loss_last"] - 1)}
-        if args.plain_malloc:
-            plain = [x["median_step_s"] for x in runs[PLAIN, dtype]]
-            gains = [p / v["median_step_s"] for p, v in zip(plain, vit, strict=True)]
-            result[dtype]["plain_malloc"] = {"median_step_s": plain, "ratio_plain_over_vit": gains,
-                                             "median_ratio": statistics.median(gains)}
+        for kind in variants:
+            other = [x["median_step_s"] for x in runs[kind, dtype]]
+            gains = [o / v["median_step_s"] for o, v in zip(other, vit, strict=True)]
+            result[dtype][VARIANTS[kind][0]] = {"median_step_s": other, "ratio_over_vit": gains,
+                                                "median_ratio": statistics.median(gains)}
     if "float32" in args.dtype and "bfloat16" in args.dtype:
         # Our own bfloat16 step against our float32 step, round by round.
         ours = [f["median_step_s"] / b["median_step_s"] for f, b in
@@ -245,6 +253,9 @@ def main() -> None:
                              "transformers' side runs the same (its model cast to bfloat16)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="a recipe override, as `vit train --set`")
+    parser.add_argument("--jax-defaults", action="store_true",
+                        help="also time ours compiled with jax's default XLA:CPU options "
+                             "(VIT_XLA_DOTS=0), in the same run")
     parser.add_argument("--plain-malloc", action="store_true",
                         help="also time ours without the huge-page tunable the `vit` command "
                              "sets (what it gains)")

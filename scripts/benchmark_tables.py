@@ -193,6 +193,13 @@ def train(r: dict) -> list[str]:
                             f"pages (glibc's default malloc): "
                             f"{num(statistics.median(plain['median_step_s']))} s a step; huge "
                             f"pages make it {num(plain['median_ratio'])}x as fast.")
+            defaults = c.get(dtype, {}).get("jax_defaults")
+            if defaults:  # ours once more with jax's default compile options (--jax-defaults)
+                ours.append(f"ViT-{c['model']} batch {c['batch']} {dtype}, ours compiled with "
+                            f"jax's default XLA:CPU options (YNNPACK's dots): "
+                            f"{num(statistics.median(defaults['median_step_s']))} s a step; "
+                            f"XLA's dots with YNNPACK's reductions make it "
+                            f"{num(defaults['median_ratio'])}x as fast.")
         if "vit_bfloat16_speedup_median" in c:
             ours.append(f"ViT-{c['model']} batch {c['batch']}: our bfloat16 step is "
                         f"{num(c['vit_bfloat16_speedup_median'])}x our float32 step.")

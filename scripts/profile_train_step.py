@@ -6,7 +6,11 @@ Python stack that made it) says which part of the model it belongs to and whethe
 forward or the backward pass. Theirs: the step scripts/bench_train.py times
 (ViTForImageClassification, AdamW, clipping), under torch.profiler, grouped by aten op.
 Each side runs in its own process (ours, then theirs), `--steps` profiled steps after one
-warm-up step; ours in the environment the `vit` command gives itself (vit/host_allocator.py).
+warm-up step; ours in the environment the `vit` command gives itself (vit/host_allocator.py),
+compiled with jax's default XLA:CPU options (`VIT_XLA_DOTS=0`): there every product is a
+YNNPACK fusion the profiler times whole, while XLA's own dots (what `vit train` compiles with,
+vit/inference/xla_cpu.py) run asynchronously on its thread pool and their time is not
+attributable op by op.
 Prints both tables; `--out` writes them as a record.
 
 And `ceiling`: whether a speed ratio to transformers (`--target`, 1.1) is within reach of this
@@ -42,6 +46,7 @@ import records
 import train_step
 
 from vit import host_allocator
+from vit.inference import xla_cpu
 
 # (file suffix, function name or None, part): the first rule that any frame of an op's stack
 # matches, innermost frame first.
@@ -303,7 +308,8 @@ def main() -> None:
             proc = subprocess.run([sys.executable, __file__, "--worker", kind, "--case",
                                    args.case, "--folder", tmp, "--steps", str(args.steps),
                                    *sets], capture_output=True, text=True,
-                                  env=host_allocator.environment(env)
+                                  env={**host_allocator.environment(env),
+                                       xla_cpu.OPT_OUT: "0"}
                                   if kind == "vit" else env)
             if proc.returncode:
                 raise SystemExit(f"{kind}:\n{proc.stderr[-3000:]}")
@@ -325,7 +331,8 @@ def main() -> None:
     if args.json:
         records.write(args.json, {
             "benchmark": "where a training step's time goes, ours (vit train's step, in the "
-                         "`vit` command's environment) beside transformers' (by aten op)",
+                         "`vit` command's environment, compiled with jax's default XLA:CPU "
+                         "options) beside transformers' (by aten op)",
             "case": args.case, "profiled_steps": args.steps, **results, "ceiling": bound},
             extra_packages=("torch", "transformers"))
 
