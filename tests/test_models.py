@@ -229,6 +229,27 @@ def test_exact_gelu_matches_the_erf_formula_in_float64():
     np.testing.assert_allclose(np.asarray(half, np.float64), want, rtol=1e-2, atol=1e-1)
 
 
+def test_exact_gelu_derivative_is_gelus_own_in_both_modes():
+    # d/dx [x Phi(x)] = Phi(x) + x phi(x), in float64 from scipy; reverse and forward mode.
+    from scipy.special import erf
+
+    from vit.models.blocks import gelu
+
+    x = np.concatenate([np.linspace(-12, 12, 20001), [-80.0, 0.0, 80.0]])
+    want = 0.5 * (1 + erf(x / np.sqrt(2))) + x * np.exp(-0.5 * x * x) / np.sqrt(2 * np.pi)
+    xs = jnp.asarray(x, jnp.float32)
+    reverse = np.asarray(jax.vmap(jax.grad(gelu("exact")))(xs), np.float64)
+    _, forward = jax.jvp(gelu("exact"), (xs,), (jnp.ones_like(xs),))
+    for got in (reverse, np.asarray(forward, np.float64)):
+        assert np.all(np.isfinite(got))
+        assert np.abs(got - want).max() < 1e-6
+        assert np.abs(got - want)[np.abs(x) < 3].max() < 5e-7
+    half = jax.grad(lambda v: gelu("exact")(v).astype(jnp.float32).sum())(
+        jnp.asarray(x, jnp.bfloat16))
+    assert half.dtype == jnp.bfloat16
+    np.testing.assert_allclose(np.asarray(half, np.float64), want, atol=2e-2)
+
+
 def test_matches_independent_plain_jnp_forward():
     """The whole forward pass against a from-scratch jnp implementation on the same weights."""
     model = tiny(num_registers=1)

