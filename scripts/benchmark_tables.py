@@ -405,6 +405,23 @@ def kernel_resources(r: dict) -> list[str]:
             "`wgmma`."]
 
 
+def step_options(r: dict) -> list[str]:
+    names = [n for n in r["variants"] if n != "jax_defaults"]
+    rows = []
+    for c in r["cases"]:
+        model, batch = c["case"].split(":")
+        for n in names:
+            rows.append([f"ViT-{model}", batch, n, f"`{r['variants'][n]}`",
+                         num(statistics.median(c["step_s"]["jax_defaults"])),
+                         num(statistics.median(c["step_s"][n])),
+                         " / ".join(num(x) for x in c["speedup_over_jax_defaults"][n]),
+                         num(c["median_speedup"][n])])
+    return [f"{r['benchmark']}: seconds a step (the faster of {r['timed_steps_per_round']} a "
+            f"round, median of {r['rounds']} rounds) and the speed over jax's defaults:", "",
+            *table(["model", "batch", "variant", "XLA:CPU options", "jax's defaults s",
+                    "variant s", "speed by round", "median"], rows)]
+
+
 # Record name (benchmarks/NAME.json) -> what its table shows.
 RENDERERS: dict[str, Callable[[dict], list[str]]] = {
     "demo": demo,
@@ -413,6 +430,7 @@ RENDERERS: dict[str, Callable[[dict], list[str]]] = {
     "bench_gemm": gemm,
     "bench_train": train,
     "profile_train_step": profile,
+    "bench_step_options": step_options,
     "bench_scaling": scaling,
     "data_wait": data_wait,
     "bfloat16_agreement": bfloat16_agreement,
