@@ -52,11 +52,10 @@ def measure(case: str, variants: dict, rounds: int, steps: int) -> dict:
     def run(fn, state):
         *state, metrics = fn(*state, batch, step.config.seed, 0)
         jax.block_until_ready(metrics)
-        return tuple(state), float(metrics["loss"])
+        return tuple(state)
 
-    losses = {}
-    for name, fn in compiled.items():  # one untimed step each: warm caches and allocator
-        state, losses[name] = run(fn, state)
+    for fn in compiled.values():  # one untimed step each: warm caches and allocator
+        state = run(fn, state)
     times = {name: [] for name in compiled}
     order = list(compiled)
     for r in range(rounds):
@@ -64,7 +63,7 @@ def measure(case: str, variants: dict, rounds: int, steps: int) -> dict:
             best = float("inf")
             for _ in range(steps):
                 start = time.perf_counter()
-                state, _ = run(compiled[name], state)
+                state = run(compiled[name], state)
                 best = min(best, time.perf_counter() - start)
             times[name].append(best)
         print(f"{case} round {r}: " + ", ".join(f"{n} {t[-1]:.2f} s" for n, t in times.items()),
@@ -72,7 +71,7 @@ def measure(case: str, variants: dict, rounds: int, steps: int) -> dict:
     base = times["jax_defaults"]
     ratios = {name: [b / t for b, t in zip(base, ts, strict=True)]
               for name, ts in times.items() if name != "jax_defaults"}
-    return {"case": case, "step_s": times, "first_loss": losses,
+    return {"case": case, "step_s": times,
             "speedup_over_jax_defaults": ratios,
             "median_speedup": {n: statistics.median(r) for n, r in ratios.items()}}
 

@@ -26,12 +26,17 @@ OPTIONS = INFERENCE  # the name this module first exported
 OPT_OUT = "VIT_XLA_DOTS"
 
 
-def compile_for_inference(lowered):
-    """`lowered.compile()`, with `OPTIONS` when the default backend is the CPU (and not opted
-    out); if this jaxlib refuses them, with its defaults."""
+def _wanted() -> bool:
+    """Whether options apply at all: the default backend is the CPU and not opted out."""
     import jax
 
-    if os.environ.get(OPT_OUT) == "0" or jax.default_backend() != "cpu":
+    return os.environ.get(OPT_OUT) != "0" and jax.default_backend() == "cpu"
+
+
+def compile_for_inference(lowered):
+    """`lowered.compile()`, with `OPTIONS` when `_wanted`; if this jaxlib refuses them, with its
+    defaults."""
+    if not _wanted():
         return lowered.compile()
     try:
         return lowered.compile(OPTIONS)
@@ -43,10 +48,8 @@ def jit_options(options: dict | None = None) -> dict:
     """`jax.jit` keyword arguments giving `options` (default `OPTIONS`) to its compiles: none
     off the CPU, when opted out, or when this jaxlib refuses them (tried once on a tiny
     function)."""
-    import jax
-
     options = OPTIONS if options is None else options
-    if os.environ.get(OPT_OUT) == "0" or jax.default_backend() != "cpu":
+    if not _wanted():
         return {}
     return {"compiler_options": dict(options)} if _known(tuple(options.items())) else {}
 
