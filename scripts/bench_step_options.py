@@ -2,12 +2,14 @@
 
 The step (scripts/train_step.py, float32) is lowered once and compiled several ways: with jax's
 defaults (YNNPACK for dots, reductions and elementwise ops) and with the options a float32 step
-gets (`vit.inference.xla_cpu.TRAINING`: XLA's own dots, YNNPACK's reductions), plus any
-`--variant NAME:KEY=VALUE[;KEY=VALUE]`. One process, the same batch and state passed along, the
-variants alternating (order reversed every other round): the fairest comparison of compile
-options this host allows, where separate processes drift with the other tenants. Per round,
-each variant's faster of `--steps` steps; then each variant's ratio to the defaults by round and
-the median. Runs in the `vit` command's environment (huge pages, vit/host_allocator.py).
+gets (`vit.inference.xla_cpu.TRAINING`: XLA's own dots, YNNPACK's reductions, the
+memory-optimised schedule), plus any `--variant NAME:KEY=VALUE[;KEY=VALUE]`. One process,
+the same batch and state passed along, the variants alternating (order reversed every other
+round): the fairest comparison of compile options this host allows, where separate processes
+drift with the other tenants. Per round, each variant's faster of `--steps` steps; then each
+variant's ratio to the defaults by round and the median, and each compile's scratch memory a
+step (`memory_analysis().temp_size_in_bytes`). Runs in the `vit` command's environment (huge
+pages, vit/host_allocator.py).
 
     python scripts/bench_step_options.py [--case S/16:32 --case B/16:8] [--rounds 4]
         [--steps 2] [--variant NAME:KEY=VALUE ...] [--out benchmarks/bench_step_options.json]
@@ -72,6 +74,8 @@ def measure(case: str, variants: dict, rounds: int, steps: int) -> dict:
     ratios = {name: [b / t for b, t in zip(base, ts, strict=True)]
               for name, ts in times.items() if name != "jax_defaults"}
     return {"case": case, "step_s": times,
+            "scratch_bytes": {n: c.memory_analysis().temp_size_in_bytes
+                              for n, c in compiled.items()},
             "speedup_over_jax_defaults": ratios,
             "median_speedup": {n: statistics.median(r) for n, r in ratios.items()}}
 

@@ -317,6 +317,7 @@ def main() -> None:
             "transformers": os.environ.get("GLIBC_TUNABLES", "(none)"),
             "transparent_hugepage": (host_allocator.THP_MODE.read_text().strip()
                                      if host_allocator.THP_MODE.exists() else "(none)")},
+        "xla_cpu_options": {"float32": xla_cpu.TRAINING, "other dtypes": xla_cpu.SCHEDULE},
         "rounds": args.rounds, "timed_steps_per_run": args.steps, "warmup_steps": args.warmup,
         "load_average_before": [round(x, 2) for x in load_before],
         "cases": results,

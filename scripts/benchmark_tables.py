@@ -194,12 +194,15 @@ def train(r: dict) -> list[str]:
                             f"{num(statistics.median(plain['median_step_s']))} s a step; huge "
                             f"pages make it {num(plain['median_ratio'])}x as fast.")
             defaults = c.get(dtype, {}).get("jax_defaults")
+            options = ("our options (`" + ", ".join(
+                f"{k.removeprefix('xla_cpu_')}={v}" for k, v in
+                r["xla_cpu_options"]["float32" if dtype == "float32" else "other dtypes"].items())
+                + "`)" if "xla_cpu_options" in r else "XLA's dots with YNNPACK's reductions")
             if defaults:  # ours once more with jax's default compile options (--jax-defaults)
                 ours.append(f"ViT-{c['model']} batch {c['batch']} {dtype}, ours compiled with "
                             f"jax's default XLA:CPU options (YNNPACK's dots): "
                             f"{num(statistics.median(defaults['median_step_s']))} s a step; "
-                            f"XLA's dots with YNNPACK's reductions make it "
-                            f"{num(defaults['median_ratio'])}x as fast.")
+                            f"{options} make it {num(defaults['median_ratio'])}x as fast.")
         if "vit_bfloat16_speedup_median" in c:
             ours.append(f"ViT-{c['model']} batch {c['batch']}: our bfloat16 step is "
                         f"{num(c['vit_bfloat16_speedup_median'])}x our float32 step.")
@@ -415,11 +418,15 @@ def step_options(r: dict) -> list[str]:
                          num(statistics.median(c["step_s"]["jax_defaults"])),
                          num(statistics.median(c["step_s"][n])),
                          " / ".join(num(x) for x in c["speedup_over_jax_defaults"][n]),
-                         num(c["median_speedup"][n])])
+                         num(c["median_speedup"][n]),
+                         *([f"{scratch['jax_defaults'] / 2**30:.2f} → {scratch[n] / 2**30:.2f}"]
+                           if (scratch := c.get("scratch_bytes")) else [])])
+    memory = ["scratch GiB a step (defaults → variant)"] if all(
+        "scratch_bytes" in c for c in r["cases"]) else []
     return [f"{r['benchmark']}: seconds a step (the faster of {r['timed_steps_per_round']} a "
             f"round, median of {r['rounds']} rounds) and the speed over jax's defaults:", "",
             *table(["model", "batch", "variant", "XLA:CPU options", "jax's defaults s",
-                    "variant s", "speed by round", "median"], rows)]
+                    "variant s", "speed by round", "median", *memory], rows)]
 
 
 # Record name (benchmarks/NAME.json) -> what its table shows.

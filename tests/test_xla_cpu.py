@@ -1,6 +1,7 @@
 """The XLA:CPU compile options (vit/inference/xla_cpu.py): XLA's own dots in the compiled
-forward of a Predictor on CPU; XLA's dots and YNNPACK's reductions in the float32 training step;
-jax's defaults when opted out, elsewhere, or where an option is unknown."""
+forward of a Predictor on CPU; XLA's dots and YNNPACK's reductions in the float32 training step,
+and the memory-optimised schedule in every training step; jax's defaults when opted out,
+elsewhere, or where an option is unknown."""
 
 import re
 
@@ -74,7 +75,7 @@ def ynn_fusions(hlo: str) -> dict:
 
 
 @pytest.mark.skipif(jax.default_backend() != "cpu", reason="the options are XLA:CPU's")
-def test_the_float32_training_step_takes_xla_dots_and_ynnpack_reductions(monkeypatch):
+def test_the_training_step_takes_xla_dots_ynnpack_reductions_and_less_memory(monkeypatch):
     import optax
 
     from vit import device_mesh
@@ -94,18 +95,24 @@ def test_the_float32_training_step_takes_xla_dots_and_ynnpack_reductions(monkeyp
         {"image": np.zeros((4, 32, 32, 3), np.float32), "label": np.zeros(4, np.int32),
          "target": np.full((4, 4), 0.25, np.float32)}, mesh)
 
-    def fusions(dtype="float32"):
+    def compiled(dtype="float32"):
         step = make_train_step(graphdef, tx, place, accum_steps=1, ema_decay=0.0,
                                compute_dtype=dtype)
-        return ynn_fusions(step.lower(params, tx.init(params), None, batch, 0, 0)
-                           .compile().as_text())
+        return step.lower(params, tx.init(params), None, batch, 0, 0).compile()
+
+    def scratch(dtype="float32"):
+        return compiled(dtype).memory_analysis().temp_size_in_bytes
 
     monkeypatch.delenv(xla_cpu.OPT_OUT, raising=False)
-    fast = fusions()
+    fast = ynn_fusions(compiled().as_text())
     assert fast["dot"] == 0 and fast["other"] > 0  # XLA's dots, YNNPACK's reductions
-    assert fusions("bfloat16")["dot"] > 0  # jax's defaults: not measured otherwise
+    assert ynn_fusions(compiled("bfloat16").as_text())["dot"] > 0  # jax's fusions
+    ours = {dtype: scratch(dtype) for dtype in ("float32", "bfloat16")}
     monkeypatch.setenv(xla_cpu.OPT_OUT, "0")
-    assert fusions()["dot"] > 0
+    assert ynn_fusions(compiled().as_text())["dot"] > 0
+    # The memory-optimised schedule keeps fewer buffers alive at once, in either dtype.
+    for dtype, temp in ours.items():
+        assert temp < scratch(dtype), dtype
 
 
 def test_jit_options_are_none_where_this_jaxlib_refuses_them(monkeypatch):
