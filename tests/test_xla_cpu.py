@@ -100,19 +100,18 @@ def test_the_training_step_takes_xla_dots_ynnpack_reductions_and_less_memory(mon
                                compute_dtype=dtype)
         return step.lower(params, tx.init(params), None, batch, 0, 0).compile()
 
-    def scratch(dtype="float32"):
-        return compiled(dtype).memory_analysis().temp_size_in_bytes
-
     monkeypatch.delenv(xla_cpu.OPT_OUT, raising=False)
-    fast = ynn_fusions(compiled().as_text())
+    ours = {dtype: compiled(dtype) for dtype in ("float32", "bfloat16")}
+    fast = ynn_fusions(ours["float32"].as_text())
     assert fast["dot"] == 0 and fast["other"] > 0  # XLA's dots, YNNPACK's reductions
-    assert ynn_fusions(compiled("bfloat16").as_text())["dot"] > 0  # jax's fusions
-    ours = {dtype: scratch(dtype) for dtype in ("float32", "bfloat16")}
+    assert ynn_fusions(ours["bfloat16"].as_text())["dot"] > 0  # jax's fusions
     monkeypatch.setenv(xla_cpu.OPT_OUT, "0")
-    assert ynn_fusions(compiled().as_text())["dot"] > 0
+    defaults = compiled()  # opted out, the dtype changes nothing: jax's defaults
+    assert ynn_fusions(defaults.as_text())["dot"] > 0
     # The memory-optimised schedule keeps fewer buffers alive at once, in either dtype.
-    for dtype, temp in ours.items():
-        assert temp < scratch(dtype), dtype
+    for dtype, ours_compiled in ours.items():
+        temp = ours_compiled.memory_analysis().temp_size_in_bytes
+        assert temp < defaults.memory_analysis().temp_size_in_bytes, dtype
 
 
 def test_jit_options_are_none_where_this_jaxlib_refuses_them(monkeypatch):
