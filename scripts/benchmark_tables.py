@@ -436,6 +436,7 @@ RENDERERS: dict[str, Callable[[dict], list[str]]] = {
     "bench_predict": predict,
     "bench_gemm": gemm,
     "bench_train": train,
+    "bench_train_repeat": train,  # the same benchmark run again: how far a record moves
     "profile_train_step": profile,
     "bench_step_options": step_options,
     "bench_scaling": scaling,
