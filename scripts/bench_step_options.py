@@ -34,7 +34,9 @@ from vit.inference import xla_cpu
 
 def parse_variant(text: str) -> tuple[str, dict]:
     name, _, options = text.partition(":")
-    return name, dict(pair.split("=", 1) for pair in options.split(";") if pair)
+    pairs = (pair.split("=", 1) for pair in options.split(";") if pair)
+    # XLA takes a boolean option only as a bool, not as the text "true".
+    return name, {k: {"true": True, "false": False}.get(v.lower(), v) for k, v in pairs}
 
 
 def measure(case: str, variants: dict, rounds: int, steps: int) -> dict:

@@ -194,11 +194,10 @@ def train(r: dict) -> list[str]:
                             f"{num(statistics.median(plain['median_step_s']))} s a step; huge "
                             f"pages make it {num(plain['median_ratio'])}x as fast.")
             defaults = c.get(dtype, {}).get("jax_defaults")
-            options = ("our options (`" + ", ".join(
-                f"{k.removeprefix('xla_cpu_')}={v}" for k, v in
-                r["xla_cpu_options"]["float32" if dtype == "float32" else "other dtypes"].items())
-                + "`)" if "xla_cpu_options" in r else "XLA's dots with YNNPACK's reductions")
             if defaults:  # ours once more with jax's default compile options (--jax-defaults)
+                given = r["xla_cpu_options"]["float32" if dtype == "float32" else "other dtypes"]
+                options = "our options (`" + ", ".join(
+                    f"{k.removeprefix('xla_cpu_')}={v}" for k, v in given.items()) + "`)"
                 ours.append(f"ViT-{c['model']} batch {c['batch']} {dtype}, ours compiled with "
                             f"jax's default XLA:CPU options (YNNPACK's dots): "
                             f"{num(statistics.median(defaults['median_step_s']))} s a step; "
@@ -419,14 +418,13 @@ def step_options(r: dict) -> list[str]:
                          num(statistics.median(c["step_s"][n])),
                          " / ".join(num(x) for x in c["speedup_over_jax_defaults"][n]),
                          num(c["median_speedup"][n]),
-                         *([f"{scratch['jax_defaults'] / 2**30:.2f} → {scratch[n] / 2**30:.2f}"]
-                           if (scratch := c.get("scratch_bytes")) else [])])
-    memory = ["scratch GiB a step (defaults → variant)"] if all(
-        "scratch_bytes" in c for c in r["cases"]) else []
+                         f"{c['scratch_bytes']['jax_defaults'] / 2**30:.2f} → "
+                         f"{c['scratch_bytes'][n] / 2**30:.2f}"])
     return [f"{r['benchmark']}: seconds a step (the faster of {r['timed_steps_per_round']} a "
             f"round, median of {r['rounds']} rounds) and the speed over jax's defaults:", "",
             *table(["model", "batch", "variant", "XLA:CPU options", "jax's defaults s",
-                    "variant s", "speed by round", "median", *memory], rows)]
+                    "variant s", "speed by round", "median",
+                    "scratch GiB a step (defaults → variant)"], rows)]
 
 
 # Record name (benchmarks/NAME.json) -> what its table shows.
