@@ -14,6 +14,9 @@ Every measurement runs in its own process, ours and theirs alternating (the orde
 round), so neither warms the other's caches or competes for cores; torch uses a thread per
 core. Ours runs in the environment the `vit` command gives itself (GLIBC_TUNABLES asking for
 huge pages, vit/host_allocator.py), transformers' in the caller's; the record names both.
+`--interleave` keeps every process alive instead (compiled and warmed up once) and asks each
+for a run in turn, the order flipping every round: rounds cost only their steps and the two
+sides of a round run seconds apart, so the host's drift between minutes leaves the ratios.
 `--plain-malloc` times ours a second time in the caller's environment, to show what that gains;
 `--jax-defaults` times ours once more compiled with jax's default XLA:CPU options
 (`VIT_XLA_DOTS=0`: YNNPACK's dots instead of XLA's, vit/inference/xla_cpu.py), likewise.
@@ -31,7 +34,8 @@ arithmetic the bfloat16 figures are recorded but say nothing about one that has 
 
     python scripts/bench_train.py [--case B/16:8 --case S/16:32] [--dtype float32
         --dtype bfloat16] [--rounds 3] [--steps 3] [--warmup 1] [--set KEY=VALUE ...]
-        [--plain-malloc] [--jax-defaults] [--note TEXT] [--out benchmarks/bench_train.json]
+        [--plain-malloc] [--jax-defaults] [--interleave] [--note TEXT]
+        [--out benchmarks/bench_train.json]
 """
 
 from __future__ import annotations
@@ -106,23 +110,22 @@ def prepare(case: str, sets: list[str], folder: Path) -> None:
     (folder / "spec.json").write_text(json.dumps(spec))
 
 
-def worker_vit(case: str, sets: list[str], folder: Path, steps: int, warmup: int,
-               dtype: str = "float32") -> dict:
+def vit_step(case: str, sets: list[str], folder: Path, dtype: str = "float32"):
+    """Our side of one step, as a function: `vit train`'s jitted step, waited for; returns the
+    loss."""
     import jax
     import numpy as np
 
     step = train_step.build(recipe(case, sets, dtype), CLASSES)
     data = np.load(folder / "batch.npz")
     batch = step.put(step.batch(data["images"], data["labels"]))
-    times, losses = [], []
-    for i in range(warmup + steps):
-        start = time.perf_counter()
+
+    def run() -> float:
         metrics = jax.block_until_ready(step(batch))
-        if i >= warmup:
-            times.append(time.perf_counter() - start)
-        losses.append(float(metrics["loss"]))
         assert bool(metrics["finite"]), "the weights became non-finite"
-    return {"times": times, "loss_first": losses[0], "loss_last": losses[-1], **memory.probe()}
+        return float(metrics["loss"])
+
+    return run
 
 
 def transformers_step(folder: Path, dtype: str = "float32"):
@@ -168,33 +171,89 @@ def transformers_step(folder: Path, dtype: str = "float32"):
     return step
 
 
-def worker_transformers(folder: Path, steps: int, warmup: int, dtype: str = "float32") -> dict:
-    step = transformers_step(folder, dtype)
+def timed(step, count: int) -> tuple[list[float], list[float]]:
+    """`count` steps: (their times, their losses)."""
     times, losses = [], []
-    for i in range(warmup + steps):
+    for _ in range(count):
         start = time.perf_counter()
-        loss = step()
-        if i >= warmup:
-            times.append(time.perf_counter() - start)
-        losses.append(loss)
+        losses.append(step())
+        times.append(time.perf_counter() - start)
+    return times, losses
+
+
+def worker(step, steps: int, warmup: int) -> dict:
+    """One run: `warmup` untimed steps (the compile), then `steps` timed ones."""
+    _, first = timed(step, warmup)
+    times, losses = timed(step, steps)
+    losses = first + losses
     return {"times": times, "loss_first": losses[0], "loss_last": losses[-1], **memory.probe()}
 
 
-def run_worker(kind: str, case: str, dtype: str, folder: Path, args) -> dict:
+def serve(step, steps: int, warmup: int) -> None:
+    """`--interleave`'s worker: the warm-up, then `steps` timed steps for every line read
+    from stdin, each run's result as one JSON line, until stdin closes."""
+    _, losses = timed(step, warmup)
+    first = losses[0] if losses else None
+    print(json.dumps({"ready": True}), flush=True)
+    for _ in sys.stdin:
+        times, losses = timed(step, steps)
+        first = losses[0] if first is None else first
+        print(json.dumps({"times": times, "loss_first": first, "loss_last": losses[-1],
+                          **memory.probe()}), flush=True)
+
+
+def worker_command(kind: str, case: str, dtype: str, folder: Path, args) -> tuple[list, dict]:
+    """The command line and environment of one contestant's worker process."""
     worker = "vit" if kind in VARIANTS else kind
     cmd = [sys.executable, __file__, "--worker", worker, "--case", case, "--folder", str(folder),
            "--steps", str(args.steps), "--warmup", str(args.warmup), "--dtype", dtype,
-           *(f"--set={s}" for s in args.set)]
+           *(f"--set={s}" for s in args.set), *(["--interleave"] if args.interleave else [])]
     # Ours runs in the environment the `vit` command gives itself (huge pages for XLA's
     # scratch memory, vit/host_allocator.py); transformers' in the environment as it is.
     env = {**(host_allocator.environment() if kind in ("vit", DEFAULTS) else os.environ),
            "JAX_PLATFORMS": "cpu"}
     if kind == DEFAULTS:
         env[xla_cpu.OPT_OUT] = "0"
+    return cmd, env
+
+
+def run_worker(kind: str, case: str, dtype: str, folder: Path, args) -> dict:
+    cmd, env = worker_command(kind, case, dtype, folder, args)
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if proc.returncode:
         raise SystemExit(f"{kind} worker for {case} failed:\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+class Server:
+    """`--interleave`: one contestant's worker kept alive between rounds (compiled and warmed
+    up once), asked for a run at a time."""
+
+    # Between runs, time for the other process's idle threads to stop spinning.
+    SETTLE_S = 0.5
+
+    def __init__(self, kind: str, case: str, dtype: str, folder: Path, args):
+        cmd, env = worker_command(kind, case, dtype, folder, args)
+        self.name = f"{kind} worker for {case}"
+        self.proc = subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True)
+        self._read()  # ready
+
+    def _read(self) -> dict:
+        line = self.proc.stdout.readline()
+        if not line:
+            raise SystemExit(f"{self.name} failed:\n{self.proc.stderr.read()[-3000:]}")
+        return json.loads(line)
+
+    def __call__(self) -> dict:
+        time.sleep(self.SETTLE_S)
+        self.proc.stdin.write("run\n")
+        self.proc.stdin.flush()
+        return self._read()
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait()
 
 
 def measure(case: str, folder: Path, args) -> dict:
@@ -203,13 +262,19 @@ def measure(case: str, folder: Path, args) -> dict:
     variants = [kind for kind, (_, flag) in VARIANTS.items() if getattr(args, flag)]
     contestants += [(kind, dtype) for kind in variants for dtype in args.dtype]
     runs = {c: [] for c in contestants}
+    # --interleave: every contestant's process started (and compiled) once, all alive at once.
+    servers = ({c: Server(c[0], case, c[1], folder, args) for c in contestants}
+               if args.interleave else {})
     for r in range(args.rounds):
         for kind, dtype in contestants if r % 2 == 0 else contestants[::-1]:
-            out = run_worker(kind, case, dtype, folder, args)
+            out = (servers[kind, dtype]() if servers
+                   else run_worker(kind, case, dtype, folder, args))
             runs[kind, dtype].append({**out, "median_step_s": statistics.median(out["times"])})
             print(f"{case} round {r}: {kind} {dtype} median step "
                   f"{runs[kind, dtype][-1]['median_step_s']:.3f} s, peak RSS "
                   f"{out['peak_rss_bytes'] / 2**30:.2f} GiB", flush=True)
+    for server in servers.values():
+        server.close()
     result = {"case": case, "model": case.split(":")[0], "batch": int(case.split(":")[1])}
     for dtype in args.dtype:
         vit, tf = runs["vit", dtype], runs["transformers", dtype]
@@ -259,6 +324,10 @@ def main() -> None:
     parser.add_argument("--plain-malloc", action="store_true",
                         help="also time ours without the huge-page tunable the `vit` command "
                              "sets (what it gains)")
+    parser.add_argument("--interleave", action="store_true",
+                        help="keep every contestant's process alive (compiled once) and "
+                             "alternate their runs round by round: many short rounds, so the "
+                             "host's drift between minutes cancels out of each round's ratio")
     parser.add_argument("--note", default="", help="recorded with the results (e.g. load)")
     parser.add_argument("--out", default=records.default_out("bench_train"))
     parser.add_argument("--worker", choices=("prepare", "vit", "transformers"),
@@ -278,11 +347,12 @@ def main() -> None:
         prepare(cases[0], args.set, args.folder)
         return
     if args.worker:
-        out = (worker_vit(cases[0], args.set, args.folder, args.steps, args.warmup,
-                          args.dtype[0])
-               if args.worker == "vit" else
-               worker_transformers(args.folder, args.steps, args.warmup, args.dtype[0]))
-        print(json.dumps(out))
+        step = (vit_step(cases[0], args.set, args.folder, args.dtype[0]) if args.worker == "vit"
+                else transformers_step(args.folder, args.dtype[0]))
+        if args.interleave:
+            serve(step, args.steps, args.warmup)
+        else:
+            print(json.dumps(worker(step, args.steps, args.warmup)))
         return
 
     load_before = os.getloadavg()
@@ -319,6 +389,7 @@ def main() -> None:
                                      if host_allocator.THP_MODE.exists() else "(none)")},
         "xla_cpu_options": {"float32": xla_cpu.TRAINING, "other dtypes": xla_cpu.SCHEDULE},
         "rounds": args.rounds, "timed_steps_per_run": args.steps, "warmup_steps": args.warmup,
+        "interleaved": args.interleave,
         "load_average_before": [round(x, 2) for x in load_before],
         "cases": results,
         "note": args.note,

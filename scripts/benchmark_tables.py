@@ -214,8 +214,12 @@ def train(r: dict) -> list[str]:
         note.append(f"Environment: ours `GLIBC_TUNABLES={env['vit']}` (as the `vit` command "
                     f"sets it), transformers' `{env['transformers']}`; transparent huge pages "
                     f"`{env['transparent_hugepage']}`.")
+    # --interleave: the processes stay alive and alternate run by run (records before it: no).
+    how = (", both processes alive throughout, their runs alternating" if r.get("interleaved")
+           else "")
     return [f"`vit train`'s step against transformers' (CPU), seconds a step, median "
-            f"of each run's {r['timed_steps_per_run']} timed steps, {r['rounds']} rounds:", "",
+            f"of each run's {r['timed_steps_per_run']} timed steps, {r['rounds']} rounds{how}:",
+            "",
             *table(["model", "batch", "dtype", "vit", "transformers",
                     "speed vs transformers, by round", "median",
                     "loss difference after the last step (relative)"], rows),
@@ -435,6 +439,7 @@ RENDERERS: dict[str, Callable[[dict], list[str]]] = {
     "bench_gemm": gemm,
     "bench_train": train,
     "bench_train_repeat": train,  # the same benchmark run again: how far a record moves
+    "bench_train_interleaved": train,  # --interleave: the host's drift cancels round by round
     "profile_train_step": profile,
     "bench_step_options": step_options,
     "bench_scaling": scaling,

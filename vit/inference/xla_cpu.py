@@ -10,9 +10,8 @@ much faster than XLA's (the bias and LayerNorm gradients of the backward pass). 
 - every training step on the CPU (`SCHEDULE`, within `TRAINING`): XLA's memory-optimised
   schedule, which keeps fewer buffers alive at once (ViT-S/16 batch 32: 2.64 GiB of scratch a
   step instead of 3.66), so each step touches less fresh memory; on a CPU the concurrency the
-  default schedule buys is small, as every big op already uses all cores. (A model as small
-  as the digits demo's is the exception: its ops are small, and the step is a few percent
-  slower.)
+  default schedule buys is small, as every big op already uses all cores. (On a model as small
+  as the digits demo's neither way is measurably faster.)
 
 `scripts/bench_gemm.py`, `scripts/bench_inference.py --ynn` and `scripts/bench_train.py`
 measure them (docs/benchmarks.md). The options are given per compile, never process-wide
