@@ -388,10 +388,13 @@ def _allowed(rel: str, patterns: tuple[str, ...]) -> bool:
     return any(fnmatch(rel, pattern) for pattern in patterns)
 
 
-# The rows that train or evaluate a model for several seconds run with the slow set (.ci/run).
+# The rows that train or evaluate a model for several seconds run with the slow set (.ci/run),
+# and so do the FIFO rows past the first (each a subprocess of several seconds): the default
+# set keeps predict-fifo-in-folder.
 SLOW_ROWS = ("eval-batch-100000000-is-capped", "eval-fifo-in-class-folder",
              "xla-resource-exhausted", "predict-caches-full", "predict-image-size-4096",
-             "eval-out-full", "predict-batch-100000000-is-capped")
+             "eval-out-full", "predict-batch-100000000-is-capped", "predict-fifo-given",
+             "predict-only-a-fifo-given", "rollout-fifo-in-folder")
 
 
 @pytest.mark.parametrize("row", [pytest.param(r, id=r.id, marks=pytest.mark.slow)
