@@ -235,14 +235,18 @@ class Server:
     def __init__(self, kind: str, case: str, dtype: str, folder: Path, args):
         cmd, env = worker_command(kind, case, dtype, folder, args)
         self.name = f"{kind} worker for {case}"
-        self.proc = subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True)
+        # stderr to a file: a pipe nobody reads while the worker runs could fill and block it.
+        self.log = folder / f"{kind}-{dtype}.stderr"
+        with open(self.log, "w") as log:
+            self.proc = subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE,
+                                         stdout=subprocess.PIPE, stderr=log, text=True)
         self._read()  # ready
 
     def _read(self) -> dict:
         line = self.proc.stdout.readline()
         if not line:
-            raise SystemExit(f"{self.name} failed:\n{self.proc.stderr.read()[-3000:]}")
+            self.proc.wait()
+            raise SystemExit(f"{self.name} failed:\n{self.log.read_text()[-3000:]}")
         return json.loads(line)
 
     def __call__(self) -> dict:
