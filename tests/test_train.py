@@ -247,6 +247,22 @@ def test_optimizer_recipes():
     assert isinstance(tx, optax.GradientTransformation)
 
 
+def test_cpu_step_splits_a_large_batch_into_micro_batches_of_enough_tokens():
+    """cache_splits: the most equal pieces that each keep `min_tokens` tokens (worked by hand:
+    ViT-S/16 batch 32 has 32 x 197 = 6,304 tokens, four pieces of 1,576)."""
+    from vit.train.step import MICRO_TOKENS, cache_splits
+
+    assert MICRO_TOKENS == 1536
+    assert cache_splits(32, 197, 1536) == 4  # 8 x 197 = 1,576; 4 x 197 = 788 is too few
+    assert cache_splits(64, 197, 1536) == 8
+    assert cache_splits(30, 197, 1536) == 3  # 10 each; 6 each (1,182) is too few
+    assert cache_splits(8, 197, 1536) == 1  # ViT-B/16 batch 8: 1,576 tokens, one piece
+    assert cache_splits(7, 197, 1536) == 1  # 1,379 tokens in all: nothing to split
+    assert cache_splits(64, 17, 1536) == 1  # the digits demo: 1,088 tokens
+    assert cache_splits(12, 257, 1536) == 2
+    assert cache_splits(32, 197, None) == 1  # never split
+
+
 @pytest.mark.slow
 def test_gradient_accumulation_equals_one_big_batch():
     from vit import device_mesh
