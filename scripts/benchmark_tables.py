@@ -424,11 +424,22 @@ def step_options(r: dict) -> list[str]:
                          num(c["median_speedup"][n]),
                          f"{c['scratch_bytes']['jax_defaults'] / 2**30:.2f} → "
                          f"{c['scratch_bytes'][n] / 2**30:.2f}"])
-    return [f"{r['benchmark']}: seconds a step (the faster of {r['timed_steps_per_round']} a "
-            f"round, median of {r['rounds']} rounds) and the speed over jax's defaults:", "",
-            *table(["model", "batch", "variant", "XLA:CPU options", "jax's defaults s",
-                    "variant s", "speed by round", "median",
-                    "scratch GiB a step (defaults → variant)"], rows)]
+    lines = [f"{r['benchmark']}: seconds a step (the faster of {r['timed_steps_per_round']} a "
+             f"round, median of {r['rounds']} rounds) and the speed over jax's defaults:", "",
+             *table(["model", "batch", "variant", "XLA:CPU options", "jax's defaults s",
+                     "variant s", "speed by round", "median",
+                     "scratch GiB a step (defaults → variant)"], rows)]
+    whole = "vit_whole_batch"
+    if whole in r["variants"]:  # --whole-batch: the split step over the same step whole
+        lines.append("")
+        for c in r["cases"]:
+            by_round = [w / v for w, v in zip(c["step_s"][whole], c["step_s"]["vit"],
+                                              strict=True)]
+            lines.append(f"ViT-{c['case'].replace(':', ' batch ')}: `vit` (the batch in "
+                         f"micro-batches) over `{whole}`, by round "
+                         f"{' / '.join(num(x) for x in by_round)}, median "
+                         f"{num(statistics.median(by_round))}.")
+    return lines
 
 
 # Record name (benchmarks/NAME.json) -> what its table shows.
@@ -440,8 +451,10 @@ RENDERERS: dict[str, Callable[[dict], list[str]]] = {
     "bench_train": train,
     "bench_train_repeat": train,  # the same benchmark run again: how far a record moves
     "bench_train_interleaved": train,  # --interleave: the host's drift cancels round by round
+    "bench_train_interleaved_unsplit": train,  # the same, before a CPU step split its batch
     "profile_train_step": profile,
     "bench_step_options": step_options,
+    "bench_step_split": step_options,  # --whole-batch: the step split for the cache, or whole
     "bench_scaling": scaling,
     "data_wait": data_wait,
     "bfloat16_agreement": bfloat16_agreement,

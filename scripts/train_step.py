@@ -79,14 +79,16 @@ class TrainStep:
         return metrics
 
 
-def build(config, num_classes: int) -> TrainStep:
-    """`vit train`'s step for `config` (a loaded recipe) with `num_classes` classes."""
+def build(config, num_classes: int, whole_batch: bool = False) -> TrainStep:
+    """`vit train`'s step for `config` (a loaded recipe) with `num_classes` classes.
+    `whole_batch`: the step as it was before a CPU step split a large batch into cache-sized
+    micro-batches (vit/train/step.py `MICRO_TOKENS`), for comparison."""
     from vit.train import parallel
     from vit.train.losses import DEFAULT, TEXT_LOSSES, get_loss
     from vit.train.optim import make_optimizer
     from vit.train.placement import Placement
     from vit.train.state import build_model, new_state
-    from vit.train.step import make_train_step
+    from vit.train.step import MICRO_TOKENS, make_train_step
 
     tc = config.train
     loss_name = tc.get("loss", DEFAULT)
@@ -99,6 +101,7 @@ def build(config, num_classes: int) -> TrainStep:
     state = new_state(params, tx, place, ema=tc.ema_decay > 0)
     step_fn = make_train_step(model.graphdef, tx, place, accum_steps=tc.accum_steps,
                               compute_dtype=model.config.dtype, ema_decay=tc.ema_decay,
-                              loss_fn=get_loss(loss_name))
+                              loss_fn=get_loss(loss_name),
+                              micro_tokens=None if whole_batch else MICRO_TOKENS)
     return TrainStep(config, model, num_classes, mesh, step_fn, state.params,
                      state.opt_state, state.ema)
