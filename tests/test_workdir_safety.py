@@ -612,13 +612,27 @@ def test_a_batch_larger_than_the_data_is_capped_under_a_memory_cap(tmp_path):
 @pytest.mark.timeout(600)
 def test_a_first_step_that_cannot_fit_says_what_to_lower(tmp_path):
     """Guards: a compile or allocation that cannot fit ended in XLA's traceback. Slow set: a
-    512-pixel training step (52 GB of attention) compiled under a memory cap, about 20 s; the
-    default set checks the out-of-memory line in tests/test_faults.py's memory rows."""
+    1024-pixel training step compiled under a memory cap; the default set checks the
+    out-of-memory line in tests/test_faults.py's memory rows. 1024 px: 65,537 tokens an image,
+    so even one image's attention (34 GB) cannot fit, though a CPU step runs its batch in
+    micro-batches (at 512 px, one image a piece, the step fit)."""
     workdir = tmp_path / "new" / "run"
-    done = _capped(argv(workdir, "input.image_size=512", "train.steps=1"))  # 52 GB of attention
+    done = _capped(argv(workdir, "input.image_size=1024", "train.steps=1"))
     assert_outcome(done.returncode, done.stderr, 2, "memory", "train.batch_size=8",
-                   "input.image_size=512")
+                   "input.image_size=1024")
     assert not (tmp_path / "new").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_first_validation_that_cannot_fit_names_the_eval_batch(tmp_path):
+    """Guards: a validation that could not fit said to lower train.batch_size, which it does
+    not use. 256 px: 4,097 tokens an image; the training step runs one image a piece, while
+    validation's batch of 144 needs ~19 GB of attention at once."""
+    done = _capped(argv(tmp_path / "run", "input.image_size=256", "train.steps=1"))
+    assert_outcome(done.returncode, done.stderr, 2, "the first validation", "memory",
+                   "train.eval_batch_size=144", "input.image_size=256")
+    assert "train.batch_size" not in done.stderr.strip().splitlines()[-1]
 
 
 # -- signals ------------------------------------------------------------------------------------

@@ -62,6 +62,8 @@ from vit.train.step import make_train_step
 from vit.train.tensorboard import FOLDER as TB_FOLDER
 from vit.train.tensorboard import EventLog
 
+VALIDATION = "the first validation"  # what an out-of-memory there names
+
 
 def train(config, workdir: str | Path, *, init: str | None = None,
           stop_after: int | None = None, sources: dict | None = None) -> dict:
@@ -250,6 +252,7 @@ class _Run:
         self.saver = CheckpointPolicy(ckpts, every=config.train.checkpoint_every,
                                       resumed=bool(start))
         self.meter, self.pending, self.early, self.last_val = TrainMeter(), [], early, {}
+        self.validated = False
 
     def steps(self, step_fn, lr_fn, start: int, end: int) -> tuple[dict, int, str | None]:
         """Trains from `start` to `end`, validating and saving when due; returns the last
@@ -319,9 +322,9 @@ class _Run:
         return record
 
     @contextlib.contextmanager
-    def _fits_memory(self, first: bool):
-        """The first step's batch and step, where memory that cannot suffice runs out: an
-        `OutOfMemory` naming what to lower, with the values this run has."""
+    def _fits_memory(self, first: bool, what: str = "the first training step"):
+        """The first step's (or validation's) batch and program, where memory that cannot
+        suffice runs out: an `OutOfMemory` naming what to lower, with the values this run has."""
         if not first:
             yield
             return
@@ -334,11 +337,13 @@ class _Run:
             said = next(str(e) for e in _chain(err) if is_out_of_memory(e)).strip()
             said = (said.splitlines() or [type(err).__name__])[0].removeprefix(
                 "RESOURCE_EXHAUSTED: ")[:120]
+            batch = (f"train.eval_batch_size={tc.eval_batch_size}" if what == VALIDATION else
+                     f"train.batch_size={tc.batch_size} (or raise train.accum_steps="
+                     f"{tc.accum_steps} to split it)")
             raise OutOfMemory(
-                f"the first training step does not fit in memory ({said}); lower "
-                f"train.batch_size={tc.batch_size} (or raise train.accum_steps="
-                f"{tc.accum_steps} to split it), input.image_size={cfg.image_size[0]}, or the "
-                f"model (width {cfg.width}, depth {cfg.depth}, mlp_dim {cfg.mlp_dim})") from None
+                f"{what} does not fit in memory ({said}); lower {batch}, "
+                f"input.image_size={cfg.image_size[0]}, or the model (width {cfg.width}, "
+                f"depth {cfg.depth}, mlp_dim {cfg.mlp_dim})") from None
 
     def kept(self) -> str:
         """Which checkpoint an interruption leaves, for its line."""
@@ -358,8 +363,12 @@ class _Run:
                                        batch_size=self.eval_batch_size,
                                        num_threads=self.config.data.num_threads,
                                        tokenize=self.tokenizer)
-        res = evaluate_task(self.loss_name, self.logits_fn, self.params, batches,
-                            len(self.train_src.class_names), self.mesh)
+        # The first validation compiles its forward at train.eval_batch_size, unsplit: a run
+        # whose training steps fit can still fail here.
+        with self._fits_memory(first=not self.validated, what=VALIDATION):
+            res = evaluate_task(self.loss_name, self.logits_fn, self.params, batches,
+                                len(self.train_src.class_names), self.mesh)
+        self.validated = True
         self.last_val = {"loss": res["loss"], "accuracy": res["accuracy"],
                          **{k: res[k] for k in ("top5_accuracy", "label_accuracy") if k in res}}
         self.log.write({"step": step, "split": "validation", **self.last_val})
