@@ -25,6 +25,7 @@ the code before it on the same machine in the same run (`ratio_to_baseline_media
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
 import statistics
@@ -50,6 +51,12 @@ def worker_ours(args, dtype: str):
     from vit.checkpoints import load_checkpoint
 
     model = load_checkpoint(args.checkpoint, dtype=dtype).build_model()
+    try:  # what `vit predict` does to a narrow model's kernels (an older copy may not)
+        from vit.inference.weights import narrow_kernels
+
+        model = narrow_kernels(model)
+    except ImportError:
+        pass
     graphdef, state = nnx.split(model)
     forward = jax.jit(lambda s, x: jax.nn.softmax(nnx.merge(graphdef, s)(x), -1))
     x = inputs(args.batch, args.image_size, 0)
@@ -61,8 +68,9 @@ def worker_ours(args, dtype: str):
         try:
             from vit.xla_cpu import compile_for_inference
         except ImportError:
-            compile_for_inference = lambda lowered: lowered.compile()  # noqa: E731
-    forward = compile_for_inference(forward.lower(state, x))
+            compile_for_inference = lambda lowered, dtype=None: lowered.compile()  # noqa: E731
+    takes_dtype = "dtype" in inspect.signature(compile_for_inference).parameters
+    forward = compile_for_inference(forward.lower(state, x), *([dtype] if takes_dtype else []))
     forward(state, x).block_until_ready()
     times = []
     for _ in range(args.iters):

@@ -88,3 +88,55 @@ def test_training_in_bfloat16_prints_one_note_where_it_cannot_pay(monkeypatch, c
     monkeypatch.setattr(matmul, "cpu_bfloat16_features", lambda: ("amx_bf16",))
     state._note_dtype("bfloat16")
     assert capsys.readouterr().err == ""
+
+
+# -- inference weights and the fused projection --------------------------------------------------
+def test_narrow_kernels_store_kernels_narrow_on_a_copy_with_bit_identical_outputs(make_tiny):
+    from flax import nnx
+
+    from vit.inference.weights import narrow_kernels
+
+    loaded = make_tiny(dtype="bfloat16")  # random weights everywhere, the head included
+    model = loaded.build_model()
+    x = np.random.RandomState(0).randn(3, *loaded.preprocessing.size, 3).astype(np.float32)
+    want = np.asarray(model(x), np.float32)
+    assert np.ptp(want) > 0.1  # a real comparison: not a constant (zero-head) output
+    narrow = narrow_kernels(model)
+    kernels = {"/".join(map(str, path)): leaf.dtype for path, leaf in
+               jax.tree_util.tree_flatten_with_path(nnx.to_pure_dict(nnx.state(narrow)))[0]
+               if "kernel" in str(path[-1])}
+    assert kernels and all(d == jnp.bfloat16 for d in kernels.values()), kernels
+    # The caller's model is unchanged, and every output bit is the same.
+    assert all(leaf.dtype != jnp.bfloat16 for leaf in jax.tree.leaves(nnx.state(model)))
+    np.testing.assert_array_equal(np.asarray(narrow(x), np.float32), want)
+    f32 = make_tiny().build_model()
+    assert narrow_kernels(f32) is f32  # nothing narrow: the same model back
+
+
+def test_fused_qkv_projection_gives_the_three_products_values():
+    """A narrow dtype on the CPU projects q, k and v as one product (`_fused_qkv`); it must
+    give what the three per-head products give, in both layouts."""
+    from flax import nnx
+
+    from vit.models import variant_config
+    from vit.models.blocks import Attention
+
+    cfg = variant_config("Ti/16", width=64, num_heads=4, mlp_dim=128, depth=1,
+                         dtype="bfloat16")
+    attn = Attention(cfg, nnx.Rngs(0))
+    attn.qkv.bias.set_value(jax.random.normal(jax.random.key(1), attn.qkv.bias.shape))
+    x = jax.random.normal(jax.random.key(2), (2, 9, 64)).astype(jnp.bfloat16)
+    for layout, heads in (("bhsd", "bhnd"), ("bshd", "bnhd")):
+        fused = attn._fused_qkv(x, layout)
+        three = attn._three_products(x, layout, heads, None)
+        # Independent reference: the float64 product of the same bfloat16 values, per head.
+        k = np.asarray(attn.qkv.kernel[...].astype(jnp.bfloat16), np.float64).reshape(64, 3, 4, 16)
+        ref = np.einsum("bnc,cihd->ibnhd", np.asarray(x, np.float64), k)
+        ref = ref + np.asarray(attn.qkv.bias[...], np.float64).reshape(3, 1, 1, 4, 16)
+        if layout == "bhsd":
+            ref = ref.transpose(0, 1, 3, 2, 4)
+        for i, (a, b) in enumerate(zip(fused, three, strict=True)):
+            assert a.shape == b.shape == ref[i].shape and a.dtype == jnp.bfloat16
+            for got in (a, b):  # one bfloat16 rounding of the exact value
+                np.testing.assert_allclose(np.asarray(got, np.float64), ref[i],
+                                           rtol=BF16_EPS, atol=1e-6)

@@ -204,3 +204,17 @@ def test_a_hub_id_is_prepared_by_its_snapshot_and_a_new_revision_is_a_miss(setup
     got, err = run()
     assert "prepared:" in err
     same(got, new_want)
+
+
+def test_a_bfloat16_classifier_is_stored_with_its_bfloat16_kernels_and_read_back(setup, capsys):
+    """A narrow model's kernels are stored narrow (vit/inference/weights.py); numpy names
+    bfloat16 "<V2", raw bytes, so the entry must name it for the warm run to read it back."""
+    want, _ = predict(capsys, setup, "--no-cache", "--dtype", "bfloat16")
+    cold, _ = predict(capsys, setup, "--dtype", "bfloat16")
+    [entry] = entries(setup)
+    stored = {d for _, d, _ in json.loads((entry / "meta.json").read_text())["leaves"]}
+    assert "bfloat16" in stored and "<f4" in stored  # kernels narrow, norms and biases not
+    warm, err = predict(capsys, setup, "--dtype", "bfloat16")
+    assert f"prepared: {entry}" in err
+    same(cold, want)
+    same(warm, want)

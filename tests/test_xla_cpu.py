@@ -120,3 +120,29 @@ def test_jit_options_are_none_where_this_jaxlib_refuses_them(monkeypatch):
         assert xla_cpu.jit_options() == {"compiler_options": xla_cpu.INFERENCE}
         assert xla_cpu.jit_options(xla_cpu.TRAINING) == {"compiler_options": xla_cpu.TRAINING}
     assert xla_cpu.jit_options({"xla_cpu_no_such_option": True}) == {}
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="the options are XLA:CPU's")
+@pytest.mark.parametrize("features, ynn_dots", [((), False), (("amx_bf16", "avx512_bf16"), True)])
+def test_a_bfloat16_predictor_keeps_ynnpack_dots_where_the_cpu_has_bfloat16_arithmetic(
+        monkeypatch, make_tiny, features, ynn_dots):
+    from vit.ops import matmul
+
+    monkeypatch.delenv(xla_cpu.OPT_OUT, raising=False)
+    monkeypatch.setattr(matmul, "cpu_bfloat16_features", lambda: features)
+    loaded = make_tiny(image_size=32, patch_size=8, depth=1, num_classes=5, dtype="bfloat16")
+    narrow = Predictor(loaded.build_model(), loaded.preprocessing, batch_size=2)
+    narrow.compile()
+    assert narrow.dtype == "bfloat16"
+    assert (ynn_fusions(narrow._compiled.as_text())["dot"] > 0) == ynn_dots
+    # float32 keeps XLA's own dots whatever the CPU.
+    wide = make_tiny(image_size=32, patch_size=8, depth=1, num_classes=5)
+    wide = Predictor(wide.build_model(), wide.preprocessing, batch_size=2)
+    wide.compile()
+    assert "__ynn_fusion" not in wide._compiled.as_text()
+    x = np.random.RandomState(1).randn(2, 32, 32, 3).astype(np.float32)
+    (p_narrow, i_narrow), (p_wide, i_wide) = narrow.predict_arrays(x), wide.predict_arrays(x)
+    assert np.ptp(p_wide) > 0.01  # not a constant model
+    np.testing.assert_allclose(p_narrow, p_wide, atol=0.02)  # bfloat16's error, no more
+    assert xla_cpu.inference_options("float32") == xla_cpu.INFERENCE
+    assert (xla_cpu.inference_options("bfloat16") == {}) == ynn_dots

@@ -18,11 +18,12 @@ def scorer(loaded, batch: int, task: str, tokenize=None):
     from vit.data import eval_batches
     from vit.inference.evaluate import evaluate_task, make_logits_fn
     from vit.inference.memory import check_fits
+    from vit.inference.weights import narrow_kernels
 
     check_fits(loaded.config, batch, lower=("--batch-size",))  # before the model is built
-    graphdef, params = nnx.split(loaded.build_model(), nnx.Param)
+    graphdef, params = nnx.split(narrow_kernels(loaded.build_model()), nnx.Param)
     mesh = device_mesh.local_mesh()
-    logits_fn = make_logits_fn(graphdef, mesh)
+    logits_fn = make_logits_fn(graphdef, mesh, dtype=loaded.config.dtype)
     host_batch = device_mesh.eval_host_batch_size(batch, mesh)
     num_classes = loaded.config.num_classes
 

@@ -16,16 +16,17 @@ from flax import nnx
 from vit import device_mesh
 from vit.data import eval_batches
 from vit.data.transforms import one_hot
-from vit.inference.xla_cpu import jit_options
+from vit.inference.xla_cpu import inference_options, jit_options
 
 # The model inputs of a batch: the images, and the prompts when the task reads text.
 INPUTS = ("image", "text", "text_mask")
 
 
-def make_logits_fn(graphdef, mesh, params_sharding=None):
+def make_logits_fn(graphdef, mesh, params_sharding=None, dtype=None):
     """A jitted `(params, inputs) -> float32 logits`, batch split over the mesh, logits
     replicated; `inputs` holds `image`, and `text`/`text_mask` for a prompt head.
-    `params_sharding` is the training state's (default: replicated)."""
+    `params_sharding` is the training state's (default: replicated); `dtype` the model's
+    compute dtype (its compile options, `vit.inference.xla_cpu.inference_options`)."""
     rep, sharded = device_mesh.replicated(mesh), device_mesh.batch_sharded(mesh)
 
     def logits(params, inputs):
@@ -34,7 +35,7 @@ def make_logits_fn(graphdef, mesh, params_sharding=None):
                                            text_mask=inputs.get("text_mask"))
 
     return jax.jit(logits, in_shardings=(params_sharding or rep, sharded), out_shardings=rep,
-                   **jit_options())
+                   **jit_options(inference_options(dtype)))
 
 
 def sharded_eval_batches(source, pre, *, batch_size: int, num_threads: int = 2,

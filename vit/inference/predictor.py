@@ -34,6 +34,7 @@ from vit.inference.prompts import (
     require_text,
     zero_shot_prompts,
 )
+from vit.inference.weights import narrow_kernels
 from vit.inference.xla_cpu import compile_for_inference
 from vit.preprocess import Preprocessing
 
@@ -85,7 +86,8 @@ class Predictor:
         self.preprocess, self.batch_size = preprocess, batch_size
         self.workers = workers or min(8, os.cpu_count() or 1)
         self.prompts, self.threshold, self.num_classes = prompts, threshold, cfg.num_classes
-        graphdef, state = nnx.split(model)
+        self.dtype = str(cfg.dtype)
+        graphdef, state = nnx.split(narrow_kernels(model))
         # The forwards take the parameter leaves as a flat list: a plain argument tree that
         # `jax.export` can serialize (vit.inference.prepared), whatever the model's own tree is.
         state, treedef = jax.tree.flatten(state)
@@ -136,6 +138,9 @@ class Predictor:
         self.top_k = exported.out_avals[0].shape[-1]
         # Split over the local devices as it was exported (jax refuses any other device count).
         self._state, self._extra = leaves, ()
+        # The compute dtype, for the compile options: narrow kernels are stored narrow.
+        narrow = [str(leaf.dtype) for leaf in leaves if str(leaf.dtype) in ("bfloat16", "float16")]
+        self.dtype = narrow[0] if narrow else "float32"
         self._forward = on_local_devices(exported.call, self.batch_size, 2)[1]
         self._channels, self._compiled, self.exported = images.shape[-1], None, exported
         return self
@@ -170,7 +175,8 @@ class Predictor:
                 forward = on_local_devices(self.exported.call, self.batch_size, 2)[1]
             except Exception:  # noqa: BLE001 - anything export refuses: run unexported
                 self.exported = None
-        self._compiled = compile_for_inference(forward.lower(self._state, spec, *self._extra))
+        self._compiled = compile_for_inference(forward.lower(self._state, spec, *self._extra),
+                                               self.dtype)
 
     def predict_arrays(self, images: np.ndarray):
         """`[n, h, w, c]` preprocessed images -> (probs, indices), each `[n, top_k]`; in prompt

@@ -262,7 +262,9 @@ def _store_weights(entry: Path, meta: dict, leaves: list) -> None:
                 array = np.ascontiguousarray(leaf)
                 dtype = array.dtype.newbyteorder("<")
                 f.write(array.astype(dtype, copy=False).tobytes())
-                layout.append([list(array.shape), dtype.str, offset])
+                # numpy spells bfloat16 "<V2" (raw bytes): such a dtype is stored by name.
+                layout.append([list(array.shape), dtype.name if dtype.kind == "V" else dtype.str,
+                               offset])
                 offset += array.nbytes
         (staging / "meta.json").write_text(json.dumps({**meta, "format": FORMAT,
                                                        "leaves": layout}))

@@ -172,20 +172,15 @@ class Attention(nnx.Module):
         # The fused `qkv` kernel (timm's layout) is read as [width, 3, heads, head_dim] and q, k
         # and v are three products written straight in the layout attention wants: no copy
         # splits a fused output, and the backward adds three input gradients instead of
-        # stitching one [tokens, 3 * width] gradient together.
+        # stitching one [tokens, 3 * width] gradient together. A narrow dtype on the CPU is
+        # the exception (`_fused_qkv`).
         layout = preferred_layout()
         heads = "bhnd" if layout == "bhsd" else "bnhd"
-        kernel = self.qkv.kernel[...].reshape(x.shape[-1], 3, self.num_heads, self.head_dim)
-        bias_shape = ((3, self.num_heads, 1, self.head_dim) if layout == "bhsd" else
-                      (3, 1, self.num_heads, self.head_dim))
-        bias = self.qkv.bias[...].reshape(bias_shape) if self.qkv.bias is not None else None
-
-        def project(i, tokens):
-            return matmul.einsum_dense(f"bnc,chd->{heads}", tokens, kernel[:, i],
-                                       None if bias is None else bias[i], self.qkv.dtype)
-
-        q = project(0, x[:, :queries])
-        k, v = project(1, x), project(2, x)
+        if (queries is None and jnp.dtype(self.qkv.dtype) in matmul.NARROW
+                and matmul.wide_output()):
+            q, k, v = self._fused_qkv(x, layout)
+        else:
+            q, k, v = self._three_products(x, layout, heads, queries)
         if self.q_norm is not None:
             q, k = self.q_norm(q).astype(v.dtype), self.k_norm(k).astype(v.dtype)
         if probs_hook is not None:
@@ -199,6 +194,33 @@ class Attention(nnx.Module):
         proj = self.proj.kernel[...].reshape(self.num_heads, self.head_dim, -1)
         return matmul.einsum_dense(f"{heads},hdc->bnc", out, proj, self.proj.bias[...],
                                    self.proj.dtype)
+
+    def _three_products(self, x, layout: str, heads: str, queries: int | None):
+        """q, k and v as three products, each written in the layout attention wants."""
+        kernel = self.qkv.kernel[...].reshape(x.shape[-1], 3, self.num_heads, self.head_dim)
+        bias_shape = ((3, self.num_heads, 1, self.head_dim) if layout == "bhsd" else
+                      (3, 1, self.num_heads, self.head_dim))
+        bias = self.qkv.bias[...].reshape(bias_shape) if self.qkv.bias is not None else None
+
+        def project(i, tokens):
+            return matmul.einsum_dense(f"bnc,chd->{heads}", tokens, kernel[:, i],
+                                       None if bias is None else bias[i], self.qkv.dtype)
+
+        return project(0, x[:, :queries]), project(1, x), project(2, x)
+
+    def _fused_qkv(self, x, layout: str):
+        """q, k and v as one `[tokens, 3 * width]` product, split after. In a narrow dtype on
+        the CPU the products run in YNNPACK, which takes a plain row-major product far faster
+        than one written in the heads layout (that one copies a transposed weight every call):
+        ViT-B/16 bfloat16 forward 383 -> 312 ms, batch 8 (docs/benchmarks.md)."""
+        qkv = matmul.dense(x, self.qkv.kernel[...],
+                           self.qkv.bias[...] if self.qkv.bias is not None else None,
+                           self.qkv.dtype)
+        qkv = qkv.reshape(*x.shape[:2], 3, self.num_heads, self.head_dim)
+        qkv = jnp.moveaxis(qkv, 2, 0)  # [3, b, n, h, d]
+        if layout == "bhsd":
+            qkv = jnp.swapaxes(qkv, 2, 3)
+        return qkv[0], qkv[1], qkv[2]
 
 
 class LayerScale(nnx.Module):

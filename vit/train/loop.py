@@ -178,7 +178,8 @@ def _train(config, workdir: Path, ckpts: TrainCheckpoints, claim: workdirs.Claim
                               loss_fn=loss_fn)
     run = _Run(config, workdir, ckpts, state, model=model, iterator=iterator,
                sources=(train_src, val_src), tokenizer=tokenizer, loss_name=loss_name,
-               logits_fn=make_logits_fn(model.graphdef, mesh, place.params), mesh=mesh,
+               logits_fn=make_logits_fn(model.graphdef, mesh, place.params,
+                                         model.config.dtype), mesh=mesh,
                eval_batch_size=eval_host_batch, start=start, primary=primary, early=early)
     if claim is not None:  # the run writes from here on: a 0.1.0 workdir becomes ours
         claim.adopt()
