@@ -17,6 +17,13 @@ huge pages, vit/host_allocator.py), transformers' in the caller's; the record na
 `--interleave` keeps every process alive instead (compiled and warmed up once) and asks each
 for a run in turn, the order flipping every round: rounds cost only their steps and the two
 sides of a round run seconds apart, so the host's drift between minutes leaves the ratios.
+Each such run starts with `--rewarm` untimed steps (default 1), on both sides: on a virtual
+machine that hands a guest's free memory back to its host (free page reporting, as the
+Firecracker VMs these records come from do), memory a process freed a second or more ago is
+gone, and the first step after the other side's run faults it all in again. Our step frees its
+scratch memory (1.4 GiB for ViT-B/16 batch 8) at its end and takes it again at the next start,
+so that first step paid ~2 s more (6.2 s against 3.9); transformers' hardly anything. `vit
+train` runs its steps back to back and does not pay it; the record keeps those steps' times.
 `--plain-malloc` times ours a second time in the caller's environment, to show what that gains;
 `--jax-defaults` times ours once more compiled with jax's default XLA:CPU options
 (`VIT_XLA_DOTS=0`: YNNPACK's dots instead of XLA's, vit/inference/xla_cpu.py), likewise.
@@ -189,17 +196,19 @@ def worker(step, steps: int, warmup: int) -> dict:
     return {"times": times, "loss_first": losses[0], "loss_last": losses[-1], **memory.probe()}
 
 
-def serve(step, steps: int, warmup: int) -> None:
-    """`--interleave`'s worker: the warm-up, then `steps` timed steps for every line read
-    from stdin, each run's result as one JSON line, until stdin closes."""
+def serve(step, steps: int, warmup: int, rewarm: int = 0) -> None:
+    """`--interleave`'s worker: the warm-up, then for every line read from stdin `rewarm`
+    untimed steps and `steps` timed ones, each run's result as one JSON line, until stdin
+    closes."""
     _, losses = timed(step, warmup)
     first = losses[0] if losses else None
     print(json.dumps({"ready": True}), flush=True)
     for _ in sys.stdin:
+        untimed, early = timed(step, rewarm)
         times, losses = timed(step, steps)
-        first = losses[0] if first is None else first
-        print(json.dumps({"times": times, "loss_first": first, "loss_last": losses[-1],
-                          **memory.probe()}), flush=True)
+        first = (early + losses)[0] if first is None else first
+        print(json.dumps({"times": times, "rewarm_times": untimed, "loss_first": first,
+                          "loss_last": losses[-1], **memory.probe()}), flush=True)
 
 
 def worker_command(kind: str, case: str, dtype: str, folder: Path, args) -> tuple[list, dict]:
@@ -207,7 +216,8 @@ def worker_command(kind: str, case: str, dtype: str, folder: Path, args) -> tupl
     worker = "vit" if kind in VARIANTS else kind
     cmd = [sys.executable, __file__, "--worker", worker, "--case", case, "--folder", str(folder),
            "--steps", str(args.steps), "--warmup", str(args.warmup), "--dtype", dtype,
-           *(f"--set={s}" for s in args.set), *(["--interleave"] if args.interleave else [])]
+           *(f"--set={s}" for s in args.set),
+           *(["--interleave", "--rewarm", str(args.rewarm)] if args.interleave else [])]
     # Ours runs in the environment the `vit` command gives itself (huge pages for XLA's
     # scratch memory, vit/host_allocator.py); transformers' in the environment as it is.
     env = {**(host_allocator.environment() if kind in ("vit", DEFAULTS) else os.environ),
@@ -288,6 +298,8 @@ def measure(case: str, folder: Path, args) -> dict:
                               "transformers": [x["median_step_s"] for x in tf]},
             "step_times_s": {"vit": [x["times"] for x in vit],
                              "transformers": [x["times"] for x in tf]},
+            "untimed_step_times_s": {"vit": [x.get("rewarm_times", []) for x in vit],
+                                     "transformers": [x.get("rewarm_times", []) for x in tf]},
             "ratio_transformers_over_vit": ratios,
             "median_ratio": statistics.median(ratios),
             "peak_rss_bytes": {"vit": max(x["peak_rss_bytes"] for x in vit),
@@ -332,6 +344,9 @@ def main() -> None:
                         help="keep every contestant's process alive (compiled once) and "
                              "alternate their runs round by round: many short rounds, so the "
                              "host's drift between minutes cancels out of each round's ratio")
+    parser.add_argument("--rewarm", type=int, default=1,
+                        help="--interleave: untimed steps at the start of every run, both "
+                             "sides (memory a VM took back while the process waited)")
     parser.add_argument("--note", default="", help="recorded with the results (e.g. load)")
     parser.add_argument("--out", default=records.default_out("bench_train"))
     parser.add_argument("--worker", choices=("prepare", "vit", "transformers"),
@@ -354,7 +369,7 @@ def main() -> None:
         step = (vit_step(cases[0], args.set, args.folder, args.dtype[0]) if args.worker == "vit"
                 else transformers_step(args.folder, args.dtype[0]))
         if args.interleave:
-            serve(step, args.steps, args.warmup)
+            serve(step, args.steps, args.warmup, args.rewarm)
         else:
             print(json.dumps(worker(step, args.steps, args.warmup)))
         return
@@ -394,6 +409,7 @@ def main() -> None:
         "xla_cpu_options": {"float32": xla_cpu.TRAINING, "other dtypes": xla_cpu.SCHEDULE},
         "rounds": args.rounds, "timed_steps_per_run": args.steps, "warmup_steps": args.warmup,
         "interleaved": args.interleave,
+        "untimed_steps_per_run": args.rewarm if args.interleave else 0,
         "load_average_before": [round(x, 2) for x in load_before],
         "cases": results,
         "note": args.note,

@@ -217,6 +217,9 @@ def train(r: dict) -> list[str]:
     # --interleave: the processes stay alive and alternate run by run (records before it: no).
     how = (", both processes alive throughout, their runs alternating" if r.get("interleaved")
            else "")
+    if r.get("untimed_steps_per_run"):  # --rewarm: steps after the other side's run, untimed
+        how += (f", each run after {r['untimed_steps_per_run']} untimed step(s) (memory the VM "
+                "took back while the process waited)")
     return [f"`vit train`'s step against transformers' (CPU), seconds a step, median "
             f"of each run's {r['timed_steps_per_run']} timed steps, {r['rounds']} rounds{how}:",
             "",
@@ -446,12 +449,16 @@ def step_options(r: dict) -> list[str]:
 RENDERERS: dict[str, Callable[[dict], list[str]]] = {
     "demo": demo,
     "bench_inference": inference,
+    "bench_inference_bf16cpu": inference,  # a CPU with bfloat16 arithmetic (AMX)
+    "bench_inference_bf16cpu_before": inference,  # the same, bfloat16 through XLA's own dots
     "bench_predict": predict,
     "bench_gemm": gemm,
     "bench_train": train,
     "bench_train_repeat": train,  # the same benchmark run again: how far a record moves
     "bench_train_interleaved": train,  # --interleave: the host's drift cancels round by round
     "bench_train_interleaved_unsplit": train,  # the same, before a CPU step split its batch
+    "bench_train_bf16cpu": train,  # a CPU with bfloat16 arithmetic (AMX), --interleave
+    "bench_train_bf16cpu_norewarm": train,  # the same before --rewarm: every first step timed
     "profile_train_step": profile,
     "bench_step_options": step_options,
     "bench_step_split": step_options,  # --whole-batch: the step split for the cache, or whole
