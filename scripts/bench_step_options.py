@@ -11,10 +11,11 @@ variant's ratio to the defaults by round and the median, and each compile's scra
 step (`memory_analysis().temp_size_in_bytes`). Runs in the `vit` command's environment (huge
 pages, vit/host_allocator.py). `--whole-batch` adds `vit_whole_batch`: our options on the step
 as it was before a CPU step split a large batch into cache-sized micro-batches
-(vit/train/step.py `MICRO_TOKENS`), its batch in one piece.
+(vit/train/step.py `MICRO_TOKENS`), its batch in one piece. `--dtype bfloat16` times the
+bfloat16 step instead (its options: `xla_cpu.SCHEDULE` alone).
 
     python scripts/bench_step_options.py [--case S/16:32 --case B/16:8] [--rounds 4]
-        [--steps 2] [--variant NAME:KEY=VALUE ...] [--whole-batch]
+        [--steps 2] [--variant NAME:KEY=VALUE ...] [--whole-batch] [--dtype bfloat16]
         [--out benchmarks/bench_step_options.json]
 """
 
@@ -44,11 +45,17 @@ def parse_variant(text: str) -> tuple[str, dict]:
     return name, {k: {"true": True, "false": False}.get(v.lower(), v) for k, v in pairs}
 
 
-def measure(case: str, variants: dict, rounds: int, steps: int, whole_batch: bool) -> dict:
+def ours(dtype: str) -> dict:
+    """The options `make_train_step` gives a step in `dtype`."""
+    return dict(xla_cpu.TRAINING if dtype == "float32" else xla_cpu.SCHEDULE)
+
+
+def measure(case: str, variants: dict, rounds: int, steps: int, whole_batch: bool,
+            dtype: str = "float32") -> dict:
     import jax
     import numpy as np
 
-    config = bench_train.recipe(case, [])
+    config = bench_train.recipe(case, [], dtype)
     step = train_step.build(config, bench_train.CLASSES)
     batch_size = int(case.split(":")[1])
     rng = np.random.default_rng(0)
@@ -59,7 +66,7 @@ def measure(case: str, variants: dict, rounds: int, steps: int, whole_batch: boo
     compiled = {name: lowered.compile(options) for name, options in variants.items()}
     if whole_batch:  # the same state and batch; only the step's trace differs
         whole = train_step.build(config, bench_train.CLASSES, whole_batch=True)
-        compiled[WHOLE] = whole.step_fn.lower(*args).compile(dict(xla_cpu.TRAINING))
+        compiled[WHOLE] = whole.step_fn.lower(*args).compile(ours(dtype))
     state = (step.params, step.opt_state, step.ema)
 
     def run(fn, state):
@@ -103,14 +110,16 @@ def main() -> None:
                         help="another set of compile options, repeatable")
     parser.add_argument("--whole-batch", action="store_true",
                         help=f"also time {WHOLE}: the step with its batch in one piece")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                        help="the step's compute dtype")
     parser.add_argument("--out", default=records.default_out("bench_step_options"))
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    variants = {"jax_defaults": {}, "vit": dict(xla_cpu.TRAINING),
+    variants = {"jax_defaults": {}, "vit": ours(args.dtype),
                 **dict(parse_variant(v) for v in args.variant)}
     if args.worker:
         print(json.dumps(measure(args.worker, variants, args.rounds, args.steps,
-                                 args.whole_batch)))
+                                 args.whole_batch, args.dtype)))
         return
     # The jit's own options are off (VIT_XLA_DOTS=0), so "jax_defaults" compiles with none.
     env = {**host_allocator.environment(), "JAX_PLATFORMS": "cpu", xla_cpu.OPT_OUT: "0"}
@@ -118,7 +127,7 @@ def main() -> None:
     for case in args.case or bench_train.CASES:
         argv = [sys.executable, __file__, "--worker", case, "--rounds", str(args.rounds),
                 "--steps", str(args.steps), *(f"--variant={v}" for v in args.variant),
-                *(["--whole-batch"] if args.whole_batch else [])]
+                *(["--whole-batch"] if args.whole_batch else []), "--dtype", args.dtype]
         proc = subprocess.run(argv, env=env, stdout=subprocess.PIPE, text=True)
         if proc.returncode:
             raise SystemExit(f"{case}: the worker failed")
@@ -126,9 +135,10 @@ def main() -> None:
         print(f"{case}: " + ", ".join(f"{n} {m:.2f}x" for n, m in
                                       cases[-1]["median_speedup"].items()) + " jax's defaults")
     records.write(args.out, {
-        "benchmark": "vit train's float32 step compiled with each set of XLA:CPU options, "
-                     "alternating in one process",
-        "variants": {**variants, **({WHOLE: {**xla_cpu.TRAINING, "micro_tokens": None}}
+        "benchmark": f"vit train's {args.dtype} step compiled with each set of XLA:CPU "
+                     "options, alternating in one process",
+        "dtype": args.dtype,
+        "variants": {**variants, **({WHOLE: {**ours(args.dtype), "micro_tokens": None}}
                                     if args.whole_batch else {})},
         "rounds": args.rounds, "timed_steps_per_round": args.steps,
         "environment": host_allocator.environment().get("GLIBC_TUNABLES", "(none)"),

@@ -453,6 +453,7 @@ RENDERERS: dict[str, Callable[[dict], list[str]]] = {
     "bench_inference_bf16cpu_before": inference,  # the same, bfloat16 through XLA's own dots
     "bench_predict": predict,
     "bench_gemm": gemm,
+    "bench_gemm_bf16cpu": gemm,  # a CPU with bfloat16 arithmetic (AMX)
     "bench_train": train,
     "bench_train_repeat": train,  # the same benchmark run again: how far a record moves
     "bench_train_interleaved": train,  # --interleave: the host's drift cancels round by round
@@ -462,6 +463,8 @@ RENDERERS: dict[str, Callable[[dict], list[str]]] = {
     "profile_train_step": profile,
     "bench_step_options": step_options,
     "bench_step_split": step_options,  # --whole-batch: the step split for the cache, or whole
+    "bench_step_split_bf16cpu": step_options,  # the same in bfloat16, on a CPU with AMX
+    "bench_step_split_xeon": step_options,  # float32 again on that CPU, the faster of 2 steps
     "bench_scaling": scaling,
     "data_wait": data_wait,
     "bfloat16_agreement": bfloat16_agreement,

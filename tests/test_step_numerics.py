@@ -70,11 +70,12 @@ def _max_relative_error(got, want) -> list[tuple[str, float]]:
     return out
 
 
-def _step(graphdef, params, batch, ema_decay=0.0, micro_tokens=None, hlo=None):
+def _step(graphdef, params, batch, ema_decay=0.0, micro_tokens=None, hlo=None,
+          compute_dtype="float32"):
     mesh = device_mesh.make_mesh(1)
     step = make_train_step(graphdef, KEEP_GRADS, Placement.of(mesh, params, KEEP_GRADS),
                            accum_steps=1, ema_decay=ema_decay, loss_fn=softmax_xent,
-                           micro_tokens=micro_tokens)
+                           micro_tokens=micro_tokens, compute_dtype=compute_dtype)
     p = jax.tree.map(jnp.array, params)
     ema = jax.tree.map(jnp.array, params) if ema_decay else None
     args = (p, KEEP_GRADS.init(p), ema, device_mesh.to_global(batch, mesh), 0, 0)
@@ -109,14 +110,21 @@ def test_one_steps_loss_and_gradients_equal_plain_jax_grad(micro_tokens, pieces)
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16"])
-def test_mixed_precision_step_keeps_float32_gradients_near_the_float32_ones(dtype):
+@pytest.mark.parametrize("micro_tokens", [None, 4])
+def test_mixed_precision_step_keeps_float32_gradients_near_the_float32_ones(dtype,
+                                                                           micro_tokens):
     """bfloat16 compute, float32 master weights: the gradients come back float32, and close to
-    the float32 model's (bfloat16 keeps 8 bits: a few per cent of each tensor's scale)."""
+    the float32 model's (bfloat16 keeps 8 bits: a few per cent of each tensor's scale), whole
+    or split into micro-batches for the CPU's cache."""
     graphdef, params, batch = _setup()
     _, want = _reference(graphdef, params, batch)
     graphdef16, params16, _ = _setup(dtype)
-    loss16, got = _step(graphdef16, params16, batch)
+    hlo = []
+    loss16, got = _step(graphdef16, params16, batch, micro_tokens=micro_tokens, hlo=hlo,
+                        compute_dtype=dtype)
     assert np.isfinite(loss16)
+    if jax.default_backend() == "cpu":  # the split is a CPU step's
+        assert ("while" in hlo[0]) == (micro_tokens is not None)
     for (path, w), g in zip(jax.tree_util.tree_leaves_with_path(want), jax.tree.leaves(got),
                             strict=True):
         assert g.dtype == jnp.float32, path
