@@ -58,10 +58,14 @@ def our_probs(path, dtype: str, x: np.ndarray) -> np.ndarray:
     from flax import nnx
 
     from vit.checkpoints import load_checkpoint
+    from vit.inference.weights import narrow_kernels
+    from vit.inference.xla_cpu import compile_for_inference
 
-    graphdef, state = nnx.split(load_checkpoint(path, dtype=dtype).build_model())
+    # The model and compile as `vit predict --dtype` makes them.
+    graphdef, state = nnx.split(narrow_kernels(load_checkpoint(path, dtype=dtype).build_model()))
     forward = jax.jit(lambda s, x: jax.nn.softmax(nnx.merge(graphdef, s)(x)))
-    return np.asarray(forward(state, x), np.float64)
+    return np.asarray(compile_for_inference(forward.lower(state, x), dtype)(state, x),
+                      np.float64)
 
 
 def transformers_probs(loaded, x: np.ndarray, folder: Path) -> np.ndarray:
