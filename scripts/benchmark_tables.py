@@ -452,6 +452,7 @@ RENDERERS: dict[str, Callable[[dict], list[str]]] = {
     "bench_inference_bf16cpu": inference,  # a CPU with bfloat16 arithmetic (AMX)
     "bench_inference_bf16cpu_before": inference,  # the same, bfloat16 through XLA's own dots
     "bench_predict": predict,
+    "bench_predict_bf16cpu": predict,  # a CPU with bfloat16 arithmetic (AMX), no start-up
     "bench_gemm": gemm,
     "bench_gemm_bf16cpu": gemm,  # a CPU with bfloat16 arithmetic (AMX)
     "bench_train": train,
