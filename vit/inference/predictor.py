@@ -34,8 +34,8 @@ from vit.inference.prompts import (
     require_text,
     zero_shot_prompts,
 )
-from vit.inference.weights import narrow_kernels
 from vit.inference.xla_cpu import compile_for_inference
+from vit.ops.matmul import NARROW
 from vit.preprocess import Preprocessing
 
 
@@ -75,6 +75,8 @@ class Predictor:
                  multi_label: bool = False, threshold: float = 0.5):
         import jax
         from flax import nnx
+
+        from vit.inference.weights import narrow_kernels
 
         cfg = model.config
         if prompts is not None and zero_shot is not None:
@@ -139,7 +141,7 @@ class Predictor:
         # Split over the local devices as it was exported (jax refuses any other device count).
         self._state, self._extra = leaves, ()
         # The compute dtype, for the compile options: narrow kernels are stored narrow.
-        narrow = [str(leaf.dtype) for leaf in leaves if str(leaf.dtype) in ("bfloat16", "float16")]
+        narrow = [str(leaf.dtype) for leaf in leaves if leaf.dtype in NARROW]
         self.dtype = narrow[0] if narrow else "float32"
         self._forward = on_local_devices(exported.call, self.batch_size, 2)[1]
         self._channels, self._compiled, self.exported = images.shape[-1], None, exported
