@@ -45,11 +45,6 @@ def parse_variant(text: str) -> tuple[str, dict]:
     return name, {k: {"true": True, "false": False}.get(v.lower(), v) for k, v in pairs}
 
 
-def ours(dtype: str) -> dict:
-    """The options `make_train_step` gives a step in `dtype`."""
-    return dict(xla_cpu.TRAINING if dtype == "float32" else xla_cpu.SCHEDULE)
-
-
 def measure(case: str, variants: dict, rounds: int, steps: int, whole_batch: bool,
             dtype: str = "float32") -> dict:
     import jax
@@ -66,7 +61,7 @@ def measure(case: str, variants: dict, rounds: int, steps: int, whole_batch: boo
     compiled = {name: lowered.compile(options) for name, options in variants.items()}
     if whole_batch:  # the same state and batch; only the step's trace differs
         whole = train_step.build(config, bench_train.CLASSES, whole_batch=True)
-        compiled[WHOLE] = whole.step_fn.lower(*args).compile(ours(dtype))
+        compiled[WHOLE] = whole.step_fn.lower(*args).compile(xla_cpu.training_options(dtype))
     state = (step.params, step.opt_state, step.ema)
 
     def run(fn, state):
@@ -115,7 +110,7 @@ def main() -> None:
     parser.add_argument("--out", default=records.default_out("bench_step_options"))
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    variants = {"jax_defaults": {}, "vit": ours(args.dtype),
+    variants = {"jax_defaults": {}, "vit": xla_cpu.training_options(args.dtype),
                 **dict(parse_variant(v) for v in args.variant)}
     if args.worker:
         print(json.dumps(measure(args.worker, variants, args.rounds, args.steps,
@@ -138,8 +133,9 @@ def main() -> None:
         "benchmark": f"vit train's {args.dtype} step compiled with each set of XLA:CPU "
                      "options, alternating in one process",
         "dtype": args.dtype,
-        "variants": {**variants, **({WHOLE: {**ours(args.dtype), "micro_tokens": None}}
-                                    if args.whole_batch else {})},
+        "variants": {**variants,
+                     **({WHOLE: {**xla_cpu.training_options(args.dtype), "micro_tokens": None}}
+                        if args.whole_batch else {})},
         "rounds": args.rounds, "timed_steps_per_round": args.steps,
         "environment": host_allocator.environment().get("GLIBC_TUNABLES", "(none)"),
         "cases": cases})

@@ -406,7 +406,8 @@ def main() -> None:
             "transformers": os.environ.get("GLIBC_TUNABLES", "(none)"),
             "transparent_hugepage": (host_allocator.THP_MODE.read_text().strip()
                                      if host_allocator.THP_MODE.exists() else "(none)")},
-        "xla_cpu_options": {"float32": xla_cpu.TRAINING, "other dtypes": xla_cpu.SCHEDULE},
+        "xla_cpu_options": {"float32": xla_cpu.training_options("float32"),
+                            "other dtypes": xla_cpu.training_options("bfloat16")},
         "rounds": args.rounds, "timed_steps_per_run": args.steps, "warmup_steps": args.warmup,
         "interleaved": args.interleave,
         "untimed_steps_per_run": args.rewarm if args.interleave else 0,

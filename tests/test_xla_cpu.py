@@ -120,6 +120,10 @@ def test_jit_options_are_none_where_this_jaxlib_refuses_them(monkeypatch):
         assert xla_cpu.jit_options() == {"compiler_options": xla_cpu.INFERENCE}
         assert xla_cpu.jit_options(xla_cpu.TRAINING) == {"compiler_options": xla_cpu.TRAINING}
     assert xla_cpu.jit_options({"xla_cpu_no_such_option": True}) == {}
+    # A float32 step takes XLA's dots and YNNPACK's reductions, a narrow one jax's fusions; both
+    # the memory-optimised schedule.
+    assert xla_cpu.training_options("float32") == xla_cpu.TRAINING
+    assert xla_cpu.training_options("bfloat16") == xla_cpu.SCHEDULE
 
 
 @pytest.mark.skipif(jax.default_backend() != "cpu", reason="the options are XLA:CPU's")

@@ -54,6 +54,12 @@ def inference_options(dtype=None) -> dict:
     return {} if narrow and matmul.cpu_bfloat16_features() else INFERENCE
 
 
+def training_options(dtype="float32") -> dict:
+    """The options of a training step computing in `dtype`: `TRAINING` in float32, `SCHEDULE`
+    alone otherwise (jax's fusions, which run a narrow product on bfloat16 hardware)."""
+    return dict(TRAINING if str(dtype) == "float32" else SCHEDULE)
+
+
 def compile_for_inference(lowered, dtype=None):
     """`lowered.compile()`, with `inference_options(dtype)` when `_wanted`; if this jaxlib
     refuses them, with its defaults."""

@@ -172,12 +172,12 @@ class Attention(nnx.Module):
         # The fused `qkv` kernel (timm's layout) is read as [width, 3, heads, head_dim] and q, k
         # and v are three products written straight in the layout attention wants: no copy
         # splits a fused output, and the backward adds three input gradients instead of
-        # stitching one [tokens, 3 * width] gradient together. A narrow dtype on the CPU is
-        # the exception in inference (`_fused_qkv`).
+        # stitching one [tokens, 3 * width] gradient together. Inference in a narrow dtype on a
+        # CPU with bfloat16 arithmetic is the exception (`_fused_qkv`).
         layout = preferred_layout()
         heads = "bhnd" if layout == "bhsd" else "bnhd"
         if (queries is None and keys.rng is None and jnp.dtype(self.qkv.dtype) in matmul.NARROW
-                and matmul.wide_output()):
+                and matmul.wide_output() and matmul.cpu_bfloat16_features()):
             q, k, v = self._fused_qkv(x, layout)
         else:
             q, k, v = self._three_products(x, layout, heads, queries)
@@ -210,9 +210,10 @@ class Attention(nnx.Module):
 
     def _fused_qkv(self, x, layout: str):
         """q, k and v as one `[tokens, 3 * width]` product, split after. In a narrow dtype on
-        the CPU the products run in YNNPACK, which takes a plain row-major product far faster
-        than one written in the heads layout (that one copies a transposed weight every call):
-        ViT-B/16 bfloat16 forward 383 -> 312 ms, batch 8 (docs/benchmarks.md). Inference only
+        a CPU with bfloat16 arithmetic the products run in YNNPACK, which takes a plain
+        row-major product far faster than one written in the heads layout (that one copies a
+        transposed weight every call): ViT-B/16 bfloat16 forward 383 -> 312 ms, batch 8
+        (docs/benchmarks.md). Inference only
         (no training key): in a training step the backward of the one product, whose
         [tokens, 3 * width] gradient is stitched from three, cost more than it saved (ViT-B/16
         bfloat16 step batch 8: 0.95x the three products)."""

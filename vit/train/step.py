@@ -14,7 +14,7 @@ import optax
 from flax import nnx
 
 from vit import device_mesh
-from vit.inference.xla_cpu import SCHEDULE, TRAINING, jit_options
+from vit.inference.xla_cpu import jit_options, training_options
 from vit.train.losses import LossFn, softmax_xent
 from vit.train.placement import Placement
 
@@ -125,4 +125,4 @@ def make_train_step(graphdef, tx: optax.GradientTransformation, place: Placement
     state = (place.params, place.opt_state, place.ema if ema_decay > 0 else None)
     return jax.jit(step_fn, in_shardings=(*state, place.batch, None, None),
                    out_shardings=(*state, place.metrics), donate_argnums=(0, 1, 2),
-                   **jit_options(TRAINING if compute_dtype == "float32" else SCHEDULE))
+                   **jit_options(training_options(compute_dtype)))
