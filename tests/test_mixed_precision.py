@@ -140,3 +140,28 @@ def test_fused_qkv_projection_gives_the_three_products_values():
             for got in (a, b):  # one bfloat16 rounding of the exact value
                 np.testing.assert_allclose(np.asarray(got, np.float64), ref[i],
                                            rtol=BF16_EPS, atol=1e-6)
+
+
+def test_merged_heads_projection_is_the_per_head_product():
+    """A narrow dtype on a CPU with bfloat16 arithmetic projects the attention output over
+    merged heads (`_merged_proj`); it must give the per-head product's value in both layouts,
+    with the heads in the order the weight's rows name them."""
+    from flax import nnx
+
+    from vit.models import variant_config
+    from vit.models.blocks import Attention
+
+    cfg = variant_config("Ti/16", width=64, num_heads=4, mlp_dim=128, depth=1,
+                         dtype="bfloat16")
+    attn = Attention(cfg, nnx.Rngs(0))
+    attn.proj.bias.set_value(jax.random.normal(jax.random.key(1), attn.proj.bias.shape))
+    heads = np.asarray(jax.random.normal(jax.random.key(2), (2, 4, 9, 16)), np.float32)  # bhnd
+    # Independent reference: the float64 sum over heads of each head's rows of the weight.
+    w = np.asarray(attn.proj.kernel[...].astype(jnp.bfloat16), np.float64).reshape(4, 16, 64)
+    exact = np.asarray(heads.astype(jnp.bfloat16), np.float64)
+    ref = np.einsum("bhnd,hdc->bnc", exact, w) + np.asarray(attn.proj.bias[...], np.float64)
+    assert np.abs(ref).max() > 0.5  # a real comparison, not zeros on both sides
+    for layout, out in (("bhsd", heads), ("bshd", heads.transpose(0, 2, 1, 3))):
+        got = attn._merged_proj(jnp.asarray(out, jnp.bfloat16), layout)
+        assert got.shape == (2, 9, 64) and got.dtype == jnp.bfloat16
+        np.testing.assert_allclose(np.asarray(got, np.float64), ref, rtol=BF16_EPS, atol=1e-6)
