@@ -462,6 +462,7 @@ RENDERERS: dict[str, Callable[[dict], list[str]]] = {
     "bench_train_bf16cpu": train,  # a CPU with bfloat16 arithmetic (AMX), --interleave
     "bench_train_bf16cpu_norewarm": train,  # the same before --rewarm: every first step timed
     "profile_train_step": profile,
+    "profile_train_step_xeon": profile,  # ViT-B/16 batch 8 on a Xeon with AVX-512 and AMX
     "bench_step_options": step_options,
     "bench_step_split": step_options,  # --whole-batch: the step split for the cache, or whole
     "bench_step_split_bf16cpu": step_options,  # the same in bfloat16, on a CPU with AMX
