@@ -46,12 +46,9 @@ def inference_options(dtype=None) -> dict:
     """The options of an inference forward computing in `dtype` (default float32): `INFERENCE`,
     or none (jax's defaults: YNNPACK's dots) for a narrow dtype on a CPU with bfloat16
     arithmetic."""
-    import jax.numpy as jnp
-
     from vit.ops import matmul
 
-    narrow = dtype is not None and jnp.dtype(dtype) in matmul.NARROW
-    return {} if narrow and matmul.cpu_bfloat16_features() else INFERENCE
+    return {} if matmul.narrow_on_bfloat16_cpu(dtype) else INFERENCE
 
 
 def training_options(dtype="float32") -> dict:

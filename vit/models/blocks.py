@@ -177,8 +177,7 @@ class Attention(nnx.Module):
         # projection also runs over merged heads (`_merged_proj`), in training too.
         layout = preferred_layout()
         heads = "bhnd" if layout == "bhsd" else "bnhd"
-        narrow_cpu = (jnp.dtype(self.qkv.dtype) in matmul.NARROW and matmul.wide_output()
-                      and matmul.cpu_bfloat16_features())
+        narrow_cpu = matmul.narrow_on_bfloat16_cpu(self.qkv.dtype)
         if narrow_cpu and queries is None and keys.rng is None:
             q, k, v = self._fused_qkv(x, layout)
         else:
@@ -229,10 +228,9 @@ class Attention(nnx.Module):
         a CPU with bfloat16 arithmetic the products run in YNNPACK, which takes a plain
         row-major product far faster than one written in the heads layout (that one copies a
         transposed weight every call): ViT-B/16 bfloat16 forward 383 -> 312 ms, batch 8
-        (docs/benchmarks.md). Inference only
-        (no training key): in a training step the backward of the one product, whose
-        [tokens, 3 * width] gradient is stitched from three, cost more than it saved (ViT-B/16
-        bfloat16 step batch 8: 0.95x the three products)."""
+        (docs/benchmarks.md). Inference only (no training key): in a training step the
+        backward of the one product, whose [tokens, 3 * width] gradient is stitched from three,
+        cost more than it saved (ViT-B/16 bfloat16 step batch 8: 0.95x the three products)."""
         qkv = matmul.dense(x, self.qkv.kernel[...],
                            self.qkv.bias[...] if self.qkv.bias is not None else None,
                            self.qkv.dtype)

@@ -113,6 +113,14 @@ def cpu_bfloat16_features() -> tuple[str, ...]:
     return ()
 
 
+def narrow_on_bfloat16_cpu(dtype) -> bool:
+    """Whether products in `dtype` are narrow ones on a CPU with bfloat16 arithmetic, where
+    jax's YNNPACK runs them on that hardware (the inference compile options and the attention
+    layer's product shapes follow from it)."""
+    return (dtype is not None and jnp.dtype(dtype) in NARROW and wide_output()
+            and bool(cpu_bfloat16_features()))
+
+
 def bfloat16_note() -> str | None:
     """One line for a user who asked for bfloat16 where it cannot pay: a CPU without bfloat16
     arithmetic. None where it can (such a CPU, a GPU, a TPU)."""
