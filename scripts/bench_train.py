@@ -26,7 +26,10 @@ so that first step paid ~2 s more (6.2 s against 3.9); transformers' hardly anyt
 train` runs its steps back to back and does not pay it; the record keeps those steps' times.
 `--plain-malloc` times ours a second time in the caller's environment, to show what that gains;
 `--jax-defaults` times ours once more compiled with jax's default XLA:CPU options
-(`VIT_XLA_DOTS=0`: YNNPACK's dots instead of XLA's, vit/inference/xla_cpu.py), likewise.
+(`VIT_XLA_DOTS=0`: YNNPACK's dots instead of XLA's, vit/inference/xla_cpu.py), likewise;
+`--mkl-products` times ours once more with every float32 layer product through MKL, the BLAS
+torch's CPU build uses (an experiment, scripts/native_gemm.py: what torch's product speed would
+give our step; needs `pip install mkl` and a C++ compiler).
 Per case: each run's median step time, each round's ratio (transformers' time / ours: above 1
 means ours is faster) and their median, each process's peak memory, and each side's loss at its
 first and last step: from the same weights and batch the first agrees when the two steps
@@ -41,7 +44,7 @@ arithmetic the bfloat16 figures are recorded but say nothing about one that has 
 
     python scripts/bench_train.py [--case B/16:8 --case S/16:32] [--dtype float32
         --dtype bfloat16] [--rounds 3] [--steps 3] [--warmup 1] [--set KEY=VALUE ...]
-        [--plain-malloc] [--jax-defaults] [--interleave] [--note TEXT]
+        [--plain-malloc] [--jax-defaults] [--mkl-products] [--interleave] [--note TEXT]
         [--out benchmarks/bench_train.json]
 """
 
@@ -67,9 +70,11 @@ from vit.inference import xla_cpu
 CASES = ("B/16:8", "S/16:32")
 # Ours once more, changed one way (what each change gains, measured in the same run):
 # {contestant: (record key, --flag)}. PLAIN: in the caller's environment, without the huge-page
-# tunable; DEFAULTS: with jax's default XLA:CPU compile options.
-PLAIN, DEFAULTS = "vit_plain_malloc", "vit_jax_defaults"
-VARIANTS = {PLAIN: ("plain_malloc", "plain_malloc"), DEFAULTS: ("jax_defaults", "jax_defaults")}
+# tunable; DEFAULTS: with jax's default XLA:CPU compile options; MKL: the layer products
+# through MKL (scripts/native_gemm.py).
+PLAIN, DEFAULTS, MKL = "vit_plain_malloc", "vit_jax_defaults", "vit_mkl_products"
+VARIANTS = {PLAIN: ("plain_malloc", "plain_malloc"), DEFAULTS: ("jax_defaults", "jax_defaults"),
+            MKL: ("mkl_products", "mkl_products")}
 CLASSES = 1000
 # What transformers' side mirrors (the values it can run, the first being a key's default); a
 # recipe that needs more is refused rather than compared.
@@ -117,11 +122,17 @@ def prepare(case: str, sets: list[str], folder: Path) -> None:
     (folder / "spec.json").write_text(json.dumps(spec))
 
 
-def vit_step(case: str, sets: list[str], folder: Path, dtype: str = "float32"):
+def vit_step(case: str, sets: list[str], folder: Path, dtype: str = "float32",
+             mkl: bool = False):
     """Our side of one step, as a function: `vit train`'s jitted step, waited for; returns the
-    loss."""
+    loss. `mkl`: its float32 layer products through MKL (scripts/native_gemm.py)."""
     import jax
     import numpy as np
+
+    if mkl:
+        import native_gemm
+
+        native_gemm.install()
 
     step = train_step.build(recipe(case, sets, dtype), CLASSES)
     data = np.load(folder / "batch.npz")
@@ -217,10 +228,11 @@ def worker_command(kind: str, case: str, dtype: str, folder: Path, args) -> tupl
     cmd = [sys.executable, __file__, "--worker", worker, "--case", case, "--folder", str(folder),
            "--steps", str(args.steps), "--warmup", str(args.warmup), "--dtype", dtype,
            *(f"--set={s}" for s in args.set),
-           *(["--interleave", "--rewarm", str(args.rewarm)] if args.interleave else [])]
+           *(["--interleave", "--rewarm", str(args.rewarm)] if args.interleave else []),
+           *(["--mkl"] if kind == MKL else [])]
     # Ours runs in the environment the `vit` command gives itself (huge pages for XLA's
     # scratch memory, vit/host_allocator.py); transformers' in the environment as it is.
-    env = {**(host_allocator.environment() if kind in ("vit", DEFAULTS) else os.environ),
+    env = {**(host_allocator.environment() if kind in ("vit", DEFAULTS, MKL) else os.environ),
            "JAX_PLATFORMS": "cpu"}
     if kind == DEFAULTS:
         env[xla_cpu.OPT_OUT] = "0"
@@ -311,7 +323,8 @@ def measure(case: str, folder: Path, args) -> dict:
             other = [x["median_step_s"] for x in runs[kind, dtype]]
             gains = [o / v["median_step_s"] for o, v in zip(other, vit, strict=True)]
             result[dtype][VARIANTS[kind][0]] = {"median_step_s": other, "ratio_over_vit": gains,
-                                                "median_ratio": statistics.median(gains)}
+                                                "median_ratio": statistics.median(gains),
+                                                "loss_last": runs[kind, dtype][0]["loss_last"]}
     if "float32" in args.dtype and "bfloat16" in args.dtype:
         # Our own bfloat16 step against our float32 step, round by round.
         ours = [f["median_step_s"] / b["median_step_s"] for f, b in
@@ -337,6 +350,9 @@ def main() -> None:
     parser.add_argument("--jax-defaults", action="store_true",
                         help="also time ours compiled with jax's default XLA:CPU options "
                              "(VIT_XLA_DOTS=0), in the same run")
+    parser.add_argument("--mkl-products", action="store_true",
+                        help="also time ours with its float32 layer products through MKL "
+                             "(scripts/native_gemm.py; `pip install mkl`), in the same run")
     parser.add_argument("--plain-malloc", action="store_true",
                         help="also time ours without the huge-page tunable the `vit` command "
                              "sets (what it gains)")
@@ -352,6 +368,7 @@ def main() -> None:
     parser.add_argument("--worker", choices=("prepare", "vit", "transformers"),
                         help=argparse.SUPPRESS)
     parser.add_argument("--folder", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--mkl", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     cases = args.case or list(CASES)
     if not args.dtype:
@@ -366,7 +383,8 @@ def main() -> None:
         prepare(cases[0], args.set, args.folder)
         return
     if args.worker:
-        step = (vit_step(cases[0], args.set, args.folder, args.dtype[0]) if args.worker == "vit"
+        step = (vit_step(cases[0], args.set, args.folder, args.dtype[0], args.mkl)
+                if args.worker == "vit"
                 else transformers_step(args.folder, args.dtype[0]))
         if args.interleave:
             serve(step, args.steps, args.warmup, args.rewarm)
@@ -414,7 +432,7 @@ def main() -> None:
         "load_average_before": [round(x, 2) for x in load_before],
         "cases": results,
         "note": args.note,
-    }, extra_packages=("torch", "transformers"))
+    }, extra_packages=("torch", "transformers", *(["mkl"] if args.mkl_products else [])))
     print(f"-> {args.out}")
 
 

@@ -173,6 +173,17 @@ def gemm(r: dict) -> list[str]:
             f"vit's forward is {num(ceiling['ratio_measured'])}x transformers' here."]
 
 
+def native_products(r: dict) -> list[str]:
+    """ViT's float32 products: XLA's dots, MKL through an FFI call, torch (GFLOP/s)."""
+    rows = [[p["layer"], p["product"], num(p["gflop_s"]["xla"], 0), num(p["gflop_s"]["mkl"], 0),
+             num(p["gflop_s"]["torch"], 0), num(p["gflop_s"]["xla"] / p["gflop_s"]["torch"]),
+             num(p["gflop_s"]["mkl"] / p["gflop_s"]["torch"])] for p in r["products"]]
+    return ["ViT-B/16's float32 layer products at batch 8 (1,576 tokens), GFLOP/s, best of "
+            "each, alternating in one process:", "",
+            *table(["layer", "product", "XLA's dots", "MKL by FFI", "torch", "XLA / torch",
+                    "MKL / torch"], rows)]
+
+
 def train(r: dict) -> list[str]:
     rows, ours = [], []
     for c in r["cases"]:
@@ -202,6 +213,19 @@ def train(r: dict) -> list[str]:
                             f"jax's default XLA:CPU options (YNNPACK's dots): "
                             f"{num(statistics.median(defaults['median_step_s']))} s a step; "
                             f"{options} make it {num(defaults['median_ratio'])}x as fast.")
+            mkl = c.get(dtype, {}).get("mkl_products")
+            if mkl:  # ours once more, its layer products through MKL (--mkl-products)
+                steps = c[dtype]["median_step_s"]
+                mine = mkl["median_step_s"]
+                over_ours = [v / m for v, m in zip(steps["vit"], mine, strict=True)]
+                over_tf = [t / m for t, m in zip(steps["transformers"], mine, strict=True)]
+                ours.append(f"ViT-{c['model']} batch {c['batch']} {dtype}, ours with every "
+                            f"layer product through MKL (the experiment "
+                            f"`scripts/native_gemm.py`): "
+                            f"{num(statistics.median(mkl['median_step_s']))} s a step, "
+                            f"{num(statistics.median(over_ours))}x ours as shipped and "
+                            f"{num(statistics.median(over_tf))}x transformers' (by round: "
+                            + " / ".join(num(x) for x in over_tf) + ").")
         if "vit_bfloat16_speedup_median" in c:
             ours.append(f"ViT-{c['model']} batch {c['batch']}: our bfloat16 step is "
                         f"{num(c['vit_bfloat16_speedup_median'])}x our float32 step.")
@@ -461,6 +485,8 @@ RENDERERS: dict[str, Callable[[dict], list[str]]] = {
     "bench_train_interleaved_unsplit": train,  # the same, before a CPU step split its batch
     "bench_train_bf16cpu": train,  # a CPU with bfloat16 arithmetic (AMX), --interleave
     "bench_train_bf16cpu_norewarm": train,  # the same before --rewarm: every first step timed
+    "bench_train_mkl_products": train,  # --mkl-products: our products through MKL (experiment)
+    "native_gemm_products": native_products,  # scripts/native_gemm.py: the same, isolated
     "profile_train_step": profile,
     "profile_train_step_xeon": profile,  # ViT-B/16 batch 8 on a Xeon with AVX-512 and AMX
     "bench_step_options": step_options,
