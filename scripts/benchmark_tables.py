@@ -184,6 +184,22 @@ def native_products(r: dict) -> list[str]:
                     "MKL / torch"], rows)]
 
 
+def attention_cpu(r: dict) -> list[str]:
+    """The attention core fwd+bwd, ours against SDPA, and the batched q @ k^T product alone."""
+    rows = []
+    for c in r["cases"]:
+        core, rate = c["core_fwd_bwd_ms"], c["qk_product_gflop_s"]
+        rows.append([f"ViT-{c['case'].split(':')[0]}", c["batch"], c["heads"], num(core["vit"], 1),
+                     num(core["torch_sdpa"], 1), num(c["torch_over_vit"]),
+                     f"{num(rate['jax_all_cores'], 0)} / {num(rate['jax_1_core'], 0)}",
+                     f"{num(rate['torch_all_cores'], 0)} / {num(rate['torch_1_core'], 0)}"])
+    return [f"One block's attention core, forward + backward, float32, {r['tokens']} tokens, "
+            f"head_dim {r['head_dim']}; the batched q @ k^T product alone on all "
+            f"{r['cores']} cores / on one, GFLOP/s; medians of {r['rounds']} rounds:", "",
+            *table(["model", "batch", "heads", "vit ms", "torch SDPA ms", "speed vs torch",
+                    "XLA's q @ k^T", "torch's q @ k^T"], rows)]
+
+
 def train(r: dict) -> list[str]:
     rows, ours = [], []
     for c in r["cases"]:
@@ -487,6 +503,7 @@ RENDERERS: dict[str, Callable[[dict], list[str]]] = {
     "bench_train_bf16cpu_norewarm": train,  # the same before --rewarm: every first step timed
     "bench_train_mkl_products": train,  # --mkl-products: our products through MKL (experiment)
     "native_gemm_products": native_products,  # scripts/native_gemm.py: the same, isolated
+    "attention_cpu": attention_cpu,  # the step's attention core against SDPA
     "profile_train_step": profile,
     "profile_train_step_xeon": profile,  # ViT-B/16 batch 8 on a Xeon with AVX-512 and AMX
     "bench_step_options": step_options,
