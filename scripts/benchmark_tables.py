@@ -189,13 +189,16 @@ def attention_cpu(r: dict) -> list[str]:
     rows = []
     for c in r["cases"]:
         core, rate = c["core_fwd_bwd_ms"], c["qk_product_gflop_s"]
-        rows.append([f"ViT-{c['case'].split(':')[0]}", c["batch"], c["heads"], num(core["vit"], 1),
+        micro = c.get("vit_micro_batches", 1)
+        ours = num(core["vit"], 1) + (f" ({micro} x {c['batch'] // micro})" if micro > 1 else "")
+        rows.append([f"ViT-{c['case'].split(':')[0]}", c["batch"], c["heads"], ours,
                      num(core["torch_sdpa"], 1), num(c["torch_over_vit"]),
                      f"{num(rate['jax_all_cores'], 0)} / {num(rate['jax_1_core'], 0)}",
                      f"{num(rate['torch_all_cores'], 0)} / {num(rate['torch_1_core'], 0)}"])
     return [f"One block's attention core, forward + backward, float32, {r['tokens']} tokens, "
             f"head_dim {r['head_dim']}; the batched q @ k^T product alone on all "
-            f"{r['cores']} cores / on one, GFLOP/s; medians of {r['rounds']} rounds:", "",
+            f"{r['cores']} cores / on one, GFLOP/s; ours on the micro-batches its step runs "
+            f"(count x examples); medians of {r['rounds']} rounds:", "",
             *table(["model", "batch", "heads", "vit ms", "torch SDPA ms", "speed vs torch",
                     "XLA's q @ k^T", "torch's q @ k^T"], rows)]
 
