@@ -370,6 +370,13 @@ def main() -> None:
     parser.add_argument("--folder", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--mkl", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.mkl_products and not args.worker:
+        import native_gemm
+
+        try:  # before any run: MKL's runtime is there to load
+            native_gemm.mkl_runtime()
+        except SystemExit as missing:
+            parser.error(str(missing))
     cases = args.case or list(CASES)
     if not args.dtype:
         # Without bfloat16 arithmetic torch's bfloat16 step is emulated and takes many times
