@@ -32,6 +32,7 @@ import sys
 import time
 from pathlib import Path
 
+import bench_gemm
 import records
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -126,10 +127,7 @@ def run_worker(kind: str, iters: int, one_core: bool) -> dict:
     cmd = [sys.executable, __file__, "--worker", kind, "--iters", str(iters),
            *([] if one_core else ["--core"])]
     if one_core:
-        cmd = ["taskset", "-c", "0", *cmd]
-        if kind == "jax":
-            env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") +
-                                " --xla_cpu_multi_thread_eigen=false").strip()
+        cmd, env = bench_gemm.on_one_core(kind, cmd, env)
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
     if done.returncode:
         sys.exit(f"{kind} worker failed:\n{done.stderr[-3000:]}")

@@ -250,15 +250,23 @@ def peak(rates: dict, forward: dict, target: float = 1.1) -> dict:
                 ours_flops / (theirs_s / target) / 1e9 / best}
 
 
+def on_one_core(kind: str, cmd: list[str], env: dict) -> tuple[list[str], dict]:
+    """A worker's command and environment pinned to core 0; a jax worker also with one Eigen
+    thread and one device (torch's worker sets its own thread count)."""
+    if kind == "jax":
+        env = {**env, "XLA_FLAGS": (env.get("XLA_FLAGS", "") +
+                                    " --xla_cpu_multi_thread_eigen=false "
+                                    "--xla_force_host_platform_device_count=1").strip()}
+    return ["taskset", "-c", "0", *cmd], env
+
+
 def run_worker(kind: str, iters: int, threads: int, peak_size: int) -> dict:
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT)}
     cmd = [sys.executable, __file__, "--worker", kind, "--iters", str(iters),
            "--threads", str(threads), "--peak-size", str(peak_size),
            *(["--forward"] if threads == os.cpu_count() else [])]
     if kind == "jax" and threads == 1:
-        env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false "
-                            "--xla_force_host_platform_device_count=1").strip()
-        cmd = ["taskset", "-c", "0", *cmd]
+        cmd, env = on_one_core(kind, cmd, env)
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
     if out.returncode:
         sys.exit(f"{kind} worker failed:\n{out.stderr[-3000:]}")
