@@ -1,0 +1,54 @@
+"""`python -m benchmarks MODE [options]`: one benchmark per mode, each writing its record to
+`benchmarks/records/`. `python -m benchmarks MODE --help` lists a mode's options.
+
+A new mode is a module with `main(argv) -> int | None` (see `benchmarks/common.py`) and one
+line in `MODES`; a mode's module is imported only when it runs, so a mode whose peer library
+is not installed does not stop the others.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+# mode -> (module, what it measures)
+MODES = {
+    "inference": ("benchmarks.inference",
+                  "forward pass against transformers' ViT, float32 and bfloat16"),
+    "predict": ("benchmarks.predict", "`vit predict` against the transformers pipeline"),
+    "train": ("benchmarks.train", "`vit train`'s step against transformers + torch AdamW"),
+    "data_wait": ("benchmarks.data_wait", "share of `vit train`'s wall time spent on data"),
+    "attention": ("benchmarks.attention", "attention kernels on an accelerator (GPU check)"),
+    "kernels": ("benchmarks.kernels", "the attention kernels' compiled resources (GPU check)"),
+    "explain": ("benchmarks.explain", "attention-rollout scratch memory"),
+    "faithfulness": ("benchmarks.faithfulness", "deletion-curve faithfulness of explanations"),
+    "scaling": ("benchmarks.scaling", "training step rate on 1, 2 and 4 devices"),
+    "text": ("benchmarks.text", "the text-conditioned model's prompt-shape recipe"),
+    "agreement": ("benchmarks.agreement", "bfloat16 predictions against float32's"),
+    "gemm": ("benchmarks.gemm", "ViT-B/16's layer products: XLA against torch"),
+    "realdata": ("benchmarks.realdata", "training on real data: vit against PyTorch"),
+    "demo": ("benchmarks.demo", "the README demo's result (run by scripts/demo.sh)"),
+    "suite": ("benchmarks.suite", "the test suite's count and wall time"),
+    "tables": ("benchmarks.tables", "write (or --check) the docs' tables from the records"),
+}
+
+
+def usage() -> str:
+    width = max(map(len, MODES))
+    return "usage: python -m benchmarks MODE [options]\n\nmodes:\n" + "\n".join(
+        f"  {name:<{width}}  {what}" for name, (_, what) in MODES.items())
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] in ("-h", "--help"):
+        print(usage())
+        return 0
+    mode, rest = argv[0], argv[1:]
+    if mode not in MODES:
+        print(f"unknown mode {mode!r}\n{usage()}", file=sys.stderr)
+        return 2
+    return importlib.import_module(MODES[mode][0]).main(rest) or 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
