@@ -27,6 +27,7 @@ import json
 import os
 import platform
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
@@ -77,6 +78,54 @@ def run_side(target: str, kwargs: dict | None = None, *, env: dict | None = None
         return json.loads(result_file.read_text())
 
 
+class Side:
+    """A side kept alive between runs (compiled and warmed up once) and asked for one run at a
+    time, for benchmarks whose rounds must be seconds apart: `target` ("module:function") is
+    called once with `kwargs` in `python -m benchmarks._worker --serve` and returns a function;
+    each `side(**request)` calls that function in the worker and returns its dict (through a
+    result file, like `run_side`). `close()` ends the worker."""
+
+    def __init__(self, target: str, kwargs: dict | None = None, *, env: dict | None = None,
+                 cwd: str | Path | None = None, settle_s: float = 0.0):
+        self.target, self.settle_s, self.count = target, settle_s, 0
+        self.folder = Path(tempfile.mkdtemp(prefix="bench-side-"))
+        (self.folder / "args.json").write_text(json.dumps(kwargs or {}))
+        full_env = {**os.environ, **(env or {})}
+        full_env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (str(ROOT), full_env.get("PYTHONPATH")) if p)
+        # stderr to a file: a pipe nobody reads while the worker runs could fill and block it.
+        self.log = self.folder / "stderr.log"
+        with open(self.log, "w") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "benchmarks._worker", "--serve", target,
+                 str(self.folder / "args.json"), str(self.folder)],
+                env=full_env, cwd=cwd or ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                stderr=log, text=True)
+        self._result("ready")
+
+    def _result(self, name: str) -> dict:
+        line = self.proc.stdout.readline()
+        path = self.folder / f"{name}.json"
+        if not line or not path.exists():
+            self.proc.wait()
+            raise SideFailed(f"{self.target} failed:\n{self.log.read_text()[-3000:]}")
+        return json.loads(path.read_text())
+
+    def __call__(self, **request) -> dict:
+        # Between runs, time for the other side's idle threads to stop spinning.
+        time.sleep(self.settle_s)
+        self.count += 1
+        self.proc.stdin.write(json.dumps({"name": f"run{self.count}", "request": request})
+                              + "\n")
+        self.proc.stdin.flush()
+        return self._result(f"run{self.count}")
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
 # ------------------------------------------------------------------------ timing
 
 
@@ -90,16 +139,21 @@ def _wait(result: Any) -> Any:
     return result
 
 
-def time_call(fn: Callable[[], Any], *, warmup: int = 1, repeats: int = 5) -> dict:
-    """Calls `fn()` `warmup` times untimed, then `repeats` times timed, each call waited for
-    (`jax.block_until_ready`). Returns {"median_s", "min_s", "times_s"}."""
+def time_call(fn: Callable[[], Any], *, warmup: int = 1, repeats: int = 5,
+              number: int = 1) -> dict:
+    """Calls `fn()` `warmup` times untimed (the first call compiles), then takes `repeats`
+    samples of `number` calls back to back, the last one waited for (`jax.block_until_ready`:
+    JAX returns before the work is done). Returns seconds per call: {"median_s", "min_s",
+    "times_s"}."""
     for _ in range(warmup):
         _wait(fn())
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
-        _wait(fn())
-        times.append(time.perf_counter() - start)
+        for _ in range(number):
+            out = fn()
+        _wait(out)
+        times.append((time.perf_counter() - start) / number)
     return {"median_s": statistics.median(times), "min_s": min(times), "times_s": times}
 
 
