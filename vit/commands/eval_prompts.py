@@ -1,6 +1,7 @@
 """`vit eval` on a text model: prompt-answer accuracy, the shuffled/null-prompt and
-blank-image controls, the held-out split, and on `promptshapes` every question asked of every
-test image (`vit.inference.questions`)."""
+blank-image controls, the held-out split, and on a prompt dataset with a question grid
+(`promptshapes`, `fashion_scenes`) every question asked of every test image
+(`vit.inference.questions`)."""
 
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ def eval_prompts(args, loaded, source, name, data_dir, split, heldout, out) -> i
         report["heldout_split"] = heldout
         report["heldout_accuracy"] = score(open_source(name, heldout,
                                                        data_dir=data_dir))["accuracy"]
-    if hasattr(source, "data") and source.name == "promptshapes":
+    if hasattr(source, "question_grid"):
         report["questions"] = every_question(loaded, source)
     if save_report(args, out, report):
         return 0
@@ -50,23 +51,22 @@ def eval_prompts(args, loaded, source, name, data_dir, split, heldout, out) -> i
 
 
 def every_question(loaded, source) -> dict:
-    """Every colour x shape question (and the evaluation-only wordings and never-drawn words)
-    asked of every image of a promptshapes split."""
+    """Every question of the source's grid (for promptshapes every colour x shape question, the
+    evaluation-only wordings, never-drawn words and prompts of unknown words) asked of every
+    image of the split."""
     import numpy as np
     from PIL import Image
 
-    from vit.data import promptshapes as ps
     from vit.inference.prompts import encode_prompts
     from vit.inference.questions import ask_every_prompt, question_figures
 
-    grid = ps.grid_questions()
-    data = source.data
-    images = np.stack([loaded.preprocessing(Image.fromarray(im)) for im in data.images])
+    grid, shares = source.question_grid()
+    images = np.stack([loaded.preprocessing(Image.fromarray(im)) for im in source.data.images])
     prompts = encode_prompts(loaded.config, [q["prompt"] for q in grid])
     probs = ask_every_prompt(loaded.build_model(), images, prompts.text, prompts.mask)
-    shares = np.asarray([[ps.shares(row, q["pair"]) if q["pair"] else "never" for q in grid]
-                         for row in data.labels])
-    return question_figures(probs, shares == "present", [q["group"] for q in grid], shares)
+    kinds = [q["kind"] for q in grid] if all("kind" in q for q in grid) else None
+    return question_figures(probs, shares == "present", [q["group"] for q in grid], shares,
+                            kinds=kinds)
 
 
 def print_questions(figures: dict) -> None:
@@ -81,3 +81,6 @@ def print_questions(figures: dict) -> None:
                   f"false yes: {false_yes}")
     if "never" in figures:
         print(f"    never-drawn words: yes-rate {figures['never']['yes_rate']:.4f}")
+    if "unknown" in figures:
+        print(f"    prompts of no word seen in training: yes-rate "
+              f"{figures['unknown']['yes_rate']:.4f}")

@@ -9,7 +9,10 @@ kind of question a user could ask, so that a model has to read the words, not me
   shape in another colour), `colour_only`, `shape_only` and `neither`;
 * single-attribute questions ("is there anything red?", "is there a triangle?"), which name
   a colour or a shape apart;
-* questions about things never drawn (`NEVER_COLORS`, `NEVER_SHAPES`), always "no".
+* questions about things never drawn (`NEVER_COLORS`, `NEVER_SHAPES`), always "no";
+* prompts with no word of the vocabulary ("hello", random letters: `vit.data.prompt_words`),
+  always "no", so a question about nothing the model knows is not a coin flip. The empty
+  prompt is never asked: it stays the null-prompt control.
 
 Wordings: `PAIR_TEMPLATES` (and `COLOUR_TEMPLATES`, `SHAPE_TEMPLATES`) in training;
 `EVAL_TEMPLATES` never in training, kept for evaluation. A few questions lose their "?" or
@@ -42,6 +45,7 @@ import functools
 import numpy as np
 from PIL import Image, ImageDraw
 
+import vit.data.prompt_words as prompt_words
 from vit.errors import DataError
 
 COLORS = ("red", "green", "blue", "yellow", "purple", "white")
@@ -88,6 +92,7 @@ NEGATIVE_KINDS = ("hard", "colour_only", "shape_only", "neither")
 _COUPLES = (("hard", 0.15), ("colour_only", 0.15), ("shape_only", 0.15), ("neither", 0.15),
             ("attribute", 0.25), ("never", 0.15))
 DROP_MARK, RECASE = 0.3, 0.2  # per couple: questions without "?", in another case
+UNKNOWN = 0.5  # per never-drawn question: asked as a prompt of unknown words instead
 
 SPLITS = ("train", "test", "heldout")
 DEFAULT_SIZES = {"train": 4000, "test": 500, "heldout": 500}  # images (each gives 2 examples)
@@ -125,14 +130,21 @@ def pair_of(prompt: str) -> tuple[str, str]:
         raise ValueError(f"not a promptshapes prompt: {prompt!r}") from None
 
 
-def words(prompt: str) -> list[str]:
-    """The words of a prompt, lower case, punctuation dropped: what a question names."""
-    kept = "".join(ch if ch.isalnum() else " " for ch in prompt.lower())
-    return kept.split()
+words = prompt_words.words
 
 
 def all_templates() -> tuple[str, ...]:
     return PAIR_TEMPLATES + EVAL_TEMPLATES + COLOUR_TEMPLATES + SHAPE_TEMPLATES
+
+
+@functools.cache
+def vocabulary() -> frozenset[str]:
+    """Every word of every training prompt: the training wordings with every colour and shape
+    word, never-drawn ones included (the evaluation-only wordings' own words are not in it)."""
+    colours, shapes = COLORS + NEVER_COLORS, SHAPES + NEVER_SHAPES
+    prompts = [t.format(c=c, s=s) for t in PAIR_TEMPLATES + COLOUR_TEMPLATES + SHAPE_TEMPLATES
+               for c in colours for s in shapes]
+    return prompt_words.vocabulary_from(prompts)
 
 
 def longest_prompt() -> str:
@@ -162,8 +174,8 @@ class PromptShapes:
     labels: np.ndarray  # [N, len(PAIRS)] float32 multi-hot over PAIRS
     prompts: list[str]  # [2N]
     answers: np.ndarray  # [2N] int32, 1 = the prompt is true of the image
-    # [2N]: "yes", a `NEGATIVE_KINDS` entry, "attribute" (a false single-attribute question) or
-    # "never" (a never-drawn word)
+    # [2N]: "yes", a `NEGATIVE_KINDS` entry, "attribute" (a false single-attribute question),
+    # "never" (a never-drawn word) or "unknown" (no word of the vocabulary)
     kinds: list[str] = dataclasses.field(default_factory=list)
 
     @property
@@ -242,7 +254,9 @@ class _Wording:
 
     def __call__(self, question: tuple) -> str:
         which = question[0]
-        if which == "pair":
+        if which == "unknown":
+            text = question[1]
+        elif which == "pair":
             text = self.pair.format(c=question[1], s=question[2])
         elif which == "colour":
             text = self.colour.format(c=question[1])
@@ -254,7 +268,10 @@ class _Wording:
 
 
 def _never_question(rng: np.random.Generator) -> tuple:
-    """A question naming at least one never-drawn word."""
+    """A question naming at least one never-drawn word, or (`UNKNOWN` of the time) a prompt
+    with no word of the vocabulary."""
+    if rng.random() < UNKNOWN:
+        return ("unknown", prompt_words.unknown_prompt(rng, vocabulary()))
     form = int(rng.integers(5))
     if form == 0:
         return ("pair", _pick(rng, list(NEVER_COLORS)), _pick(rng, list(SHAPES)))
@@ -290,8 +307,13 @@ def _couple(rng: np.random.Generator, asked: tuple, couple: str):
     other = _pick(rng, [x for x in PAIRS if x != p and _allowed(kind, p)(x)])
     qp = ("pair", *p)
     return ([_fill(rng, [p], lambda x: True), _scene(rng, other, p, kind)],
-            [[(qp, 1, "yes"), (_never_question(rng), 0, "never")],
-             [(qp, 0, kind), (_never_question(rng), 0, "never")]])
+            [[(qp, 1, "yes"), _never(rng)], [(qp, 0, kind), _never(rng)]])
+
+
+def _never(rng: np.random.Generator) -> tuple:
+    """(question, 0, "never" or "unknown")."""
+    question = _never_question(rng)
+    return question, 0, "unknown" if question[0] == "unknown" else "never"
 
 
 def _draw_shape(draw: ImageDraw.ImageDraw, shape: str, x0: int, y0: int, size: int,
@@ -391,6 +413,7 @@ def grid_questions() -> list[dict]:
             for t in COLOUR_TEMPLATES[:1] for c in NEVER_COLORS]
     out += [{"prompt": t.format(s=s), "group": "never", "pair": None}
             for t in SHAPE_TEMPLATES[:1] for s in NEVER_SHAPES]
+    out += [{"prompt": p, "group": "unknown", "pair": None} for p in prompt_words.EVAL_PROMPTS]
     return out
 
 
@@ -433,6 +456,15 @@ class PromptShapesSource:
     def image_ids(self) -> np.ndarray:
         """The image of each example (examples 2i and 2i+1 share image i)."""
         return np.arange(len(self)) // 2
+
+    def question_grid(self) -> tuple[list[dict], np.ndarray]:
+        """What `vit eval` asks of every image: `grid_questions()`, and `[images, questions]`
+        what each scene shares with each question ("present" for a true one; "never" or
+        "unknown" for a question that is "no" by rule)."""
+        grid = grid_questions()
+        shares_ = np.asarray([[shares(row, q["pair"]) if q["pair"] else q["group"]
+                               for q in grid] for row in self.data.labels])
+        return grid, shares_
 
     def __getitem__(self, i: int) -> dict:
         n = len(self)

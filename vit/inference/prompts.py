@@ -1,6 +1,7 @@
 """Texts for a text model: `--prompt` texts, `--text-embeddings` files and `--zero-shot` names,
 each made into `Prompts` (labels, tokens or embeddings, mask) after checking that the model can
-read them.
+read them; and the words a model was trained on (`checkpoint_vocabulary`), so a prompt made of
+words it never saw is named as such (`unknown_word_notices`).
 """
 
 from __future__ import annotations
@@ -59,11 +60,15 @@ def require_utf8(flag: str, text: str) -> None:
 
 
 def encode_prompts(config, texts: Sequence[str], *, labels: Sequence[str] | None = None,
-                   flag: str = "--prompt") -> Prompts:
+                   flag: str = "--prompt", vocabulary=None) -> Prompts:
     """Tokenizes once at the model's fixed `max_len` (so a new prompt never recompiles).
 
     The empty string is the null prompt; a too-long prompt is truncated with a UserWarning.
+    With the model's training `vocabulary`, each prompt holding words outside it gets a
+    UserWarning too (`unknown_word_notices`).
     """
+    import warnings
+
     from vit.models.text import tokenize
 
     require_text(config, flag, source="bytes")
@@ -72,6 +77,8 @@ def encode_prompts(config, texts: Sequence[str], *, labels: Sequence[str] | None
         raise DataError(f"{flag}: no texts given")
     for text in texts:
         require_utf8(flag, text)
+    for line in unknown_word_notices(vocabulary, texts):
+        warnings.warn(line, UserWarning, stacklevel=2)
     tokens, mask = tokenize(texts, config.text.max_len)
     return Prompts(list(labels) if labels is not None else texts, tokens, mask)
 
@@ -156,3 +163,62 @@ def prompts_forward(merged, prompts: Prompts):
 
     # Arguments, not constants: other prompts of the same count reuse the compile.
     return forward, (jnp.asarray(prompts.text), jnp.asarray(prompts.mask))
+
+
+def unknown_word_notices(vocabulary, texts: Sequence[str]) -> list[str]:
+    """One line for each prompt with words the model never saw in its training prompts, naming
+    them. A prompt with no known word at all is answered "no" by a model trained on a prompt
+    dataset (its rule for such prompts); one with some known words is answered from those.
+    Nothing for the null prompt "", or without a `vocabulary`."""
+    from vit.data.prompt_words import unknown_words, words
+
+    if not vocabulary:
+        return []
+    out = []
+    for text in texts:
+        unknown = unknown_words(text, vocabulary)
+        if not unknown:
+            continue
+        named = ", ".join(repr(w) for w in unknown)
+        if len(unknown) == len(set(words(text))):
+            out.append(f"prompt {text!r} holds no word seen in training ({named}); the model "
+                       "was trained to answer such prompts \"no\"")
+        else:
+            out.append(f"prompt {text!r}: {named} never seen in training; the answer rests on "
+                       "its other words")
+    return out
+
+
+def checkpoint_vocabulary(checkpoint) -> frozenset[str] | None:
+    """The words of the training prompts of the `vit train` run a checkpoint comes from: the
+    workdir's `config.json` (at the checkpoint or up to three folders above it) names the
+    dataset, and the dataset lists its words. None when no run or no prompt dataset is found
+    (a checkpoint copied out of its workdir, another library's model)."""
+    import json
+
+    path = Path(checkpoint)
+    for folder in [path, *path.parents][:4]:
+        config = folder / "config.json"
+        if not config.is_file():
+            continue
+        try:
+            data = json.loads(config.read_text(encoding="utf-8")).get("data")
+        except (OSError, ValueError, AttributeError):
+            return None
+        if isinstance(data, dict) and isinstance(data.get("name"), str):
+            return vocabulary_of(data["name"])
+    return None
+
+
+def vocabulary_of(name: str) -> frozenset[str] | None:
+    """The words a model trained on dataset `name` has seen in its prompts; None for a dataset
+    without prompts."""
+    if name == "promptshapes":
+        from vit.data.promptshapes import vocabulary
+
+        return vocabulary()
+    if name == "fashion_scenes":
+        from vit.data.fashion_scenes import vocabulary
+
+        return vocabulary()
+    return None

@@ -11,7 +11,12 @@ the two prompts its evaluation split pairs with each image.
 - per group, the false-yes rate by what the scene shares with the question: `neither` its
   colour nor its shape, `colour_only`, `shape_only`, or `both_apart` (both, on different
   shapes);
-- for questions naming never-drawn words, the yes-rate.
+- for questions naming never-drawn words (`never`) and prompts with no word the model was
+  trained on (`unknown`), the yes-rate: both are "no" by the training rule.
+
+Datasets with other kinds of "no" (a class asked in the wrong region, one item of two) give
+their own `shares` values; each gets its false-yes rate in place of `SHARES`. With `kinds[q]` (the
+kind of each question: class, region, ...) each pair group is also broken down by kind.
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ import numpy as np
 
 SHARES = ("neither", "colour_only", "shape_only", "both_apart")
 PAIR_GROUPS = ("seen", "heldout", "wording")
+RULE_GROUPS = ("never", "unknown")  # always "no": reported as a yes-rate
+_NOT_A_SHARE = ("present", "never", "unknown")
 
 
 def balanced_accuracy(truth: np.ndarray, probs: np.ndarray, threshold: float = 0.5) -> float:
@@ -51,32 +58,46 @@ def ranking_auc(truth: np.ndarray, scores: np.ndarray) -> float | None:
 
 
 def question_figures(probs: np.ndarray, truth: np.ndarray, groups: Sequence[str],
-                     shares: np.ndarray, threshold: float = 0.5) -> dict:
-    """`probs`, `truth` `[images, questions]`; `groups[q]` one of `PAIR_GROUPS` or "never";
-    `shares [images, questions]`: "present" or one of `SHARES` (anything for "never")."""
+                     shares: np.ndarray, threshold: float = 0.5,
+                     kinds: Sequence[str] | None = None) -> dict:
+    """`probs`, `truth` `[images, questions]`; `groups[q]` one of `PAIR_GROUPS` or
+    `RULE_GROUPS`; `shares [images, questions]`: "present", one of `SHARES` or a dataset's own
+    kind of "no" (anything for `RULE_GROUPS`); `kinds[q]`, optional, the kind of question."""
     probs, truth = np.asarray(probs, np.float64), np.asarray(truth, bool)
     groups, shares = np.asarray(groups), np.asarray(shares)
     said = probs > threshold
     out = {"images": int(probs.shape[0]), "threshold": threshold}
     for group in PAIR_GROUPS:
         cols = groups == group
-        if not cols.any():
-            continue
-        t, p, sh = truth[:, cols], probs[:, cols], shares[:, cols]
-        out[group] = {
-            "questions": int(cols.sum()),
-            "balanced_accuracy": balanced_accuracy(t, p, threshold),
-            "auc": ranking_auc(t, p),
-            "yes_recall": float(np.mean(said[:, cols][t])) if t.any() else None,
-            "no_recall": float(np.mean(~said[:, cols][~t])) if (~t).any() else None,
-            "false_yes": {k: (float(np.mean(said[:, cols][sh == k])) if (sh == k).any()
-                              else None) for k in SHARES},
-        }
-    never = groups == "never"
-    if never.any():
-        out["never"] = {"questions": int(never.sum()),
-                        "yes_rate": float(np.mean(said[:, never]))}
+        if cols.any():
+            out[group] = _group(truth[:, cols], probs[:, cols], shares[:, cols], threshold)
+            if kinds is not None:
+                kind_of = np.asarray(kinds)[cols]
+                out[group]["by_kind"] = {
+                    k: _group(truth[:, cols][:, kind_of == k], probs[:, cols][:, kind_of == k],
+                              shares[:, cols][:, kind_of == k], threshold)
+                    for k in dict.fromkeys(kind_of.tolist())}
+    for group in RULE_GROUPS:
+        cols = groups == group
+        if cols.any():
+            out[group] = {"questions": int(cols.sum()),
+                          "yes_rate": float(np.mean(said[:, cols]))}
     return out
+
+
+def _group(t: np.ndarray, p: np.ndarray, sh: np.ndarray, threshold: float) -> dict:
+    """Balanced accuracy, AUC, recalls and false-yes by share of one set of questions."""
+    said = p > threshold
+    own = sorted({str(k) for k in np.unique(sh)} - set(SHARES) - set(_NOT_A_SHARE))
+    return {
+        "questions": int(t.shape[1]),
+        "balanced_accuracy": balanced_accuracy(t, p, threshold),
+        "auc": ranking_auc(t, p),
+        "yes_recall": float(np.mean(said[t])) if t.any() else None,
+        "no_recall": float(np.mean(~said[~t])) if (~t).any() else None,
+        "false_yes": {k: (float(np.mean(said[sh == k])) if (sh == k).any() else None)
+                      for k in (own or SHARES)},
+    }
 
 
 def ask_every_prompt(model, images: np.ndarray, text: np.ndarray, mask: np.ndarray,

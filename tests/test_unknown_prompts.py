@@ -1,0 +1,123 @@
+"""Prompts with no word a text model was trained on: the vocabulary a prompt dataset lists,
+the "no" that training teaches for them, the one-line notice that names the words, and the
+yes-rate `vit eval` reports."""
+
+import json
+import types
+import warnings
+
+import numpy as np
+import pytest
+
+import vit
+from vit.data import prompt_words as pw
+from vit.data import promptshapes as ps
+from vit.inference.prompts import checkpoint_vocabulary, encode_prompts, unknown_word_notices
+from vit.inference.questions import question_figures
+
+
+def _template_words(templates) -> set[str]:
+    return {w for t in templates
+            for w in t.replace("{c}", " ").replace("{s}", " ").replace("?", " ").split()}
+
+
+def test_promptshapes_vocabulary_is_every_word_of_its_training_prompts():
+    vocab = ps.vocabulary()
+    expected = _template_words(ps.PAIR_TEMPLATES + ps.COLOUR_TEMPLATES + ps.SHAPE_TEMPLATES)
+    expected |= set(ps.COLORS + ps.NEVER_COLORS + ps.SHAPES + ps.NEVER_SHAPES)
+    assert vocab == expected
+    d = ps.generate("train", 400, seed=3)
+    for prompt, kind in zip(d.prompts, d.kinds, strict=True):
+        if kind != "unknown":
+            assert set(pw.words(prompt)) <= vocab, prompt
+    # the evaluation-only wordings bring words of their own: they are not "seen"
+    assert _template_words(ps.EVAL_TEMPLATES) - vocab
+
+
+def test_training_asks_prompts_of_unknown_words_always_no():
+    d = ps.generate("train")
+    unknown = [(p, a) for p, a, k in zip(d.prompts, d.answers, d.kinds, strict=True)
+               if k == "unknown"]
+    assert len(unknown) >= 0.03 * d.num_examples
+    assert all(a == 0 for _, a in unknown)
+    assert all(pw.words(p) for p, _ in unknown)  # never the empty (null) prompt
+    assert all(not set(pw.words(p)) & ps.vocabulary() for p, _ in unknown)
+    assert len({p for p, _ in unknown}) > 0.5 * len(unknown)  # many different ones
+    # and no prompt of the training set is one the evaluation asks
+    eval_words = {w for p in pw.EVAL_PROMPTS for w in pw.words(p)}
+    assert not eval_words & {w for p, _ in unknown for w in pw.words(p)}
+    assert not eval_words & set(pw.TRAIN_WORDS)
+
+
+def test_evaluation_asks_unknown_prompts_of_every_image():
+    grid = ps.grid_questions()
+    asked = [q["prompt"] for q in grid if q["group"] == "unknown"]
+    assert asked == list(pw.EVAL_PROMPTS) and len(asked) >= 8
+    for prompt in asked:
+        assert pw.knows_none(prompt, ps.vocabulary()), prompt
+    data = ps.generate("test", 6, seed=0)
+    source = ps.PromptShapesSource.__new__(ps.PromptShapesSource)
+    source.data = data
+    _, shares = source.question_grid()
+    columns = [j for j, q in enumerate(grid) if q["group"] == "unknown"]
+    assert (shares[:, columns] == "unknown").all()
+
+
+def test_unknown_group_yes_rate():
+    probs = np.array([[0.9, 0.2, 0.7, 0.1], [0.3, 0.6, 0.4, 0.2]])
+    groups = ["seen", "unknown", "unknown", "never"]
+    shares = np.array([["present", "unknown", "unknown", "never"]] * 2)
+    figures = question_figures(probs, shares == "present", groups, shares)
+    assert figures["unknown"] == {"questions": 2, "yes_rate": 0.5}  # 0.7 and 0.6 of 4
+    assert figures["never"] == {"questions": 1, "yes_rate": 0.0}
+
+
+def test_notices_name_the_unknown_words():
+    vocab = ps.vocabulary()
+    assert unknown_word_notices(vocab, ["is there a red square?", "", "IS THERE A RED SQUARE"]) \
+        == []
+    (line,) = unknown_word_notices(vocab, ["Hello, world!"])
+    assert "'hello'" in line and "'world'" in line and "no word seen in training" in line
+    assert '"no"' in line and "\n" not in line
+    (line,) = unknown_word_notices(vocab, ["is there a red dog?"])
+    assert "'dog'" in line and "'red'" not in line and "no word seen" not in line
+    assert unknown_word_notices(None, ["hello"]) == []
+
+
+def test_encode_prompts_warns_once_per_unknown_prompt():
+    config = types.SimpleNamespace(text=vit.TextConfig(max_len=48))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        prompts = encode_prompts(config, ["hello", "is there a red square?", ""],
+                                 vocabulary=ps.vocabulary())
+    assert [str(w.message) for w in caught] == unknown_word_notices(ps.vocabulary(), ["hello"])
+    assert prompts.text.shape == (3, 48)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        encode_prompts(config, ["hello"])  # no vocabulary: nothing to say
+
+
+def test_checkpoint_vocabulary_from_the_run_folder(tmp_path):
+    run = tmp_path / "run"
+    (run / "checkpoints" / "100").mkdir(parents=True)
+    (run / "config.json").write_text(json.dumps({"data": {"name": "promptshapes"}}))
+    assert checkpoint_vocabulary(run) == ps.vocabulary()
+    assert checkpoint_vocabulary(run / "checkpoints" / "100") == ps.vocabulary()
+    other = tmp_path / "digits_run"
+    other.mkdir()
+    (other / "config.json").write_text(json.dumps({"data": {"name": "digits"}}))
+    assert checkpoint_vocabulary(other) is None
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    (hf / "config.json").write_text(json.dumps({"model_type": "vit"}))
+    assert checkpoint_vocabulary(hf) is None
+    assert checkpoint_vocabulary(tmp_path / "missing") is None
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_unknown_prompt_never_uses_a_known_word(seed):
+    rng = np.random.default_rng(seed)
+    vocab = frozenset({"hello", "me", "cat"})
+    for _ in range(200):
+        prompt = pw.unknown_prompt(rng, vocab)
+        assert 1 <= len(pw.words(prompt)) <= 4 and not set(pw.words(prompt)) & vocab
