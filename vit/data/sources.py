@@ -1,4 +1,5 @@
-"""Random-access image datasets: the bundled digits, image folders, TensorFlow Datasets.
+"""Random-access image datasets: the bundled digits, real sets a package installs
+(`vit.data.real_sets`: Fashion-MNIST, MNIST digits), image folders, TensorFlow Datasets.
 
 Every source has `len()`, `source[i] -> {"image": uint8 [h, w, 3], "label": int}`,
 `.class_names` and `.name`. Random access is what lets the grain pipeline shuffle globally,
@@ -22,7 +23,7 @@ from vit.images import IMAGE_SUFFIXES, image_files, open_image, to_rgb
 log = logging.getLogger(__name__)
 
 DIGITS_SPLITS = ("train", "validation", "test")
-BUILT_IN = ("digits", "promptshapes")
+BUILT_IN = ("digits", "promptshapes", "fashion_mnist", "mnist_5k")
 
 
 class ArraySource:
@@ -61,6 +62,15 @@ def digits(split: str) -> ArraySource:
     chosen = {"train": train, "validation": val, "test": test}[split]
     return ArraySource(images[chosen], data.target[chosen], [str(d) for d in range(10)],
                        f"digits:{split}")
+
+
+def real_set(name: str, split: str, data_dir: str | None = None) -> ArraySource:
+    """A set of `vit.data.real_sets` (grey 28x28) as uint8 RGB in memory."""
+    from vit.data.real_sets import LOADERS
+
+    images, labels, class_names = LOADERS[name](split, data_dir)
+    return ArraySource(np.repeat(images[..., None], 3, -1), labels, class_names,
+                       f"{name}:{split}")
 
 
 class FolderSource:
@@ -213,8 +223,8 @@ class TfdsSource:
 
 def open_source(name: str, split: str, *, data_dir: str | None = None, strict: bool = False,
                 val_fraction: float = 0.1):
-    """`"digits"`, `"promptshapes"`, `"tfds:NAME"` (or a TFDS name), or a folder path -> a
-    random-access source.
+    """`"digits"`, `"promptshapes"`, `"fashion_mnist"`, `"mnist_5k"`, `"tfds:NAME"` (or a TFDS
+    name), or a folder path -> a random-access source.
 
     `split` is a split name; TFDS takes slicing such as `train[:90%]`.
     """
@@ -224,6 +234,8 @@ def open_source(name: str, split: str, *, data_dir: str | None = None, strict: b
         from vit.data.promptshapes import PromptShapesSource
 
         return PromptShapesSource(split)
+    if name in ("fashion_mnist", "mnist_5k"):  # before TFDS, whose names these also are
+        return real_set(name, split, data_dir)
     if name.startswith("tfds:"):
         return TfdsSource(name.removeprefix("tfds:"), split, data_dir)
     if os.sep in name or Path(name).is_dir():
@@ -232,6 +244,6 @@ def open_source(name: str, split: str, *, data_dir: str | None = None, strict: b
         return TfdsSource(name, split, data_dir)
     if Path(name).exists():
         raise DataError(f"dataset {name!r} is a file; give an image folder (one subfolder per "
-                        "class), 'digits', 'promptshapes' or 'tfds:NAME'")
-    raise DataError(f"unknown dataset {name!r}; use 'digits', 'promptshapes', 'tfds:NAME' or an "
-                    "image folder")
+                        f"class), {', '.join(BUILT_IN)} or 'tfds:NAME'")
+    raise DataError(f"unknown dataset {name!r}; use one of {', '.join(BUILT_IN)}, 'tfds:NAME' or "
+                    "an image folder")

@@ -73,9 +73,10 @@ DEFAULTS: dict[str, Key] = {
                 range=Range(0, 2**31 - 1, whole=True)),
     "init": Key("", "a pretrained checkpoint to start from ('' for none; --init wins)"),
 
-    "data.name": Key("", "the dataset: 'digits', 'promptshapes', 'tfds:NAME' or a folder of "
-                         "class folders (required)"),
-    "data.data_dir": Key(None, "where TFDS finds its prepared datasets (None: its default)",
+    "data.name": Key("", "the dataset: digits, promptshapes, fashion_mnist, mnist_5k, "
+                         "'tfds:NAME' or a folder of class folders (required)"),
+    "data.data_dir": Key(None, "where TFDS's prepared sets, or fashion_mnist's or mnist_5k's "
+                               "files, are (None: the default place)",
                          str | None),
     "data.train_split": Key("train", "the split trained on (TFDS slicing such as "
                                      "'train[:90%]' works)"),
