@@ -7,8 +7,7 @@ import struct
 import numpy as np
 import pytest
 
-from vit.data import open_source
-from vit.data import real_sets
+from vit.data import open_source, real_sets
 from vit.errors import DataError
 
 pytestmark = pytest.mark.timeout(120)
