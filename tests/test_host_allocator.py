@@ -1,4 +1,4 @@
-"""Huge pages for XLA:CPU's scratch memory (vit/host_allocator.py): the `vit` command starts
+"""Huge pages for XLA:CPU's scratch memory (vit/cpu/huge_pages.py): the `vit` command starts
 itself again with glibc's tunable set, keeps its process id and arguments, leaves a user's
 choice alone, and the tunable does cut the page faults of a large block malloc maps afresh."""
 
@@ -8,11 +8,11 @@ import sys
 
 import pytest
 
-from vit import host_allocator
+from vit.cpu import huge_pages
 
 pytestmark = [
     pytest.mark.timeout(120),
-    pytest.mark.skipif(not host_allocator.wanted({}),
+    pytest.mark.skipif(not huge_pages.wanted({}),
                        reason="needs Linux's glibc >= 2.35 and huge pages on request (madvise)"),
 ]
 
@@ -39,7 +39,7 @@ def test_the_vit_command_starts_again_with_the_tunable_in_the_same_process():
     first, second, version = run(SHOW, "a b", "c")
     pid, tunables, argv = first.split(" ", 2)
     assert tunables == "None" and argv == "['a b', 'c']"
-    assert second == f"{pid} {host_allocator.TUNABLE} ['a b', 'c']"  # same id, same arguments
+    assert second == f"{pid} {huge_pages.TUNABLE} ['a b', 'c']"  # same id, same arguments
     assert version.startswith("vit ")
 
 
@@ -69,6 +69,6 @@ print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 
 def test_the_tunable_cuts_the_page_faults_of_a_large_block():
     plain = int(run(FAULTS)[0])
-    huge = int(run(FAULTS, GLIBC_TUNABLES=host_allocator.TUNABLE)[0])
+    huge = int(run(FAULTS, GLIBC_TUNABLES=huge_pages.TUNABLE)[0])
     assert plain >= 3 * 65536 * 0.9  # every page of every round faulted in: the cost it cuts
     assert huge < plain / 8, (huge, plain)

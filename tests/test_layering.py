@@ -2,7 +2,8 @@
 
     cli -> commands -> train -> inference / explain -> checkpoints, data -> models -> ops
 
-(`errors`, `paths` and `host_allocator` are below everything; `images` lists and opens image
+(`errors`, `paths`, `step_folders` and the CPU backend `cpu` are below everything, and
+`host_allocator` names `cpu`'s huge pages for older callers; `images` lists and opens image
 files, `preprocess` turns them into model inputs; `device_mesh` is the one mesh helper of
 training and inference; `recipes` loads training configurations.) Every module under `vit/` is
 parsed, not imported, and every import of `vit.*` counts, whether at module level or inside a
@@ -23,7 +24,7 @@ pytestmark = pytest.mark.timeout(300)
 ROOT = Path(__file__).resolve().parents[1]
 VIT = ROOT / "vit"
 
-_BASE = {"errors", "paths", "host_allocator"}
+_BASE = {"errors", "paths", "step_folders", "cpu", "host_allocator"}
 _MODEL = _BASE | {"ops", "models"}
 _IMAGES = _BASE | {"images", "preprocess"}
 _CHECKPOINTS = _MODEL | _IMAGES | {"checkpoints"}
@@ -33,7 +34,9 @@ _ABOVE_APPS = _APPS | {"inference", "explain", "recipes", "train"}
 ALLOWED = {
     "errors": {"errors"},
     "paths": {"paths"},
-    "host_allocator": {"host_allocator"},
+    "step_folders": {"step_folders"},
+    "cpu": {"cpu"},
+    "host_allocator": {"host_allocator", "cpu"},
     "ops": _BASE | {"ops"},
     "models": _MODEL,
     "images": _BASE | {"images"},

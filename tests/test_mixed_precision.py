@@ -6,6 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from vit.cpu import features as cpu_features
 from vit.models.blocks import Linear
 from vit.ops import matmul
 
@@ -65,28 +66,28 @@ def test_linear_keeps_nnx_parameters_and_float32_path():
 @pytest.mark.parametrize("features, noted", [((), True), (("avx512_bf16",), False),
                                              (("amx_bf16", "avx512_bf16"), False)])
 def test_bfloat16_note_only_on_a_cpu_without_bfloat16_arithmetic(monkeypatch, features, noted):
-    monkeypatch.setattr(matmul, "cpu_bfloat16_features", lambda: features)
-    assert (matmul.bfloat16_note() is not None) == noted
+    monkeypatch.setattr(cpu_features, "cpu_bfloat16_features", lambda: features)
+    assert (cpu_features.bfloat16_note() is not None) == noted
 
 
 def test_cpu_features_are_read_from_cpuinfo():
     from pathlib import Path
 
     flags = Path("/proc/cpuinfo").read_text()
-    want = tuple(f for f in matmul.BF16_FLAGS if f" {f}" in flags.replace("\t", " "))
-    assert matmul.cpu_bfloat16_features() == want
+    want = tuple(f for f in cpu_features.BF16_FLAGS if f" {f}" in flags.replace("\t", " "))
+    assert cpu_features.cpu_bfloat16_features() == want
 
 
 def test_training_in_bfloat16_prints_one_note_where_it_cannot_pay(monkeypatch, capsys):
-    from vit.train import state
+    from vit.train import model
 
-    monkeypatch.setattr(matmul, "cpu_bfloat16_features", lambda: ())
-    state._note_dtype("bfloat16")
-    state._note_dtype("float32")
+    monkeypatch.setattr(cpu_features, "cpu_bfloat16_features", lambda: ())
+    model._note_dtype("bfloat16")
+    model._note_dtype("float32")
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("vit train: note: bfloat16 is no faster")
-    monkeypatch.setattr(matmul, "cpu_bfloat16_features", lambda: ("amx_bf16",))
-    state._note_dtype("bfloat16")
+    monkeypatch.setattr(cpu_features, "cpu_bfloat16_features", lambda: ("amx_bf16",))
+    model._note_dtype("bfloat16")
     assert capsys.readouterr().err == ""
 
 

@@ -126,7 +126,9 @@ from vit.train.checkpointing import TrainCheckpoints
 from vit.train.losses import softmax_xent
 from vit.train.optim import make_optimizer
 from vit.train.placement import Placement
-from vit.train.state import fresh_params, model_fields, new_state, restore_state
+from vit.train.from_recipe import model_fields
+from vit.train.model import fresh_params
+from vit.train.state import new_state, restore_state
 from vit.train.step import make_train_step
 
 assert jax.device_count() == 8, jax.devices()

@@ -10,11 +10,11 @@ import pytest
 from flax import nnx
 
 from vit import device_mesh
-from vit.inference import xla_cpu
+from vit.cpu import xla_options
 from vit.models.config import get_config
 from vit.train.losses import softmax_xent
+from vit.train.model import fresh_params
 from vit.train.placement import Placement
-from vit.train.state import fresh_params
 from vit.train.step import make_train_step
 
 # Compiles whole models or imports torch: with the slow set.
@@ -59,7 +59,7 @@ def _reference(graphdef, params, batch, pieces=1, options=None):
 
     grad_fn = jax.value_and_grad(loss)
     if options is not None:
-        grad_fn = jax.jit(grad_fn, **xla_cpu.jit_options(options))
+        grad_fn = jax.jit(grad_fn, **xla_options.jit_options(options))
     value, grads = grad_fn(params)
     return float(value), grads
 
@@ -98,7 +98,7 @@ def test_one_steps_loss_and_gradients_equal_plain_jax_grad(micro_tokens, pieces)
     graphdef, params, batch = _setup()
     # The whole step against jax.grad compiled as the step is (XLA's own dots on a CPU).
     want_loss, want = _reference(graphdef, params, batch, pieces,
-                                 options=xla_cpu.TRAINING if pieces == 1 else None)
+                                 options=xla_options.TRAINING if pieces == 1 else None)
     hlo = []
     got_loss, got = _step(graphdef, params, batch, ema_decay=0.99, micro_tokens=micro_tokens,
                           hlo=hlo)

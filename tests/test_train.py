@@ -132,7 +132,7 @@ def test_eval_on_arrays_matches_predict_on_exported_pngs(trained_digits, tmp_pat
 def test_init_replaces_head_and_resizes_posemb(straight_run, tmp_path):
     from vit.checkpoints import load_checkpoint
     from vit.train.loop import train
-    from vit.train.state import start_from_init
+    from vit.train.model import start_from_init
 
     workdir, _ = straight_run
     src = load_checkpoint(str(workdir))
@@ -170,7 +170,7 @@ def test_adapt_params_zero_head_and_shape_errors():
     from vit.checkpoints.fit import adapt_params
     from vit.errors import CheckpointError
     from vit.models.config import get_config
-    from vit.train.state import abstract_params
+    from vit.train.model import abstract_params
 
     src_cfg = get_config("Ti/16", width=16, depth=1, mlp_dim=32, num_heads=2, patch_size=4,
                          image_size=16, num_classes=5, representation_size=8)
@@ -267,9 +267,10 @@ def test_cpu_step_splits_a_large_batch_into_micro_batches_of_enough_tokens():
 def test_gradient_accumulation_equals_one_big_batch():
     from vit import device_mesh
     from vit.models.config import get_config
+    from vit.train.from_recipe import model_fields
+    from vit.train.model import fresh_params
     from vit.train.optim import make_optimizer
     from vit.train.placement import Placement
-    from vit.train.state import fresh_params, model_fields
     from vit.train.step import make_train_step
 
     config = tiny("model.drop_path=0.0")
@@ -302,10 +303,11 @@ def test_trainable_mask_freezes_in_the_step_and_losses_are_chosen_by_name():
     from vit import device_mesh
     from vit.errors import ConfigError
     from vit.models.config import get_config
+    from vit.train.from_recipe import model_fields
     from vit.train.losses import get_loss, softmax_xent
+    from vit.train.model import fresh_params
     from vit.train.optim import make_optimizer, path_names
     from vit.train.placement import Placement
-    from vit.train.state import fresh_params, model_fields
     from vit.train.step import make_train_step
 
     config = tiny("model.drop_path=0.0", "optim.warmup_steps=0")
@@ -342,7 +344,8 @@ import jax, jax.numpy as jnp, numpy as np
 from vit.recipes.load import load_config
 from vit.models.config import get_config
 from vit import device_mesh
-from vit.train.state import fresh_params, model_fields
+from vit.train.from_recipe import model_fields
+from vit.train.model import fresh_params
 from vit.train.step import make_train_step
 from vit.train.optim import make_optimizer
 from vit.train.placement import Placement

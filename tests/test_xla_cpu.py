@@ -1,4 +1,4 @@
-"""The XLA:CPU compile options (vit/inference/xla_cpu.py): XLA's own dots in the compiled
+"""The XLA:CPU compile options (vit/cpu/xla_options.py): XLA's own dots in the compiled
 forward of a Predictor on CPU; XLA's dots and YNNPACK's reductions in the float32 training step,
 and the memory-optimised schedule in every training step; jax's defaults when opted out,
 elsewhere, or where an option is unknown."""
@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from vit.inference import xla_cpu
+from vit.cpu import xla_options
 from vit.inference.predictor import Predictor
 
 pytestmark = pytest.mark.timeout(300)
@@ -24,11 +24,11 @@ def test_the_predictor_compiles_with_xla_dots_unless_opted_out(monkeypatch, make
     def predictor():
         return Predictor(loaded.build_model(), loaded.preprocessing, batch_size=2)
 
-    monkeypatch.delenv(xla_cpu.OPT_OUT, raising=False)
+    monkeypatch.delenv(xla_options.OPT_OUT, raising=False)
     fast = predictor()
     fast.compile()
     assert "__ynn_fusion" not in fast._compiled.as_text()  # XLA's own dots
-    monkeypatch.setenv(xla_cpu.OPT_OUT, "0")
+    monkeypatch.setenv(xla_options.OPT_OUT, "0")
     default = predictor()
     default.compile()
     assert "__ynn_fusion" in default._compiled.as_text()  # jax's default, as promised
@@ -51,19 +51,19 @@ class Lowered:
 
 
 def test_no_options_on_other_backends_and_defaults_where_an_option_is_unknown(monkeypatch):
-    monkeypatch.delenv(xla_cpu.OPT_OUT, raising=False)
+    monkeypatch.delenv(xla_options.OPT_OUT, raising=False)
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
     lowered = Lowered()
-    assert xla_cpu.compile_for_inference(lowered) == "compiled" and lowered.calls == [None]
+    assert xla_options.compile_for_inference(lowered) == "compiled" and lowered.calls == [None]
     monkeypatch.setattr(jax, "default_backend", lambda: "cpu")
-    lowered = Lowered(refuse=xla_cpu.OPTIONS)  # a jaxlib without the option
-    assert xla_cpu.compile_for_inference(lowered) == "compiled"
-    assert lowered.calls == [xla_cpu.OPTIONS, None]
+    lowered = Lowered(refuse=xla_options.INFERENCE)  # a jaxlib without the option
+    assert xla_options.compile_for_inference(lowered) == "compiled"
+    assert lowered.calls == [xla_options.INFERENCE, None]
     # And a real compile with an option XLA does not know still runs, on its defaults.
-    monkeypatch.setattr(xla_cpu, "OPTIONS", {"xla_cpu_no_such_option": True})
+    monkeypatch.setattr(xla_options, "INFERENCE", {"xla_cpu_no_such_option": True})
     f = jax.jit(lambda a: jnp.tanh(a @ a))
     a = jnp.ones((8, 8))
-    np.testing.assert_allclose(xla_cpu.compile_for_inference(f.lower(a))(a), f(a))
+    np.testing.assert_allclose(xla_options.compile_for_inference(f.lower(a))(a), f(a))
 
 
 def ynn_fusions(hlo: str) -> dict:
@@ -80,8 +80,8 @@ def test_the_training_step_takes_xla_dots_ynnpack_reductions_and_less_memory(mon
 
     from vit import device_mesh
     from vit.models.config import get_config
+    from vit.train.model import fresh_params
     from vit.train.placement import Placement
-    from vit.train.state import fresh_params
     from vit.train.step import make_train_step
 
     # Big enough for XLA to hand reductions to YNNPACK (it keeps tiny ones).
@@ -100,12 +100,12 @@ def test_the_training_step_takes_xla_dots_ynnpack_reductions_and_less_memory(mon
                                compute_dtype=dtype)
         return step.lower(params, tx.init(params), None, batch, 0, 0).compile()
 
-    monkeypatch.delenv(xla_cpu.OPT_OUT, raising=False)
+    monkeypatch.delenv(xla_options.OPT_OUT, raising=False)
     ours = {dtype: compiled(dtype) for dtype in ("float32", "bfloat16")}
     fast = ynn_fusions(ours["float32"].as_text())
     assert fast["dot"] == 0 and fast["other"] > 0  # XLA's dots, YNNPACK's reductions
     assert ynn_fusions(ours["bfloat16"].as_text())["dot"] > 0  # jax's fusions
-    monkeypatch.setenv(xla_cpu.OPT_OUT, "0")
+    monkeypatch.setenv(xla_options.OPT_OUT, "0")
     defaults = compiled()  # opted out, the dtype changes nothing: jax's defaults
     assert ynn_fusions(defaults.as_text())["dot"] > 0
     # The memory-optimised schedule keeps fewer buffers alive at once, in either dtype.
@@ -115,25 +115,26 @@ def test_the_training_step_takes_xla_dots_ynnpack_reductions_and_less_memory(mon
 
 
 def test_jit_options_are_none_where_this_jaxlib_refuses_them(monkeypatch):
-    monkeypatch.delenv(xla_cpu.OPT_OUT, raising=False)
+    monkeypatch.delenv(xla_options.OPT_OUT, raising=False)
     if jax.default_backend() == "cpu":
-        assert xla_cpu.jit_options() == {"compiler_options": xla_cpu.INFERENCE}
-        assert xla_cpu.jit_options(xla_cpu.TRAINING) == {"compiler_options": xla_cpu.TRAINING}
-    assert xla_cpu.jit_options({"xla_cpu_no_such_option": True}) == {}
+        assert xla_options.jit_options() == {"compiler_options": xla_options.INFERENCE}
+        training = xla_options.TRAINING
+        assert xla_options.jit_options(training) == {"compiler_options": training}
+    assert xla_options.jit_options({"xla_cpu_no_such_option": True}) == {}
     # A float32 step takes XLA's dots and YNNPACK's reductions, a narrow one jax's fusions; both
     # the memory-optimised schedule.
-    assert xla_cpu.training_options("float32") == xla_cpu.TRAINING
-    assert xla_cpu.training_options("bfloat16") == xla_cpu.SCHEDULE
+    assert xla_options.training_options("float32") == xla_options.TRAINING
+    assert xla_options.training_options("bfloat16") == xla_options.SCHEDULE
 
 
 @pytest.mark.skipif(jax.default_backend() != "cpu", reason="the options are XLA:CPU's")
 @pytest.mark.parametrize("features, ynn_dots", [((), False), (("amx_bf16", "avx512_bf16"), True)])
 def test_a_bfloat16_predictor_keeps_ynnpack_dots_where_the_cpu_has_bfloat16_arithmetic(
         monkeypatch, make_tiny, features, ynn_dots):
-    from vit.ops import matmul
+    from vit.cpu import features as cpu_features
 
-    monkeypatch.delenv(xla_cpu.OPT_OUT, raising=False)
-    monkeypatch.setattr(matmul, "cpu_bfloat16_features", lambda: features)
+    monkeypatch.delenv(xla_options.OPT_OUT, raising=False)
+    monkeypatch.setattr(cpu_features, "cpu_bfloat16_features", lambda: features)
     loaded = make_tiny(image_size=32, patch_size=8, depth=1, num_classes=5, dtype="bfloat16")
     narrow = Predictor(loaded.build_model(), loaded.preprocessing, batch_size=2)
     narrow.compile()
@@ -148,5 +149,5 @@ def test_a_bfloat16_predictor_keeps_ynnpack_dots_where_the_cpu_has_bfloat16_arit
     p_narrow, p_wide = narrow.predict_arrays(x)[0], wide.predict_arrays(x)[0]  # top-k probs
     assert np.ptp(p_wide) > 0.01  # not a constant model
     np.testing.assert_allclose(p_narrow, p_wide, atol=0.02)  # bfloat16's error, no more
-    assert xla_cpu.inference_options("float32") == xla_cpu.INFERENCE
-    assert (xla_cpu.inference_options("bfloat16") == {}) == ynn_dots
+    assert xla_options.inference_options("float32") == xla_options.INFERENCE
+    assert (xla_options.inference_options("bfloat16") == {}) == ynn_dots

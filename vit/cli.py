@@ -7,7 +7,7 @@ an OSError about a named file (permissions), a full disk or quota however a libr
 and running out of memory (a MemoryError, XLA's RESOURCE_EXHAUSTED), named with what to lower.
 A closed pipe on stdout (`| head`) ends the run quietly with 141, as SIGPIPE would.
 Run as the `vit` command, it first starts itself again with glibc asking for huge pages
-(vit/host_allocator.py: XLA:CPU's per-step scratch memory faults in 512 times less often).
+(vit/cpu/huge_pages.py: XLA:CPU's per-step scratch memory then faults in 2 MiB pages).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import importlib
 import os
 import sys
 
-from vit import host_allocator
+from vit.cpu import huge_pages
 from vit.errors import OutOfSpace, VitError, is_out_of_memory, is_out_of_space
 
 # subcommand -> (module, one-line help)
@@ -53,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     if argv is None:  # run as the `vit` command: start again with huge pages for XLA's scratch
-        host_allocator.reexec()
+        huge_pages.reexec()
     args = build_parser().parse_args(argv)
     try:
         return int(importlib.import_module(args._module).run(args) or 0)

@@ -14,9 +14,9 @@ import optax
 from flax import nnx
 
 from vit import device_mesh
+from vit.cpu.xla_options import inference_options, jit_options
 from vit.data import eval_batches
 from vit.data.transforms import one_hot
-from vit.inference.xla_cpu import inference_options, jit_options
 
 # The model inputs of a batch: the images, and the prompts when the task reads text.
 INPUTS = ("image", "text", "text_mask")
@@ -26,7 +26,7 @@ def make_logits_fn(graphdef, mesh, params_sharding=None, dtype=None):
     """A jitted `(params, inputs) -> float32 logits`, batch split over the mesh, logits
     replicated; `inputs` holds `image`, and `text`/`text_mask` for a prompt head.
     `params_sharding` is the training state's (default: replicated); `dtype` the model's
-    compute dtype (its compile options, `vit.inference.xla_cpu.inference_options`)."""
+    compute dtype (its compile options, `vit.cpu.xla_options.inference_options`)."""
     rep, sharded = device_mesh.replicated(mesh), device_mesh.batch_sharded(mesh)
 
     def logits(params, inputs):

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from vit.cpu.xla_options import compile_for_inference
 from vit.device_mesh import on_local_devices
 from vit.errors import CheckpointError, DataError
 from vit.images import open_image
@@ -34,7 +35,6 @@ from vit.inference.prompts import (
     require_text,
     zero_shot_prompts,
 )
-from vit.inference.xla_cpu import compile_for_inference
 from vit.ops.matmul import NARROW
 from vit.preprocess import Preprocessing
 

@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from vit.cpu import features
 from vit.models.config import ViTConfig
 from vit.ops import matmul
 from vit.ops.attention import dot_product_attention, preferred_layout, reference_attention
@@ -177,7 +178,7 @@ class Attention(nnx.Module):
         # projection also runs over merged heads (`_merged_proj`), in training too.
         layout = preferred_layout()
         heads = "bhnd" if layout == "bhsd" else "bnhd"
-        narrow_cpu = matmul.narrow_on_bfloat16_cpu(self.qkv.dtype)
+        narrow_cpu = features.narrow_on_bfloat16_cpu(self.qkv.dtype)
         if narrow_cpu and queries is None and keys.rng is None:
             q, k, v = self._fused_qkv(x, layout)
         else:

@@ -20,12 +20,14 @@ import functools
 import jax
 import jax.numpy as jnp
 
-NARROW = (jnp.bfloat16, jnp.float16)
+from vit.cpu import features
+
+NARROW = tuple(jnp.dtype(name) for name in features.NARROW_DTYPES)
 
 
 def wide_output() -> bool:
     """Whether narrow products here should write float32 (the CPU) rather than narrow."""
-    return jax.default_backend() == "cpu"
+    return features.on_cpu()
 
 
 def _transposed(spec: str) -> tuple[str, str]:
@@ -93,39 +95,8 @@ def narrow_einsum(spec: str, a: jax.Array, b: jax.Array, dtype) -> jax.Array:
     return jnp.einsum(spec, a.astype(dtype), b.astype(dtype))
 
 
-# /proc/cpuinfo flags (x86) and Features (Arm) that mean bfloat16 arithmetic in hardware.
-BF16_FLAGS = ("avx512_bf16", "amx_bf16", "avx_ne_convert", "bf16")
-
-
-@functools.cache
-def cpu_bfloat16_features() -> tuple[str, ...]:
-    """This CPU's bfloat16 arithmetic features, as /proc/cpuinfo names them (empty: none, or
-    no /proc/cpuinfo to read)."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                if key.strip() in ("flags", "Features"):
-                    have = set(value.split())
-                    return tuple(flag for flag in BF16_FLAGS if flag in have)
-    except OSError:
-        pass
-    return ()
-
-
-def narrow_on_bfloat16_cpu(dtype) -> bool:
-    """Whether products in `dtype` are narrow ones on a CPU with bfloat16 arithmetic, where
-    jax's YNNPACK runs them on that hardware (the inference compile options and the attention
-    layer's product shapes follow from it)."""
-    return (dtype is not None and jnp.dtype(dtype) in NARROW and wide_output()
-            and bool(cpu_bfloat16_features()))
-
-
-def bfloat16_note() -> str | None:
-    """One line for a user who asked for bfloat16 where it cannot pay: a CPU without bfloat16
-    arithmetic. None where it can (such a CPU, a GPU, a TPU)."""
-    if jax.default_backend() != "cpu" or cpu_bfloat16_features():
-        return None
-    return ("bfloat16 is no faster than float32 on this CPU (it has no bfloat16 arithmetic: "
-            "no AVX512_BF16 or AMX); float32 is the better choice here, bfloat16 pays on GPUs, "
-            "TPUs and CPUs that have it")
+# What this CPU can do is `vit.cpu.features`' to say; these names stay importable from here.
+bfloat16_note = features.bfloat16_note
+cpu_bfloat16_features = features.cpu_bfloat16_features
+narrow_on_bfloat16_cpu = features.narrow_on_bfloat16_cpu
+BF16_FLAGS = features.BF16_FLAGS

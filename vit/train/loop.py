@@ -5,8 +5,9 @@ optimiser state, EMA, data-iterator position and step all come back, and randomn
 function of (seed, step), so the resumed run's losses equal an uninterrupted run's.
 
 This file is the orchestration only, top to bottom; each concern lives in its own module:
-`workdir` (ours or refused, and its lock), `state` (build or resume), `step` (the jitted step)
-with `losses`, `placement` (shardings), `checkpointing` (storage and save policy), `signals`,
+`workdir` (ours or refused, its lock, its files), `model` (what is trained), `resume` (whether a
+resume fits), `state` (the training state, fresh or restored), `step` (the jitted step) with
+`losses`, `placement` (shardings), `checkpointing` (storage and save policy), `signals`,
 `progress` and `metrics`.
 
 What a run may cost the workdir: nothing until the lock is held and the checks pass; a run that
@@ -28,11 +29,12 @@ import jax
 
 from vit import device_mesh
 from vit.checkpoints import orbax_format
-from vit.checkpoints.orbax_io import finished_steps, quiet_event_loops
+from vit.checkpoints.orbax_io import quiet_event_loops
 from vit.data import open_source, train_iterator
 from vit.errors import ConfigError, OutOfMemory, OutOfSpace, is_out_of_memory
 from vit.inference.evaluate import evaluate_task, make_logits_fn, sharded_eval_batches
 from vit.models.text import tokenize
+from vit.step_folders import finished_steps
 from vit.train import parallel
 from vit.train import workdir as workdirs
 from vit.train.checkpointing import (
@@ -43,24 +45,22 @@ from vit.train.checkpointing import (
 )
 from vit.train.early_stop import REASON as STOPPED_EARLY
 from vit.train.early_stop import EarlyStop
+from vit.train.from_recipe import augment_of
+from vit.train.iterator_records import iterator_states
 from vit.train.losses import DEFAULT as DEFAULT_LOSS
 from vit.train.losses import TEXT_LOSSES, get_loss
 from vit.train.metrics import MetricsLog, TrainMeter, plot_curves
+from vit.train.model import build_model
 from vit.train.optim import make_optimizer
 from vit.train.placement import Placement
 from vit.train.progress import progress
+from vit.train.resume import check_resume
 from vit.train.signals import StopSignals
-from vit.train.state import (
-    augment_of,
-    build_model,
-    check_resume,
-    iterator_states,
-    new_state,
-    restore_state,
-)
+from vit.train.state import new_state, restore_state
 from vit.train.step import make_train_step
 from vit.train.tensorboard import FOLDER as TB_FOLDER
 from vit.train.tensorboard import EventLog
+from vit.train.workdir import has_finished_step, write_config
 
 VALIDATION = "the first validation"  # what an out-of-memory there names
 
@@ -106,11 +106,6 @@ def train_claimed(config, workdir: Path, claim: workdirs.Claim | None, *, init: 
             raise
 
 
-def has_finished_step(workdir: Path) -> bool:
-    """Whether `workdir` (or one of its stages) holds a finished step folder."""
-    return any(p.name.isdigit() for p in Path(workdir).glob("**/checkpoints/*"))
-
-
 def _out_of_space(err: OutOfSpace, workdir: Path) -> OutOfSpace:
     """`err` with what the run kept: the last finished checkpoint, from which it resumes."""
     checkpoints = workdir / orbax_format.CHECKPOINTS_DIR
@@ -148,7 +143,7 @@ def _train(config, workdir: Path, ckpts: TrainCheckpoints, claim: workdirs.Claim
                    else None)
     early = EarlyStop(tc.get("early_stop_patience", 0),
                       ckpts.read_train_state(start).get("early_stop") if start else None)
-    if start >= steps or early.due:  # finished earlier: nothing to train, nothing rewritten
+    if start >= steps or early.due:  # finished before: nothing to train, nothing rewritten
         ckpts.close()
         if primary:
             print(f"done: {steps} steps, all saved earlier in {ckpts.directory}; raise "
@@ -181,14 +176,14 @@ def _train(config, workdir: Path, ckpts: TrainCheckpoints, claim: workdirs.Claim
                logits_fn=make_logits_fn(model.graphdef, mesh, place.params,
                                          model.config.dtype), mesh=mesh,
                eval_batch_size=eval_host_batch, start=start, primary=primary, early=early)
-    if claim is not None:  # the run writes from here on: a 0.1.0 workdir becomes ours
+    if claim is not None:  # the run writes from here on: an unmarked workdir becomes ours
         claim.adopt()
     end = steps if stop_after is None else min(steps, start + stop_after)
     last, step, stopped_by = run.steps(step_fn, lr_fn, start, end)
     if primary and (workdir / "metrics.jsonl").exists():
         plot_curves(workdir / "metrics.jsonl", workdir / "curves.png")
     if (step >= steps or stopped_by == STOPPED_EARLY) and primary:
-        with_tb = tc.get("tensorboard", True)  # a config of an earlier release lacks the key
+        with_tb = tc.get("tensorboard", True)  # a 0.1.0 workdir's config lacks the key
         tb = f", TensorBoard events in {workdir / TB_FOLDER}" if with_tb else ""
         print(f"done: {step} steps; checkpoints in {ckpts.directory}, metrics in "
               f"{workdir / 'metrics.jsonl'}, curves in {workdir / 'curves.png'}{tb}")
@@ -394,12 +389,6 @@ class _Run:
                         train_state={"step": step, "seed": config.seed,
                                      "early_stop": self.early.state()},
                         meta=json.loads(json.dumps(meta, default=list)), val_accuracy=val_acc)
-
-
-def write_config(workdir: Path, config, name: str = "config.json") -> None:
-    """`WORKDIR/config.json`, the resolved recipe (`vit eval --workdir` reads it), replaced
-    atomically."""
-    workdirs.replace_file(workdir / name, config.to_json(indent=2))
 
 
 def _chain(err: BaseException) -> list[BaseException]:

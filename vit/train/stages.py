@@ -21,13 +21,13 @@ from pathlib import Path
 import jax
 import ml_collections
 
-from vit.checkpoints import orbax_format
-from vit.checkpoints.orbax_io import finished_steps
 from vit.errors import ConfigError
 from vit.models.config import variant_config
 from vit.train import parallel
 from vit.train import workdir as workdirs
-from vit.train.state import model_fields
+from vit.train.early_stop import REASON as STOPPED_EARLY
+from vit.train.from_recipe import model_fields
+from vit.train.loop import train, train_claimed
 
 SECTIONS = ("train", "optim", "input")
 STAGE_KEYS = {"order", "text", "skip_with_init", *SECTIONS}
@@ -70,18 +70,13 @@ def train_stages(config, workdir: str | Path, *, init: str | None = None,
             return _train_stages(config, stages, workdir, claim, init=init,
                                  stop_after=stop_after, sources=sources)
         except Exception:
-            from vit.train.loop import has_finished_step
-
-            if claim is not None and not has_finished_step(workdir):
+            if claim is not None and not workdirs.has_finished_step(workdir):
                 claim.undo()
             raise
 
 
 def _train_stages(config, stages, workdir: Path, claim, *, init: str | None,
                   stop_after: int | None, sources: dict | None) -> dict:
-    from vit.train.early_stop import REASON as STOPPED_EARLY
-    from vit.train.loop import train, train_claimed, write_config
-
     primary = jax.process_index() == 0  # process 0 alone writes files
     previous, result = init or (config.get("init") or None), {}
     for k, (name, cfg) in enumerate(stages):
@@ -91,7 +86,7 @@ def _train_stages(config, stages, workdir: Path, claim, *, init: str | None,
         last = k == len(stages) - 1
         where = workdir if last else workdir / "stages" / name
         steps = cfg.train.steps
-        if _latest_step(where) == steps:
+        if workdirs.latest_step(where) == steps:
             print(f"stage {name}: finished earlier ({where})", flush=True)
         else:
             print(f"stage {name} ({k + 1}/{len(stages)}): {steps} steps into {where}", flush=True)
@@ -104,16 +99,12 @@ def _train_stages(config, stages, workdir: Path, claim, *, init: str | None,
                 result = train(cfg, where, init=previous, stop_after=stop_after,
                                sources=sources)
             if primary:  # written once a stage has trained: a refused run leaves the old one
-                write_config(workdir, config, "recipe.json")
+                workdirs.write_config(workdir, config, "recipe.json")
             early = result.get("stopped_by") == STOPPED_EARLY  # this stage is done: go on
-            if not early and (result.get("stopped_by") or _latest_step(where) != steps):
+            if not early and (result.get("stopped_by") or workdirs.latest_step(where) != steps):
                 return result  # interrupted: the same command resumes this stage
         previous = str(where)
     if primary:
         workdirs.replace_file(workdir / "stages.json", json.dumps(
             {"stages": [name for name, _ in stages], "final": str(workdir)}, indent=2))
     return result
-
-
-def _latest_step(workdir: Path) -> int | None:
-    return max(finished_steps(workdir / orbax_format.CHECKPOINTS_DIR), default=None)

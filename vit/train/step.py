@@ -14,7 +14,7 @@ import optax
 from flax import nnx
 
 from vit import device_mesh
-from vit.inference.xla_cpu import jit_options, training_options
+from vit.cpu.xla_options import jit_options, training_options
 from vit.train.losses import LossFn, softmax_xent
 from vit.train.placement import Placement
 
@@ -49,7 +49,7 @@ def make_train_step(graphdef, tx: optax.GradientTransformation, place: Placement
     `place` (`Placement.of`) gives the shardings of the state, the batch and the metrics:
     replicated or fsdp-sharded state, the same step. `compute_dtype` is the model's: a float32
     step compiles on the CPU with XLA's own dots and YNNPACK's reductions
-    (`vit.inference.xla_cpu.TRAINING`), faster there than jax's defaults; other dtypes keep
+    (`vit.cpu.xla_options.TRAINING`), faster there than jax's defaults; other dtypes keep
     jax's fusions, the ones measured on CPUs with bfloat16 arithmetic. Every step on the CPU
     takes XLA's memory-optimised schedule (`SCHEDULE`): about a quarter less scratch memory.
     A float32 or bfloat16 step on one CPU device also splits each of its (accumulation)

@@ -37,12 +37,13 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from vit.errors import OutOfSpace, VitError, is_out_of_space
+from vit.step_folders import finished_steps
 
 MARKER = ".vit-workdir"
 LOCK = ".vit-workdir.lock"
 FORMAT = "vit-workdir-1"
-# What a 0.1.0 workdir holds: checkpoints/<step>/meta, metrics.jsonl records, staged runs.
-CHECKPOINTS, METRICS, STAGES, META = "checkpoints", "metrics.jsonl", "stages", "meta"
+# What a 0.1.0 workdir holds: finished checkpoints/<step>/, metrics.jsonl records, staged runs.
+CHECKPOINTS, METRICS, STAGES = "checkpoints", "metrics.jsonl", "stages"
 METRIC_SPLITS = ("train", "validation")
 SHOWN = 4  # names listed in a refusal
 
@@ -71,8 +72,20 @@ def foreign_entries(path) -> list[str]:
 
 def is_run(path: Path) -> bool:
     """Whether `path` holds a run by its structure (what release 0.1.0 left, without marker)."""
-    return _has_step(path / CHECKPOINTS) or _has_records(path / METRICS) or any(
+    return has_finished_step(path) or _has_records(path / METRICS) or any(
         is_run(stage) for stage in _children(path / STAGES))
+
+
+def has_finished_step(workdir) -> bool:
+    """Whether `workdir` or one of its stages holds a finished step (`vit.step_folders`)."""
+    workdir = Path(workdir)
+    return bool(finished_steps(workdir / CHECKPOINTS)) or any(
+        has_finished_step(stage) for stage in _children(workdir / STAGES))
+
+
+def latest_step(workdir) -> int | None:
+    """`workdir`'s latest finished step, None when it has none."""
+    return max(finished_steps(Path(workdir) / CHECKPOINTS), default=None)
 
 
 def _children(path: Path) -> list[Path]:
@@ -80,10 +93,6 @@ def _children(path: Path) -> list[Path]:
         return [p for p in path.iterdir() if p.is_dir()]
     except OSError:
         return []
-
-
-def _has_step(checkpoints: Path) -> bool:
-    return any(p.name.isdigit() and (p / META).is_dir() for p in _children(checkpoints))
 
 
 def _has_records(metrics: Path) -> bool:
@@ -283,6 +292,12 @@ def claim(path, *, primary: bool = True,
 
 
 # -- small files ------------------------------------------------------------------------------
+
+def write_config(workdir: Path, config, name: str = "config.json") -> None:
+    """`WORKDIR/config.json`, the resolved recipe (`vit eval --workdir` reads it), replaced
+    atomically."""
+    replace_file(Path(workdir) / name, config.to_json(indent=2))
+
 
 def _now() -> str:
     return datetime.datetime.now().astimezone().isoformat(timespec="seconds")
