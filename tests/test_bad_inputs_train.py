@@ -86,7 +86,7 @@ def refused(run_vit):
     # Another class count crashed inside the jitted step.
     (["train.steps=3", "data.name={folder}"],
      ["has 3 classes", "has 10", "--init"]),
-    # Below the saved step: used to print "done: 1 steps" and rewrite config.json.
+    # Below the saved step: refused, not "done: 1 steps" with config.json rewritten.
     (["train.steps=1"], ["train.steps=1", "step 2", "--workdir"]),
 ], ids=["unknown-dataset", "model-changed", "preprocessing-changed", "class-count",
         "steps-below-saved"])
@@ -269,8 +269,8 @@ def test_documented_keys_a_recipe_leaves_out_can_still_be_set():
 
 
 def test_sigmoid_xent_on_a_one_label_dataset_is_scored_against_one_hot_targets():
-    """`--set train.loss=sigmoid_xent` on digits (big_vision trains ImageNet this way) used to
-    crash in the first validation: the labels are class indices, not multi-hot."""
+    """`--set train.loss=sigmoid_xent` on digits (big_vision trains ImageNet this way) trains
+    and validates, though the labels are class indices, not multi-hot."""
     import numpy as np
 
     from vit import device_mesh

@@ -296,8 +296,8 @@ def test_memory_does_not_grow_as_layers_times_tokens_squared():
 
 @pytest.mark.slow
 def test_forward_rollout_memory_stays_flat_at_larger_batches_and_token_counts():
-    # Unrolled, XLA kept every layer's attention here (batch 4, 1,025 tokens), not at the
-    # 65 tokens of the test above: ViT-L/14 at 518 px took 12.3 GB at batch 4, 0.40 at batch 1.
+    # Unrolled over the layers, XLA would keep every layer's attention at this size (batch 4,
+    # 1,025 tokens), which it does not at the 65 tokens of the test above.
     shape = dict(width=16, mlp_dim=32, num_heads=4, image_size=128)
     x = images(4, size=128)
     per_layer = 4 * 4 * 1025 * 1025 * 4

@@ -1,5 +1,5 @@
 """Faults outside training, met as an unlucky operator meets them: a disk that is full, memory
-that runs out, and the inputs that used to end in a traceback (text that is not UTF-8, a link
+that runs out, and inputs that could end in a traceback (text that is not UTF-8, a link
 that loops, a recipe value out of its range, a class folder named in another encoding, a FIFO
 among the images).
 
@@ -89,7 +89,7 @@ def _patch(module: str, name: str, value) -> Callable:
 
 
 def _old_eval(work: Path) -> None:
-    """An earlier evaluation's files in {full}/ev_old, which a failed one must leave as they
+    """A previous evaluation's files in {full}/ev_old, which a failed one must leave as they
     were."""
     (work / "full" / "ev_old").mkdir()
     (work / "full" / "ev_old" / "eval.json").write_text('{"accuracy": 0.5}')
@@ -97,8 +97,8 @@ def _old_eval(work: Path) -> None:
 
 
 def _old_maps(work: Path) -> None:
-    """An earlier rollout into {full}/ro_old, rerun on the same images when the disk is full:
-    every earlier file must stay whole (the rerun writes the same names)."""
+    """A first rollout into {full}/ro_old, rerun on the same images when the disk is full:
+    every file of the first must stay whole (the rerun writes the same names)."""
     assert main(["rollout", str(work / "imgs"), "--checkpoint", str(work / "orbax"), "--out",
                  str(work / "full" / "ro_old")]) == 0
 

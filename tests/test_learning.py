@@ -1,5 +1,5 @@
-"""Training learns: a few hundred steps on the bundled digits reach clearly above chance (10%)
-on the 360 held-out test digits. Before this, `0 <= accuracy <= 1` was all that was checked."""
+"""Training learns: a few hundred steps on the bundled digits reach clearly above chance (one
+in ten) on the 360 held-out test digits, not merely `0 <= accuracy <= 1`."""
 
 import json
 

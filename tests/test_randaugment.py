@@ -109,7 +109,7 @@ def test_a_bad_random_erasing_is_refused(p):
 
 
 def test_the_erased_box_follows_timms_distribution():
-    """Over many draws: area 2% to 1/3 of the image (uniform, so the mean is near
+    """Over many draws: area 0.02 to 1/3 of the image (uniform, so the mean is near
     (0.02 + 1/3) / 2 less the boxes that do not fit), aspect log-uniform in [0.3, 3.3]."""
     rng = np.random.default_rng(0)
     h, w = 64, 64

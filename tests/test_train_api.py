@@ -103,8 +103,9 @@ class SlowSource:
 
 
 def test_waiting_for_data_is_measured_and_shown(tmp_path, capsys):
-    """A source that sleeps 20 ms per image, read in the main thread: the steps (a tiny model,
-    milliseconds each) wait for data most of the time; the digits arrays almost never."""
+    """A source that sleeps a fiftieth of a second per image, read in the main thread: the
+    steps (a tiny model, milliseconds each) wait for data most of the time; the digits arrays
+    almost never."""
     import vit
 
     sets = tiny(**{"data.num_threads": 0, "train.steps": 6, "train.log_every": 3,
@@ -113,8 +114,8 @@ def test_waiting_for_data_is_measured_and_shown(tmp_path, capsys):
     out = capsys.readouterr().out
     slow = records(tmp_path / "slow", "train")
     assert "waiting for data" in out
-    # The second window holds no compilation: 3 steps x 8 images x 20 ms of sleep = 0.48 s of
-    # waiting, against milliseconds of compute.
+    # The second window holds no compilation: its steps wait on the sleeping source for more
+    # than half a second in all (3 steps of 8 images), against milliseconds of compute.
     assert slow[-1]["data_wait"] > 0.5, slow
     vit.train("digits", tmp_path / "fast", overrides=sets)
     fast = records(tmp_path / "fast", "train")
@@ -176,7 +177,7 @@ def test_tensorboard_events_equal_metrics_jsonl_across_a_resume(tmp_path):
     assert tb == jsonl_scalars(work)
     assert [s for s, _ in tb["train/loss"]] == list(range(1, 9))
 
-    # A resume from an earlier checkpoint (the step-8 one deleted): metrics.jsonl sets steps
+    # A resume from a checkpoint before the last (the step-8 one deleted): metrics.jsonl sets steps
     # 5..8 aside and the run does them again; the curves do not show them twice.
     shutil.rmtree(work / "checkpoints" / "8")
     vit.train("digits", work, overrides=tiny())

@@ -233,8 +233,8 @@ def used_kb(path: Path) -> int:
 @pytest.mark.parametrize("kind", ["hf", "timm", "random"])
 def test_a_folder_that_is_not_a_run_is_refused_and_untouched(kind, tiny_files, tmp_path,
                                                             vit_train):
-    """Guards: `--workdir` on a downloaded model folder (or any folder of files) used to
-    overwrite its config.json with the recipe; now refused, naming what is there."""
+    """`--workdir` on a downloaded model folder (or any folder of files) is refused, naming
+    what is there, and its config.json is not replaced by the recipe."""
     if kind == "random":
         folder = tmp_path / "mine"
         (folder / "photos").mkdir(parents=True)
@@ -586,7 +586,7 @@ def test_a_full_disk_on_the_workdir_files_is_one_line(where, finished, copy_of, 
 
 # -- memory -------------------------------------------------------------------------------------
 
-MEMORY_CAP = 12 * 2**30  # address space: a run that tries a 70 GiB array fails, not the host
+MEMORY_CAP = 12 * 2**30  # address space: a run that tries a huge array fails, not the host
 
 
 def _capped(args: list[str]) -> subprocess.CompletedProcess:
@@ -614,7 +614,8 @@ def test_a_first_step_that_cannot_fit_says_what_to_lower(tmp_path):
     """Guards: a compile or allocation that cannot fit ended in XLA's traceback. Slow set: a
     1024-pixel training step compiled under a memory cap; the default set checks the
     out-of-memory line in tests/test_faults.py's memory rows. 1024 px: 65,537 tokens an image,
-    so even one image's attention (34 GB) cannot fit, though a CPU step runs its batch in
+    so even one image's attention (a 65,537-square matrix a head) cannot fit under the cap,
+    though a CPU step runs its batch in
     micro-batches (at 512 px, one image a piece, the step fit)."""
     workdir = tmp_path / "new" / "run"
     done = _capped(argv(workdir, "input.image_size=1024", "train.steps=1"))
@@ -628,7 +629,7 @@ def test_a_first_step_that_cannot_fit_says_what_to_lower(tmp_path):
 def test_a_first_validation_that_cannot_fit_names_the_eval_batch(tmp_path):
     """Guards: a validation that could not fit said to lower train.batch_size, which it does
     not use. 256 px: 4,097 tokens an image; the training step runs one image a piece, while
-    validation's batch of 144 needs ~19 GB of attention at once."""
+    validation's batch of 144 needs far more attention memory at once than the cap allows."""
     done = _capped(argv(tmp_path / "run", "input.image_size=256", "train.steps=1"))
     assert_outcome(done.returncode, done.stderr, 2, "the first validation", "memory",
                    "train.eval_batch_size=144", "input.image_size=256")

@@ -4,8 +4,8 @@ Patches are removed (deletion) or revealed (insertion) in the order a map ranks 
 important first, and replaced by a substrate; the curve is the probability of the class the
 model predicted on the clean image, and its score the trapezoid area over the fraction of
 patches changed. Lower deletion and higher insertion areas mean a more faithful map. A `random`
-ranking is always scored as the baseline, and every area gets a 95% bootstrap interval over
-images.
+ranking is always scored as the baseline, and every area gets a bootstrap interval over
+images (the central 0.95 of the resampled means).
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ def area(curve: np.ndarray) -> np.ndarray:
 
 
 def bootstrap_ci(values: np.ndarray, *, samples: int = 1000, seed: int = 0) -> list[float]:
-    """95% percentile interval of the mean, resampling images with replacement."""
+    """The central 0.95 percentile interval of the mean, resampling images with replacement."""
     values = np.asarray(values, np.float64)
     rng = np.random.default_rng(seed)
     means = values[rng.integers(0, len(values), (samples, len(values)))].mean(1)
@@ -103,7 +103,7 @@ def evaluate(model, batches, methods: list[str], *, metric: str = "deletion",
 
     Returns `{"metric": ..., "results": {method: {"auc", "ci95", "vs_random", "curve"}}}`:
     `vs_random` is the mean per-image difference from the random ranking on the same images
-    with its 95% interval (paired, so it is tighter than comparing the two `ci95`s), and `curve`
+    with its interval (the central 0.95; paired, so it is tighter than comparing the two `ci95`s), and `curve`
     the mean probability at each step (the start and end show what the substrate alone and
     the clean image give).
     """

@@ -5,7 +5,7 @@ over the part of the original image the model saw (all of it, or the centre crop
 preprocessing crops), at the original size. Tiny images (8x8 digits) are first enlarged with
 nearest-neighbour, to at least `min_side` pixels, so a person can see them. Every file is
 written whole or not at all (a temporary name renamed into place): a rerun into the same folder
-that fails part-way (a full disk) leaves the earlier files as they were.
+that fails part-way (a full disk) leaves the files already there as they were.
 """
 
 from __future__ import annotations

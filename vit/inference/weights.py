@@ -2,8 +2,8 @@
 
 A layer computing in a narrow dtype (bfloat16, float16) casts its float32 kernel to that dtype
 at every call: a training step needs that (its master weights stay float32), an inference
-forward does not, and on the CPU the cast is not free (ViT-B/16 bfloat16 at batch 8: 8% of the
-forward, every weight matrix converted on every call). So an inference model has those kernels
+forward does not, and on the CPU the cast is not free (every weight matrix converted on every
+call, a visible share of the forward). So an inference model has those kernels
 cast once, here, on a copy (the caller's model keeps its weights). The outputs are bit for bit
 the same: each layer would round the same values the same way. Biases, norms and embeddings
 keep their dtype.

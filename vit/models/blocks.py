@@ -202,10 +202,9 @@ class Attention(nnx.Module):
     def _merged_proj(self, out, layout: str):
         """The output projection as a plain row-major product over merged heads. Where YNNPACK
         runs it (a narrow dtype on a CPU with bfloat16 arithmetic), the per-head product
-        copies the weight transposed on every call: merging the heads first made the
-        ViT-B/16 bfloat16 forward 1.01-1.08x faster (batch 8) and its training step 1.01x
-        (batch 8) and 1.03x (ViT-S/16, batch 32). In float32 (XLA's dots) it changes
-        nothing measurable, so float32 keeps the per-head product."""
+        copies the weight transposed on every call; merging the heads first spares that copy,
+        in the forward and the training step alike. In float32 (XLA's dots) there is no such
+        copy, so float32 keeps the per-head product."""
         if layout == "bhsd":
             out = jnp.swapaxes(out, 1, 2)
         out = out.reshape(*out.shape[:2], -1)
@@ -227,11 +226,10 @@ class Attention(nnx.Module):
     def _fused_qkv(self, x, layout: str):
         """q, k and v as one `[tokens, 3 * width]` product, split after. In a narrow dtype on
         a CPU with bfloat16 arithmetic the products run in YNNPACK, which takes a plain
-        row-major product far faster than one written in the heads layout (that one copies a
-        transposed weight every call): ViT-B/16 bfloat16 forward 383 -> 312 ms, batch 8
-        (docs/benchmarks.md). Inference only (no training key): in a training step the
-        backward of the one product, whose [tokens, 3 * width] gradient is stitched from three,
-        cost more than it saved (ViT-B/16 bfloat16 step batch 8: 0.95x the three products)."""
+        row-major product faster than one written in the heads layout (that one copies a
+        transposed weight every call; benchmarks/ records the forward both ways). Inference
+        only (no training key): in a training step the backward of the one product, whose
+        [tokens, 3 * width] gradient is stitched from three, costs more than it saves."""
         qkv = matmul.dense(x, self.qkv.kernel[...],
                            self.qkv.bias[...] if self.qkv.bias is not None else None,
                            self.qkv.dtype)
@@ -269,9 +267,9 @@ class Block(nnx.Module):
         """`kv_len` (`[batch]`) masks padded tokens as keys (the text encoder's padding).
 
         `queries` computes the outputs of the first `queries` tokens only, each attending to
-        every token: all a class-token head reads of the last block. For ViT-B/16 that skips
-        10/12 of the block's matmul work, 7% of the forward; every other token's output would
-        be thrown away. The values are the same up to float rounding (other matmul shapes).
+        every token: all a class-token head reads of the last block. That skips most of the
+        block's matmul work (all but the class token's queries); every other token's output
+        would be thrown away. The values are the same up to float rounding (other matmul shapes).
         """
         y = self.attn(self.norm1(x).astype(self.dtype), Keys(keys(0)), probs_hook, kv_len,
                       queries)

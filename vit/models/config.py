@@ -277,5 +277,6 @@ def variant_config(name: str, **overrides: Any) -> ViTConfig:
     return ViTConfig(**{**fields, **overrides})
 
 
-# The name earlier releases exported (`vit.get_config`, `vit.models.get_config`).
+# A compatibility name of `variant_config` (CHANGELOG.md): the documented name cannot be
+# confused with a recipe's `get_config()`, which returns a training ConfigDict.
 get_config = variant_config

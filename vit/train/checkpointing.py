@@ -3,7 +3,7 @@
 The format is `vit.checkpoints.orbax_format`'s, so `vit predict`, `vit eval` and `--init` read a
 step folder like any other orbax checkpoint. Saves are asynchronous; orbax writes each step into a
 temporary folder and renames it when complete, so a crash (even SIGKILL) mid-save leaves the
-earlier checkpoints intact and the half-written one invisible. Kept: the last `keep` steps plus
+finished checkpoints intact and the half-written one invisible. Kept: the last `keep` steps plus
 the best by validation accuracy; the latest is always among them, so a resume never loses it.
 A step the keep policy drops is first renamed into `checkpoints/dropped.orbax-checkpoint-tmp/`
 (one atomic rename) and removed from there after the save: a reader that was reading it finds it

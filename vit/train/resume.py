@@ -88,7 +88,7 @@ def restore_error(err: Exception, ckpts: TrainCheckpoints, step: int, config=Non
 
 
 def changed_keys(config, meta: dict, *prefixes: str) -> list[tuple[str, Any, Any]]:
-    """[(key, value when `meta`'s step was saved, value now)] for the recipe keys starting
+    """[(key, the saved value, the current value)] for the recipe keys starting
     with one of `prefixes` that differ; none when the checkpoint did not record its recipe."""
     saved = meta.get("config")
     if not isinstance(saved, dict):

@@ -21,8 +21,8 @@ from vit.train.placement import Placement
 # A float32 step on a CPU runs its batch in micro-batches of at least this many tokens (image
 # tokens, all examples together) when the batch holds several times more: the activations of
 # a few thousand tokens are streamed through memory by every elementwise pass and copy, while
-# a micro-batch's stay in cache. ViT-S/16 batch 32 (6,304 tokens) in four micro-batches of
-# 1,576: 1.11-1.17x faster a step; ViT-B/16 batch 8 (1,576 tokens) gains nothing from halving.
+# a micro-batch's stay in cache. A batch already near this size gains nothing from halving;
+# benchmarks/ records the step both ways.
 MICRO_TOKENS = 1536
 
 
@@ -50,16 +50,15 @@ def make_train_step(graphdef, tx: optax.GradientTransformation, place: Placement
     replicated or fsdp-sharded state, the same step. `compute_dtype` is the model's: a float32
     step compiles on the CPU with XLA's own dots and YNNPACK's reductions
     (`vit.cpu.xla_options.TRAINING`), faster there than jax's defaults; other dtypes keep
-    jax's fusions, the ones measured on CPUs with bfloat16 arithmetic. Every step on the CPU
-    takes XLA's memory-optimised schedule (`SCHEDULE`): about a quarter less scratch memory.
+    jax's fusions, which run a narrow product on CPUs with bfloat16 arithmetic. Every step on
+    the CPU takes XLA's memory-optimised schedule (`SCHEDULE`): less scratch memory.
     A float32 or bfloat16 step on one CPU device also splits each of its (accumulation)
     micro-batches further, into pieces of `micro_tokens` image tokens or more
     (`cache_splits`): the same gradient up to float rounding, from activations that stay in
     cache. None: never.
     """
     batch_sharding = place.batch
-    # Measured on ViT-S/16 batch 32: float32 1.15x on an AMD EPYC, 1.02x on a Xeon, and a
-    # third of the scratch memory on both; bfloat16 on a CPU with AMX 1.09x. float16: not.
+    # float16 is left whole: the CPU has no float16 arithmetic for the split to keep in cache.
     on_one_cpu = (jax.default_backend() == "cpu" and compute_dtype in ("float32", "bfloat16")
                   and place.mesh.devices.size == 1)
 

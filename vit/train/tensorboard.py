@@ -59,7 +59,7 @@ class EventLog:
 
     def restart(self, step: int) -> None:
         """Marks that the run goes on from `step` again: TensorBoard drops the events of
-        earlier files at `step` and after."""
+        the files before this one at `step` and after."""
         from tensorboard.compat.proto import event_pb2
 
         self._append([event_pb2.Event(wall_time=time.time(), step=step, session_log=event_pb2
