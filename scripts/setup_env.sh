@@ -18,4 +18,14 @@ if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$WANT" ]; then
   "$VENV/bin/python" -m pip install -q -e "$TARGET"
   echo "$WANT" > "$STAMP"
 fi
+# The compare extra's timm reference (tests/timm_reference.py): timm imports torchvision, whose
+# only registry build is a CUDA one whose import fails beside the CPU torch; installed among
+# the packages it would break transformers' import too. So both go, pinned to the CPU torch's
+# release and without dependencies, into a folder only the timm tests put on sys.path.
+TIMM_REF="$VENV/timm-reference"
+if [[ ",${VIT_EXTRAS}," == *",compare,"* ]] && [ ! -d "$TIMM_REF/timm" ]; then
+  echo "setup: installing timm and torchvision into $TIMM_REF" >&2
+  "$VENV/bin/python" -m pip install -q --no-deps --target "$TIMM_REF" "timm==1.0.31" \
+    "torchvision==0.28.0" pyyaml
+fi
 export PATH="$VENV/bin:$PATH"

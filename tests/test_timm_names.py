@@ -16,7 +16,9 @@ import json
 import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
+from timm_reference import import_timm
 
+import vit.checkpoints.timm_architectures as timm_architectures
 from vit.checkpoints import load_checkpoint, save_checkpoint
 
 pytestmark = pytest.mark.timeout(300)
@@ -204,23 +206,20 @@ def test_timm_names_read_and_write(tmp_path, variant):
     assert np.abs(ref).max() > 0.1 and np.ptp(ref, axis=-1).min() > 0.01  # a non-trivial head
     np.testing.assert_allclose(logits(loaded, images), ref, atol=2e-4, rtol=1e-4)
 
-    # Our writer speaks the same names, shapes and values back.
+    # Our writer speaks the same names, shapes and values back; the position rows of the
+    # prefix tokens follow the architecture it names (folded into the tokens where that
+    # architecture gives them no position: x + 0 and (t + p) + 0 are exact).
     save_checkpoint(loaded, tmp_path / "out", "timm")
     written = load_file(str(tmp_path / "out" / "model.safetensors"))
-    assert {k: v.shape for k, v in written.items()} == {k: v.shape for k, v in sd.items()}
-    folded = {"reg_token", "pos_embed"} if "reg_token" in sd else set()
-    for name in sd.keys() - folded:
-        np.testing.assert_array_equal(written[name], sd[name], err_msg=name)
-    if folded:  # register rows of pos_embed are folded into the register tokens (x + 0 exact)
-        n_cls, n_reg = int("cls_token" in sd), sd["reg_token"].shape[1]
-        rows = sd["pos_embed"][:, n_cls:n_cls + n_reg]
-        np.testing.assert_allclose(written["reg_token"], sd["reg_token"] + rows, rtol=1e-6)
-        assert not written["pos_embed"][:, n_cls:n_cls + n_reg].any()
     config = json.loads((tmp_path / "out" / "config.json").read_text())
-    model_args = config["model_args"]
+    resolved = timm_architectures.arguments(config["architecture"], config["model_args"], "")
     for key, value in args.items():
-        assert model_args[key] == value, key
-    np.testing.assert_allclose(timm_forward(written, model_args, images), ref, atol=1e-5)
+        assert resolved[key] == value, key
+    prefix_keys = {"reg_token", "pos_embed", "cls_token"}
+    assert written.keys() == sd.keys()
+    for name in sd.keys() - prefix_keys:
+        np.testing.assert_array_equal(written[name], sd[name], err_msg=name)
+    np.testing.assert_allclose(timm_forward(written, resolved, images), ref, atol=1e-5)
 
 
 def test_timm_refuses_pooling_it_would_compute_differently(tmp_path):
@@ -304,12 +303,14 @@ def test_big_vision_map_head_npz_under_params_img(tmp_path):
         np.testing.assert_allclose(written[name], sd[name], rtol=1e-6, err_msg=name)
 
 
-# -- against timm itself, where it is installed (not a dependency: it needs torchvision) --------
+# -- against timm itself (the `compare` extra installs it; tests/timm_reference.py imports it) --
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_against_timm_itself(tmp_path, variant):
     """timm builds our config.json's `model_args`, loads our safetensors strictly, and computes
     our logits; its state dict has exactly the names and shapes stated above."""
-    pytest.importorskip("timm")  # first: without timm, no torch import either
+    timm = import_timm()  # first: without timm, no torch import either
+    if timm is None:
+        pytest.skip("timm is not installed (pip install -e '.[compare]')")
     import torch
     from timm.models.vision_transformer import VisionTransformer
 
@@ -334,9 +335,9 @@ def test_against_timm_itself(tmp_path, variant):
     np.testing.assert_allclose(logits(loaded, images), ref, atol=2e-4, rtol=1e-4)
     save_checkpoint(loaded, tmp_path / "out", "timm")
     config = json.loads((tmp_path / "out" / "config.json").read_text())
-    theirs = VisionTransformer(**config["model_args"], num_classes=config["num_classes"]).eval()
-    written = load_file(str(tmp_path / "out" / "model.safetensors"))
-    theirs.load_state_dict({k: torch.from_numpy(v) for k, v in written.items()}, strict=True)
+    assert config["architecture"] in timm.list_models()
+    # timm's own hub loader: the named architecture, the model_args, the weights, strictly.
+    theirs = timm.create_model(f"local-dir:{tmp_path / 'out'}", pretrained=True).eval()
     with torch.no_grad():
         again = theirs(torch.from_numpy(images.transpose(0, 3, 1, 2))).numpy()
     np.testing.assert_allclose(again, ref, atol=1e-5, rtol=1e-5)

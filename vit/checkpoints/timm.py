@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+import vit.checkpoints.timm_architectures as timm_architectures
 from vit.checkpoints.files import (
     field_error,
     json_int,
@@ -37,7 +38,7 @@ from vit.checkpoints.named_arrays import NamedArrays
 from vit.checkpoints.safetensors_io import read_safetensors, write_safetensors
 from vit.checkpoints.torch_tensors import conv_of, patch_kernel_of, torch_readers, torch_writers
 from vit.errors import CheckpointError, ConfigError, DataError
-from vit.models.config import WIDTHS, ViTConfig, variant_config
+from vit.models.config import WIDTHS, ViTConfig
 from vit.models.posemb import METHOD_OF_SOURCE
 from vit.preprocess import RESAMPLE, Preprocessing
 
@@ -86,25 +87,84 @@ def _timm_config(path: Path) -> dict:
     return tc
 
 
-def _heads(tc: dict, width: int, arrays: dict, warnings: list[str], file: Path) -> int:
-    if "num_heads" in tc.get("model_args", {}):
-        return json_int(file, "model_args.num_heads", tc["model_args"]["num_heads"])
-    if "blocks.0.attn.q_norm.weight" in arrays:
-        return width // arrays["blocks.0.attn.q_norm.weight"].shape[0]
-    arch = tc.get("architecture", "")
-    if isinstance(arch, str) and is_timm_name(arch):
-        try:
-            cfg = variant_config(arch.split(".")[0])
-        except ConfigError:  # a timm name we have no variant for: the width decides below
-            cfg = None
-        if cfg is not None and cfg.width == width:
-            return cfg.num_heads
+def _heads_guess(width: int, warnings: list[str], why: str) -> int:
+    """Heads for a file that does not say them: the standard ViT of that width, else 64-wide."""
     for w, _, _, heads in WIDTHS.values():
         if w == width:
+            warnings.append(f"number of heads not stated ({why}): {heads}, as in the standard "
+                            f"ViT {width} wide, assumed")
             return heads
-    warnings.append(f"number of heads unknown (no config.json): assumed {width // 64} "
-                    "(head_dim 64)")
+    warnings.append(f"number of heads not stated ({why}): {max(width // 64, 1)} (head_dim 64) "
+                    "assumed")
     return max(width // 64, 1)
+
+
+# Arrays of timm's ViT that this model has no place for, and the option that makes them.
+_OPTION_OF_ARRAY = {"fc_norm.": "fc_norm", "norm_pre.": "pre_norm", "attn_pool.q_norm":
+                    "attn_pool with qk-norm", "patch_embed.norm.": "embed_norm_layer"}
+
+
+def _arguments(tc: dict, arrays: dict, file: Path, config_file: Path,
+               warnings: list[str]) -> tuple[dict, str | None]:
+    """(timm's VisionTransformer arguments for this file, its architecture name or None).
+
+    A named architecture means what timm means by it (`timm_architectures`); a file without
+    one (no config.json, or none named) is read from its arrays and `model_args`."""
+    model_args = tc.get("model_args", {})
+    arch = tc.get("architecture")
+    if arch is not None and not isinstance(arch, str):
+        raise field_error(config_file, "architecture", arch, "a timm architecture name")
+    arch = arch.split(".")[0] if arch else None  # `name.tag`: the tag names weights only
+    if arch == timm_architectures.CUSTOM:  # not timm's: its model_args and arrays say it all
+        arch = None
+    width = arrays["patch_embed.proj.weight"].shape[0]
+    if arch:
+        args = timm_architectures.arguments(arch, model_args, config_file)
+        bad = timm_architectures.unsupported(args)
+        if bad:
+            raise CheckpointError(f"{config_file}: timm architecture {arch} has "
+                                  f"{'; '.join(bad)}, which this ViT does not have; it cannot "
+                                  "be read exactly")
+        return args, arch
+    depth = 0
+    while f"blocks.{depth}.norm1.weight" in arrays:
+        depth += 1
+    class_token = "cls_token" in arrays
+    args = {**timm_architectures.DEFAULTS, "embed_dim": width, "depth": depth,
+            "patch_size": list(arrays["patch_embed.proj.weight"].shape[2:]),
+            "class_token": class_token,
+            "reg_tokens": arrays["reg_token"].shape[1] if "reg_token" in arrays else 0,
+            "qkv_bias": "blocks.0.attn.qkv.bias" in arrays,
+            "qk_norm": "blocks.0.attn.q_norm.weight" in arrays,
+            "init_values": LAYER_SCALE_INIT if "blocks.0.ls1.gamma" in arrays else None,
+            "global_pool": ("map" if "attn_pool.latent" in arrays
+                            else "token" if class_token else "avg"),
+            "num_heads": None}
+    args.update(model_args)
+    args["fc_norm"] = bool(model_args.get("fc_norm", "fc_norm.weight" in arrays))
+    if "pool_include_prefix" not in model_args:  # unstated: pooled as this ViT pools
+        args["pool_include_prefix"] = args["global_pool"] == "map"
+    if args["num_heads"] is None:
+        if "blocks.0.attn.q_norm.weight" in arrays:
+            args["num_heads"] = width // arrays["blocks.0.attn.q_norm.weight"].shape[0]
+        else:
+            why = ("no config.json beside the weights" if not config_file.exists() else
+                   f"{config_file.name} names no architecture and no model_args.num_heads")
+            args["num_heads"] = _heads_guess(width, warnings, why)
+    bad = [b for b in timm_architectures.unsupported(args) if not b.startswith("fc_norm")]
+    if bad:
+        raise CheckpointError(f"{config_file}: model_args {'; '.join(bad)} build a model this "
+                              "ViT does not have; it cannot be read exactly")
+    return args, None
+
+
+def _unused_error(file: Path, unused: list[str]) -> CheckpointError:
+    options = sorted({option for key in unused for prefix, option in _OPTION_OF_ARRAY.items()
+                      if key.startswith(prefix)})
+    what = f" (timm's {', '.join(options)}, which this ViT does not have)" if options else ""
+    more = f" and {len(unused) - 6} more" if len(unused) > 6 else ""
+    return CheckpointError(f"{file}: arrays this ViT has no place for{what}: "
+                           f"{', '.join(unused[:6])}{more}; the file cannot be read exactly")
 
 
 def read(path: Path) -> LoadedCheckpoint:
@@ -112,71 +172,87 @@ def read(path: Path) -> LoadedCheckpoint:
     file = path / "model.safetensors" if path.is_dir() else path
     arrays = read_safetensors(file)
     tc, config_file = _timm_config(path), _config_file(path)
-    args = tc.get("model_args", {})
     get, warnings = NamedArrays(arrays), []
     linear, norm = torch_readers(get)
     if not get.has("patch_embed.proj.weight"):
         raise CheckpointError(f"{file}: unknown timm layout: expected keys missing: "
                               f"patch_embed.proj.weight, blocks.0.attn.qkv.weight")
+    args, arch = _arguments(tc, arrays, file, config_file, warnings)
     proj = get("patch_embed.proj.weight")  # (D, C, ph, pw)
+    width, patch = proj.shape[0], tuple(proj.shape[2:])
+    if arch:
+        stated = {"embed_dim": width, "patch_size": patch, "in_chans": proj.shape[1]}
+        for key, found in stated.items():
+            want = args[key]
+            want = tuple(want) if isinstance(want, list) else want
+            if key == "patch_size" and isinstance(want, int):
+                want = (want, want)
+            if want != found:
+                raise CheckpointError(f"{file}: the weights have {key} {found}, timm's {arch} "
+                                      f"{want}; model_args.{key} in {config_file.name} would "
+                                      "settle it, or the architecture is the wrong one")
     params = {"patch_kernel": patch_kernel_of(proj), "patch_bias": get("patch_embed.proj.bias")}
-    class_token = get.has("cls_token")
+    class_token = bool(args["class_token"])
     if class_token:
         params["cls_token"] = get("cls_token")
-    registers = arrays["reg_token"].shape[1] if get.has("reg_token") else 0
+    registers = json_int(config_file, "model_args.reg_tokens", args["reg_tokens"], minimum=0)
     if registers:
         params["reg_tokens"] = get("reg_token")
-    params["blocks"], block_fields = _blocks(get)
+    depth = json_int(config_file, "model_args.depth", args["depth"])
+    params["blocks"], block_fields = _blocks(get, depth, args)
     params["norm"] = norm("norm")
-    grid = _grid(tc, arrays, proj.shape[2:], int(class_token) + registers, str(file), config_file)
-    if get.has("pos_embed"):
-        params.update(_split_posemb(get("pos_embed"), grid, class_token, registers,
+    no_embed_class = bool(args["no_embed_class"]) if arch else None
+    arch_size = timm_architectures.ARCHITECTURES.get(arch, {}).get("img_size")
+    grid = _grid(tc, arrays, patch, int(class_token) + registers, str(file), config_file,
+                 no_embed_class, arch_size)
+    # timm's ViT always learns a position embedding (pos_embed='none' is refused above).
+    pos_embed = get("pos_embed")
+    if pos_embed.size:
+        params.update(_split_posemb(pos_embed, grid, class_token, registers,
                                     params.get("reg_tokens")))
-    classifier = _pooling(get, params, args, tc, class_token, registers, file)
+    classifier = _pooling(get, params, args, class_token, registers, file)
     num_classes = 0
     if get.has("head.weight"):
         params["head"] = linear("head")
         num_classes = params["head"]["kernel"].shape[1]
     get.check(str(file), "timm")
-    if get.unused():  # fc_norm, norm_pre, attn_pool.q_norm, ...: a different model than ours
-        raise CheckpointError(f"{file}: timm keys not supported by this ViT: "
-                              f"{', '.join(get.unused()[:6])}")
-    heads = _heads(tc, proj.shape[0], arrays, warnings, config_file)
+    if get.unused():
+        raise _unused_error(file, get.unused())
     layer_scale = None
-    if get.has("blocks.0.ls1.gamma"):
+    if args["init_values"] is not None:
         layer_scale = json_number(config_file, "model_args.init_values",
-                                  args.get("init_values") or LAYER_SCALE_INIT)
+                                  args["init_values"] or LAYER_SCALE_INIT)
     try:
         config = ViTConfig(
-            width=proj.shape[0], num_heads=heads, patch_size=proj.shape[2:],
-            image_size=(grid[0] * proj.shape[2], grid[1] * proj.shape[3]),
+            width=width, num_heads=json_int(config_file, "model_args.num_heads",
+                                            args["num_heads"]),
+            patch_size=patch, image_size=(grid[0] * patch[0], grid[1] * patch[1]),
             in_channels=proj.shape[1], num_classes=num_classes, class_token=class_token,
             classifier=classifier, num_registers=registers,
-            posemb="learn" if get.has("pos_embed") else "sincos2d", layer_norm_eps=1e-6,
-            gelu="tanh" if args.get("act_layer") == "gelu_tanh" else "exact",
+            posemb="learn",
+            layer_norm_eps=timm_architectures.layer_norm_eps(args),
+            gelu=timm_architectures.gelu(args),
             dynamic_image_size=bool(args.get("dynamic_img_size", False)),
             layer_scale=layer_scale, posemb_resize=METHOD_OF_SOURCE["timm"], **block_fields)
     except ConfigError as err:  # the weights and config.json disagree
-        raise CheckpointError(f"{file}: does not fit {config_file}: {err}; fix config.json"
+        raise CheckpointError(f"{file}: does not fit {config_file}"
+                              f"{f' ({arch})' if arch else ''}: {err}; fix config.json"
                               ) from None
     warning = zero_head_warning(params)
     labels = _label_names(tc, num_classes, file) or default_labels(num_classes)
+    named = f"timm {arch}" if arch else "timm safetensors"
     return LoadedCheckpoint(
         config=config, params=params,
         preprocessing=_preprocessing(tc, config.image_size, config_file),
-        labels=list(labels) if labels else None, source=f"{path} (timm safetensors)",
+        labels=list(labels) if labels else None, source=f"{path} ({named})",
         warnings=warnings + ([warning] if warning else []), family="timm")
 
 
-def _blocks(get: NamedArrays) -> tuple[dict, dict]:
-    """(the blocks in our names, the ViTConfig fields their keys decide)."""
+def _blocks(get: NamedArrays, depth: int, args: dict) -> tuple[dict, dict]:
+    """(the blocks in our names, the ViTConfig fields they decide)."""
     linear, norm = torch_readers(get)
-    depth = 0
-    while get.has(f"blocks.{depth}.norm1.weight"):
-        depth += 1
-    qkv_bias = get.has("blocks.0.attn.qkv.bias")
-    qk_norm = get.has("blocks.0.attn.q_norm.weight")
-    layer_scale = get.has("blocks.0.ls1.gamma")
+    qkv_bias, qk_norm = bool(args["qkv_bias"]), bool(args["qk_norm"])
+    layer_scale = args["init_values"] is not None
     blocks = {}
     for i in range(depth):
         b = f"blocks.{i}"
@@ -188,21 +264,19 @@ def _blocks(get: NamedArrays) -> tuple[dict, dict]:
         if layer_scale:
             blocks[i]["ls1"] = {"gamma": get(f"{b}.ls1.gamma")}
             blocks[i]["ls2"] = {"gamma": get(f"{b}.ls2.gamma")}
-    mlp_dim = blocks[0]["mlp"]["fc1"]["kernel"].shape[1] if depth else 0
+    fc1 = blocks[0]["mlp"]["fc1"]["kernel"] if depth else np.zeros((0,))
+    mlp_dim = fc1.shape[1] if fc1.ndim == 2 else 1
     return blocks, {"depth": depth, "mlp_dim": mlp_dim, "qkv_bias": qkv_bias, "qk_norm": qk_norm}
 
 
-def _pooling(get: NamedArrays, params: dict, args: dict, tc: dict, class_token: bool,
-             registers: int, file: Path) -> str:
+def _pooling(get: NamedArrays, params: dict, args: dict, class_token: bool, registers: int,
+             file: Path) -> str:
     """The classifier (`token`, `gap` or `map`, whose attention-pool head joins `params`)."""
     linear, norm = torch_readers(get)
-    classifier = "token" if class_token else "gap"
-    if tc.get("global_pool", args.get("global_pool")) == "avg":
-        classifier = "gap"
-    if get.has("attn_pool.latent"):
-        classifier = "map"
+    classifier = {"token": "token", "avg": "gap", "map": "map"}[args["global_pool"]]
+    if classifier == "map":
         probe = get("attn_pool.latent")
-        if probe.shape[1] != 1:
+        if probe.ndim == 3 and probe.shape[1] != 1:
             raise CheckpointError(f"{file}: attn_pool with {probe.shape[1]} latents is not "
                                   "supported (only 1)")
         params["map_head"] = {"probe": probe, "q": linear("attn_pool.q"),
@@ -210,12 +284,12 @@ def _pooling(get: NamedArrays, params: dict, args: dict, tc: dict, class_token: 
                               "norm": norm("attn_pool.norm"),
                               "mlp": {"fc1": linear("attn_pool.mlp.fc1"),
                                       "fc2": linear("attn_pool.mlp.fc2")}}
-    # Recent timm pools the patch tokens only unless `pool_include_prefix`; our MAP head
-    # attends to every token and our 'gap' averages the patches only.
-    include_prefix = args.get("pool_include_prefix")
-    if (include_prefix is not None and classifier != "token" and int(class_token) + registers
-            and bool(include_prefix) != (classifier == "map")):
-        raise CheckpointError(f"{file}: model_args.pool_include_prefix={include_prefix} pools "
+    # timm pools the patch tokens only unless `pool_include_prefix`; our MAP head attends to
+    # every token and our 'gap' averages the patches only.
+    include_prefix = bool(args["pool_include_prefix"])
+    if (classifier != "token" and int(class_token) + registers
+            and include_prefix != (classifier == "map")):
+        raise CheckpointError(f"{file}: pool_include_prefix={include_prefix} pools "
                               f"differently from this ViT's '{classifier}' head (its 'map' "
                               "attends to the class and register tokens too, its 'gap' "
                               "averages the patches only)")
@@ -235,23 +309,26 @@ def _label_names(tc: dict, num_classes: int, where) -> list[str] | None:
     return list(names)
 
 
-def _grid(tc: dict, arrays: dict, patch: tuple[int, int], prefix: int,
-          where: str, config_file: Path) -> tuple[int, int]:
-    """The patch grid: from the config's input size, else from a square `pos_embed`."""
-    # The model's own size first: the eval transform's input_size may differ from it.
-    field = "model_args.img_size"
-    size = tc.get("model_args", {}).get("img_size")
+def _grid(tc: dict, arrays: dict, patch: tuple[int, int], prefix: int, where: str,
+          config_file: Path, no_embed_class: bool | None, arch_size=None) -> tuple[int, int]:
+    """The patch grid: from the model's image size (model_args, else the architecture's, else
+    the config's input size), else from a square `pos_embed`. `no_embed_class` (None: not
+    known) says whether `pos_embed` has rows for the `prefix` tokens."""
+    embedded = (0, prefix) if no_embed_class is None else (0,) if no_embed_class else (prefix,)
+    field, size = "model_args.img_size", tc.get("model_args", {}).get("img_size")
+    if not size and arch_size:
+        field, size = "the architecture's img_size", arch_size
     if not size:
         field, size = "pretrained_cfg.input_size", tc.get("pretrained_cfg", {}).get("input_size")
     rows = arrays["pos_embed"].shape[1] if "pos_embed" in arrays else None
     if size:
         size = json_size(config_file, field, size)
         grid = size[0] // patch[0], size[1] // patch[1]
-        if rows is None or rows - grid[0] * grid[1] in (0, prefix):
+        if rows is None or rows - grid[0] * grid[1] in embedded:
             return grid
-    if rows is None:
+    if rows is None:  # the missing pos_embed is named with the other missing arrays
         return 224 // patch[0], 224 // patch[1]
-    for n in (rows - prefix, rows):
+    for n in sorted({rows - e for e in embedded}):
         side = math.isqrt(max(n, 0))
         if side * side == n:
             return side, side
@@ -338,9 +415,15 @@ def write(loaded: LoadedCheckpoint, dst) -> list[str]:
         out["cls_token"] = p["cls_token"]
     if cfg.num_registers:
         out["reg_token"] = p["reg_tokens"]
-    pe = p["pos_embed"]
-    if cfg.num_registers:  # registers get zero rows: x + 0 leaves them exact
-        n_cls = int(cfg.class_token)
+    pe, n_cls = np.asarray(p["pos_embed"], np.float32), int(cfg.class_token)
+    arch, args = architecture_of(cfg, class_row=bool(n_cls and pe[:, :1].any()))
+    if timm_architectures.arguments(arch, args, "")["no_embed_class"]:
+        # The architecture gives the prefix tokens no position: the class row joins the class
+        # token (one float addition either way, so the outputs stay bit-identical).
+        if n_cls:
+            out["cls_token"] = (np.asarray(p["cls_token"], np.float32) + pe[:, :1])
+        pe = pe[:, n_cls:]
+    elif cfg.num_registers:  # registers get zero rows: x + 0 leaves them exact
         zeros = np.zeros((1, cfg.num_registers, cfg.width), np.float32)
         pe = np.concatenate([pe[:, :n_cls], zeros, pe[:, n_cls:]], 1)
     out["pos_embed"] = pe
@@ -372,28 +455,95 @@ def write(loaded: LoadedCheckpoint, dst) -> list[str]:
     with staged(dst) as tmp:
         tmp.mkdir()
         write_safetensors(out, tmp / "model.safetensors")
-        (tmp / "config.json").write_text(json.dumps(_timm_config_json(loaded), indent=2) + "\n")
+        config = _timm_config_json(loaded, arch, args)
+        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     return []
 
 
-def _timm_config_json(loaded: LoadedCheckpoint) -> dict:
-    """timm's hub `config.json`: `model_args` rebuild the architecture in
-    `timm.create_model(architecture, **model_args)`; `pretrained_cfg` holds the eval transform."""
-    cfg, pre = loaded.config, loaded.preprocessing
-    pool = {"token": "token", "gap": "avg", "map": "map"}[cfg.classifier]
+def _as_timm(cfg: ViTConfig) -> dict:
+    """Our config as the VisionTransformer arguments that decide its outputs."""
     patch = cfg.patch_size[0] if cfg.patch_size[0] == cfg.patch_size[1] else list(cfg.patch_size)
-    args = {"img_size": list(cfg.image_size), "patch_size": patch,
-            "in_chans": cfg.in_channels, "embed_dim": cfg.width, "depth": cfg.depth,
-            "num_heads": cfg.num_heads, "mlp_ratio": cfg.mlp_dim / cfg.width,
+    pool = {"token": "token", "gap": "avg", "map": "map"}[cfg.classifier]
+    return {"embed_dim": cfg.width, "depth": cfg.depth, "num_heads": cfg.num_heads,
+            "patch_size": patch, "in_chans": cfg.in_channels, "mlp_dim": cfg.mlp_dim,
             "qkv_bias": cfg.qkv_bias, "qk_norm": cfg.qk_norm, "init_values": cfg.layer_scale,
             "class_token": cfg.class_token, "reg_tokens": cfg.num_registers,
-            "no_embed_class": False, "global_pool": pool, "fc_norm": False,
+            "global_pool": pool, "fc_norm": False,
             # our MAP head attends to every token; our 'gap' averages the patches only
-            "pool_include_prefix": cfg.classifier == "map" and cfg.num_prefix_tokens > 0,
+            "pool_include_prefix": (cfg.classifier == "map" if pool != "token"
+                                    and cfg.num_prefix_tokens else None),
+            "act_layer": "gelu_tanh" if cfg.gelu == "tanh" else "gelu",
             "dynamic_img_size": cfg.dynamic_image_size}
-    if cfg.gelu == "tanh":
-        args["act_layer"] = "gelu_tanh"
-    out = {"architecture": timm_name(cfg), "num_classes": cfg.num_classes,
+
+
+def _canonical(args: dict) -> dict:
+    """timm's arguments in `_as_timm`'s terms (None where timm ignores the argument)."""
+    ratio = args["mlp_ratio"]
+    prefix = int(bool(args["class_token"])) + args["reg_tokens"]
+    patch = args["patch_size"]
+    return {"embed_dim": args["embed_dim"], "depth": args["depth"],
+            "num_heads": args["num_heads"],
+            "patch_size": patch[0] if isinstance(patch, list) and patch[0] == patch[1] else patch,
+            "in_chans": args["in_chans"], "mlp_dim": int(args["embed_dim"] * ratio),
+            "qkv_bias": bool(args["qkv_bias"]), "qk_norm": bool(args["qk_norm"]),
+            "init_values": args["init_values"], "class_token": bool(args["class_token"]),
+            "reg_tokens": args["reg_tokens"], "global_pool": args["global_pool"],
+            "fc_norm": bool(args["fc_norm"]),
+            "pool_include_prefix": (bool(args["pool_include_prefix"])
+                                    if args["global_pool"] != "token" and prefix else None),
+            "act_layer": "gelu_tanh" if timm_architectures.GELUS.get(args["act_layer"]) == "tanh"
+            else "gelu" if args["act_layer"] in timm_architectures.GELUS else args["act_layer"],
+            "dynamic_img_size": bool(args["dynamic_img_size"])}
+
+
+def architecture_of(cfg: ViTConfig, class_row: bool = False) -> tuple[str, dict]:
+    """(the timm architecture nearest to `cfg`, the model_args that make it `cfg`): the one
+    needing the fewest model_args among those this ViT can be, so that
+    `timm.create_model(architecture, **model_args)` builds this model. With `class_row` (the
+    class token's position row is not zero), one that gives the class token a position row
+    counts one argument more: the other layout keeps the outputs but not the arrays."""
+    ours = _as_timm(cfg)
+    preferred = timm_name(cfg)
+    best = None
+    for arch in timm_architectures.ARCHITECTURES:
+        if arch.startswith("test_"):
+            continue
+        theirs = timm_architectures.arguments(arch, {}, arch)
+        if (timm_architectures.unsupported(theirs)
+                or timm_architectures.layer_norm_eps(theirs) != cfg.layer_norm_eps):
+            continue
+        differ = [k for k, v in _canonical(theirs).items() if ours[k] != v]
+        folds = class_row and cfg.class_token and theirs["no_embed_class"]
+        rank = (len(differ) + folds, arch != preferred, arch)
+        if best is None or rank < best[0]:
+            best = (rank, arch, differ)
+    _, arch, differ = best
+    args = {}
+    for key in differ:
+        if key == "mlp_dim":  # timm's Mlp is int(embed_dim * mlp_ratio) wide
+            ratio = cfg.mlp_dim / cfg.width
+            if int(cfg.width * ratio) != cfg.mlp_dim:
+                ratio = (cfg.mlp_dim + 0.5) / cfg.width
+            args["mlp_ratio"] = ratio
+        elif key == "pool_include_prefix":
+            args[key] = bool(ours[key])
+        else:
+            args[key] = ours[key]
+    args["img_size"] = list(cfg.image_size)
+    resolved = _canonical(timm_architectures.arguments(arch, args, arch))
+    if resolved != ours:  # a key whose meaning depends on another, e.g. fc_norm on pooling
+        args.update({k: (bool(v) if k == "pool_include_prefix" else v)
+                     for k, v in ours.items() if resolved[k] != v and k != "mlp_dim"})
+    return arch, args
+
+
+def _timm_config_json(loaded: LoadedCheckpoint, arch: str, args: dict) -> dict:
+    """timm's hub `config.json`: a timm architecture and the `model_args` that differ from
+    it, so `timm.create_model(architecture, **model_args)` (and `local-dir:`/`hf-hub:`) builds
+    this model; `pretrained_cfg` holds the eval transform."""
+    cfg, pre = loaded.config, loaded.preprocessing
+    pool = {"token": "token", "gap": "avg", "map": "map"}[cfg.classifier]
+    out = {"architecture": arch, "num_classes": cfg.num_classes,
            "num_features": cfg.width, "global_pool": pool, "model_args": args,
            "pretrained_cfg": {"input_size": [cfg.in_channels, *pre.size],
                               "fixed_input_size": not cfg.dynamic_image_size,
