@@ -64,6 +64,7 @@ def read(folder: Path) -> LoadedCheckpoint:
     params = _encoder(get, fields["depth"], fields["qkv_bias"])
     representation, num_classes = _pooler_and_classifier(get, params, hc, config_file)
     get.check(str(folder), "Hugging Face ViT")
+    warnings = _not_read(get, str(folder))
     proj = get("embeddings.patch_embeddings.projection.weight")  # (D, C, ph, pw)
     try:
         config = ViTConfig(
@@ -80,7 +81,35 @@ def read(folder: Path) -> LoadedCheckpoint:
         config=config, params=params,
         preprocessing=_preprocessing(folder, config.image_size),
         labels=_labels(hc, num_classes, config_file), source=f"{folder} (Hugging Face ViT)",
-        warnings=[warning] if warning else [], family="hf")
+        warnings=warnings + ([warning] if warning else []), family="hf")
+
+
+# Arrays a transformers ViT file may hold that its classifier does not use, and why: skipped,
+# and the reader says so once. ViTForImageClassification ignores a pooler the file carries; the
+# mask token is for masked-image pretraining (ViTForMaskedImageModeling's input only).
+NOT_A_CLASSIFIER = (
+    ("pooler.", "the pooler, which ViTForImageClassification does not use"),
+    ("embeddings.mask_token", "the mask token of masked-image pretraining"),
+)
+
+
+def _not_read(get: NamedArrays, where: str) -> list[str]:
+    """The one warning naming what was skipped on purpose; raises naming any other array
+    nothing read."""
+    skipped, rest = {}, []
+    for key in get.unused():
+        bare = key.removeprefix("vit.")
+        why = next((why for prefix, why in NOT_A_CLASSIFIER if bare.startswith(prefix)), None)
+        if why is None:
+            rest.append(key)
+        else:
+            skipped[why] = skipped.get(why, 0) + 1
+    if rest:
+        more = f" and {len(rest) - 6} more" if len(rest) > 6 else ""
+        raise CheckpointError(f"{where}: arrays this ViT has no place for: "
+                              f"{', '.join(rest[:6])}{more}; the folder cannot be read exactly")
+    return ["not read, as a classifier does not use them: " + "; ".join(
+        f"{n} arrays of {why}" for why, n in skipped.items())] if skipped else []
 
 
 def _config_fields(hc: dict, config_file: Path) -> dict:

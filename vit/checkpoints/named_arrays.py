@@ -4,6 +4,8 @@ and the keys read are counted, so a reader can name the ones it does not underst
 
 from __future__ import annotations
 
+import difflib
+
 import numpy as np
 
 from vit.errors import CheckpointError
@@ -39,8 +41,13 @@ class NamedArrays:
         return sorted(set(self.arrays) - self.used)
 
     def check(self, where: str, layout: str) -> None:
-        """Raises one CheckpointError naming the missing keys (the first six), if any."""
+        """Raises one CheckpointError naming the missing keys (the first six), if any, and the
+        file's unread keys nearest to them (a key renamed)."""
         if self.missing:
             more = f" and {len(self.missing) - 6} more" if len(self.missing) > 6 else ""
+            unused = self.unused()
+            near = sorted({m for key in self.missing[:6] for m in difflib.get_close_matches(
+                key, unused, n=1, cutoff=0.8)})
+            instead = f" (the file has {', '.join(near[:6])} instead)" if near else ""
             raise CheckpointError(f"{where}: unknown {layout} layout: expected keys missing: "
-                                  f"{', '.join(self.missing[:6])}{more}")
+                                  f"{', '.join(self.missing[:6])}{more}{instead}")

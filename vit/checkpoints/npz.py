@@ -1,8 +1,10 @@
 """Google's `.npz` checkpoints: vit_jax (google-research/vision_transformer) and big_vision.
 
-Both are flat `np.savez` archives of a Flax Linen tree, keys joined by "/". They differ in module
-numbering (vit_jax: `LayerNorm_0, MultiHeadDotProductAttention_1, LayerNorm_2, MlpBlock_3`;
-big_vision: `LayerNorm_0, MultiHeadDotProductAttention_0, LayerNorm_1, MlpBlock_0`), in the
+Both are flat `np.savez` archives of a Flax tree, keys joined by "/". They differ in module
+numbering (vit_jax's published files, named before linen: `LayerNorm_0,
+MultiHeadDotProductAttention_1, LayerNorm_2, MlpBlock_3`; big_vision, and vit_jax's linen model
+saved as `np.savez(path, **flatten_dict(params, sep="/"))`: `LayerNorm_0,
+MultiHeadDotProductAttention_0, LayerNorm_1, MlpBlock_0`), in the
 position embedding (vit_jax: `Transformer/posembed_input/pos_embedding` with the class row;
 big_vision: top-level `pos_embedding`, patches only, the class token gets none), in the prefix
 (`opt/target/`; `params/` or `params/img/`) and big_vision may stack the blocks on a leading axis
@@ -88,13 +90,72 @@ def _find_prefix(arrays: dict[str, np.ndarray], where: str) -> str:
                           f"with: {found}")
 
 
-def _layout(keys: NamedArrays) -> str:
-    if keys.prefixes[0].startswith("params") or keys.has("pos_embedding"):
-        return "big_vision"
-    if keys.has("Transformer/encoderblock/LayerNorm_0/scale") or keys.has(
-            "Transformer/encoderblock_0/MultiHeadDotProductAttention_0/query/kernel"):
-        return "big_vision"
-    return "vit_jax"
+# What tells the namings apart, by what the file holds: the position embedding's place (vit_jax:
+# `Transformer/posembed_input/pos_embedding`, class row included; big_vision: top-level
+# `pos_embedding`, patch rows only, or none for sin-cos) and the module names inside a block
+# (Flax before linen numbered modules across types: `LayerNorm_0, MultiHeadDotProductAttention_1,
+# LayerNorm_2, MlpBlock_3`, as the published vit_jax and AugReg files have; linen numbers each
+# type on its own: `LayerNorm_0, MultiHeadDotProductAttention_0, LayerNorm_1, MlpBlock_0`, as
+# vit_jax's models_vit.py saved today and big_vision have).
+LAYOUTS = {  # layout -> (block names, family)
+    "vit_jax": ("vit_jax", "vit_jax"),
+    "vit_jax linen": ("big_vision", "vit_jax"),
+    "big_vision": ("big_vision", "big_vision"),
+}
+
+
+def _layout(keys: NamedArrays, where: str) -> str:
+    """The layout's name (a key of LAYOUTS), from the position embedding and the block names."""
+    block = ("Transformer/encoderblock/" if any(
+        k.startswith(keys.prefixes[0] + "Transformer/encoderblock/") for k in keys.arrays)
+        else "Transformer/encoderblock_0/")
+    names = [n for n, (attn, *_) in NAMES.items() if keys.has(f"{block}{attn}/query/kernel")]
+    if len(names) != 1:
+        found = sorted({k[len(keys.prefixes[0] + block):].split("/")[0] for k in keys.arrays
+                        if k.startswith(keys.prefixes[0] + block)})
+        raise CheckpointError(
+            f"{where}: unknown npz layout: {keys.prefixes[0]}{block} holds "
+            f"{', '.join(found[:6]) or 'nothing'}; expected the vit_jax names "
+            f"({', '.join(NAMES['vit_jax'])}) or the linen ones ({', '.join(NAMES['big_vision'])})")
+    if keys.has(VIT_JAX_POSEMB):
+        if keys.has("pos_embedding"):
+            raise CheckpointError(f"{where}: holds both {VIT_JAX_POSEMB} (vit_jax) and "
+                                  "pos_embedding (big_vision); a file has one")
+        return "vit_jax" if names[0] == "vit_jax" else "vit_jax linen"
+    if names[0] == "vit_jax":  # vit_jax's files always learn a position embedding
+        keys(VIT_JAX_POSEMB)  # named as missing
+        return "vit_jax"
+    return "big_vision"
+
+
+# Arrays of the file outside the ViT's parameter tree that a classifier does not use, and why:
+# they are skipped, and the reader says so once.
+NOT_A_CLASSIFIER = (
+    ("opt/", "optimiser state (momenta, step counts): training's, not the model's"),
+    ("params/txt/", "the text tower of a two-tower (SigLIP, LiT) model"),
+    ("params/t", "the contrastive loss's temperature"),
+    ("params/b", "the contrastive loss's bias"),
+)
+
+
+def _not_read(keys: NamedArrays, where: str) -> list[str]:
+    """The one warning naming what was skipped on purpose; raises naming any other array
+    nothing read."""
+    skipped, rest = {}, []
+    for key in keys.unused():
+        why = next((why for prefix, why in NOT_A_CLASSIFIER
+                    if key.startswith(prefix) and not key.startswith(keys.prefixes[0])
+                    and (prefix.endswith("/") or key == prefix)), None)
+        if why is None:
+            rest.append(key)
+        else:
+            skipped[why] = skipped.get(why, 0) + 1
+    if rest:
+        more = f" and {len(rest) - 6} more" if len(rest) > 6 else ""
+        raise CheckpointError(f"{where}: arrays this ViT has no place for: "
+                              f"{', '.join(rest[:6])}{more}; the file cannot be read exactly")
+    return ["not read, as a classifier does not use them: " + "; ".join(
+        f"{n} arrays of {why}" for why, n in skipped.items())] if skipped else []
 
 
 def _depth(keys: NamedArrays) -> tuple[int, bool]:
@@ -130,22 +191,24 @@ def read(path: Path) -> LoadedCheckpoint:
     path = Path(path)
     arrays = read_arrays(path)
     keys = NamedArrays(arrays, (_find_prefix(arrays, str(path)),), dtype=np.float32)
-    layout = _layout(keys)
+    layout = _layout(keys, str(path))
+    names, family = LAYOUTS[layout]
     patch_kernel = keys("embedding/kernel")
     ph, pw, channels, d = patch_kernel.shape
     params = {"patch_kernel": patch_kernel, "patch_bias": keys("embedding/bias")}
     class_token = keys.has("cls")
     if class_token:
         params["cls_token"] = keys("cls")
-    params["blocks"], block_fields = _blocks(keys, layout, d)
+    params["blocks"], block_fields = _blocks(keys, names, d)
     params["norm"] = _norm(keys, "Transformer/encoder_norm")
     keys.check(str(path), f"{layout} npz")
     if not params["blocks"]:
         raise CheckpointError(f"{path}: no encoder blocks found (expected "
                               f"'{keys.prefixes[0]}Transformer/encoderblock_0/...')")
-    posemb, grid, warnings = _posemb(keys, params, layout, class_token, (ph, pw), path)
+    posemb, grid, warnings = _posemb(keys, params, family, class_token, (ph, pw), path)
     classifier, representation, num_classes = _head_layers(keys, params, class_token, d)
     keys.check(str(path), f"{layout} npz")
+    warnings += _not_read(keys, str(path))
     if classifier == "map" and (params["map_head"]["mlp"]["fc1"]["kernel"].shape[1]
                                 != block_fields["mlp_dim"]):
         raise CheckpointError(f"{path}: MAPHead MLP width differs from the blocks' "
@@ -154,18 +217,19 @@ def read(path: Path) -> LoadedCheckpoint:
         width=d, patch_size=(ph, pw), image_size=(grid[0] * ph, grid[1] * pw),
         in_channels=channels, num_classes=num_classes, class_token=class_token,
         classifier=classifier, representation_size=representation, posemb=posemb,
-        layer_norm_eps=1e-6, gelu="tanh", posemb_resize=METHOD_OF_SOURCE[layout], **block_fields)
+        layer_norm_eps=1e-6, gelu="tanh", posemb_resize=METHOD_OF_SOURCE[family], **block_fields)
     warning = zero_head_warning(params)
     return LoadedCheckpoint(
         config=config, params=params, preprocessing=INCEPTION.with_size(config.image_size),
         labels=default_labels(num_classes), source=f"{path} ({layout} npz)",
-        warnings=warnings + ([warning] if warning else []), family=layout)
+        warnings=warnings + ([warning] if warning else []), family=family)
 
 
-def _blocks(keys: NamedArrays, layout: str, d: int) -> tuple[dict, dict]:
-    """(the encoder blocks in our names, the ViTConfig fields they decide). Blocks stop at the
-    first without attention; its expected key is recorded as missing."""
-    attn_name, norm1, norm2, mlp_name = NAMES[layout]
+def _blocks(keys: NamedArrays, names: str, d: int) -> tuple[dict, dict]:
+    """(the encoder blocks in our names, the ViTConfig fields they decide), with the module
+    names of NAMES[names]. Blocks stop at the first without attention; its expected key is
+    recorded as missing."""
+    attn_name, norm1, norm2, mlp_name = NAMES[names]
     depth, stacked = _depth(keys)
     blocks, heads, mlp_dim, qkv_bias = {}, None, None, True
     for i in range(depth):
@@ -193,10 +257,11 @@ def _blocks(keys: NamedArrays, layout: str, d: int) -> tuple[dict, dict]:
                     "qkv_bias": qkv_bias}
 
 
-def _posemb(keys: NamedArrays, params: dict, layout: str, class_token: bool,
+def _posemb(keys: NamedArrays, params: dict, family: str, class_token: bool,
             patch: tuple[int, int], path: Path) -> tuple[str, tuple[int, int], list[str]]:
     """(posemb kind, patch grid, warnings); a learned position embedding joins `params`, with
     a zero class row where big_vision gives the class token no position."""
+    layout = family
     posemb_key = VIT_JAX_POSEMB if layout == "vit_jax" else "pos_embedding"
     if not keys.has(posemb_key):
         return "sincos2d", (224 // patch[0], 224 // patch[1]), [

@@ -26,7 +26,7 @@ import numpy as np
 import vit.checkpoints.orbax_format as orbax_format
 from vit.checkpoints.files import check_destination
 from vit.checkpoints.loaded import LoadedCheckpoint, zero_head_warning
-from vit.checkpoints.tree import flatten, nest
+from vit.checkpoints.tree import flatten, nest, path_name
 from vit.errors import CheckpointError, ConfigError, DataError
 from vit.models.config import FIELDS, ViTConfig
 from vit.preprocess import Preprocessing
@@ -238,10 +238,33 @@ def _read_step(step_dir: Path, source: str) -> LoadedCheckpoint:
         raise CheckpointError(f"{step_dir}: checkpoint is incomplete or damaged: the parameters "
                               f"in {orbax_format.PARAMS}/ cannot be read ({err}); {DAMAGED_FIX}"
                               ) from None
+    _check_every_array(params, config, step_dir)
     warning = zero_head_warning(params)
     return LoadedCheckpoint(
         config=config, params=params, preprocessing=preprocessing, labels=meta.get("labels"),
         source=source, warnings=[warning] if warning else [], family="vit")
+
+
+def _check_every_array(params: dict, config: ViTConfig, step_dir: Path) -> None:
+    """Raises naming the arrays that the model its own `meta` describes would not read, or
+    would miss. Text-conditioning weights are fitted later (`LoadedCheckpoint.adapt_text`)."""
+    from vit.checkpoints.fit import TEXT_SUBTREES, expected_shapes
+
+    want = {p: s for p, s in expected_shapes(config).items() if p[0] not in TEXT_SUBTREES}
+    have = {p: tuple(np.shape(v)) for p, v in flatten(params).items()
+            if p[0] not in TEXT_SUBTREES}
+    problems = []
+    for what, paths in (("unexpected", [p for p in have if p not in want]),
+                        ("missing", [p for p in want if p not in have]),
+                        ("of another shape", [p for p in want if p in have
+                                              and have[p] != want[p]])):
+        if paths:
+            more = f" and {len(paths) - 4} more" if len(paths) > 4 else ""
+            problems.append(f"{what}: {', '.join(path_name(p) for p in paths[:4])}{more}")
+    if problems:
+        raise CheckpointError(f"{step_dir}: the parameters do not match the model its meta item "
+                              f"describes ({'; '.join(problems)}); the checkpoint is damaged "
+                              f"or was edited: {DAMAGED_FIX}")
 
 
 def save_orbax(path, model_or_params, config: ViTConfig | None = None,
