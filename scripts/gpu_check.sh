@@ -10,7 +10,7 @@
 #   1. the kernel and dispatcher tests, compiled for the GPU (no interpreter);
 #   2. the slow kernel test at real ViT shapes (seq 577 and 1025, head_dim 96 and 128), within
 #      its own time limit;
-#   3. scripts/bench_attention.py: compiled correctness at ViT shapes, attention TFLOP/s (ours,
+#   3. `python -m benchmarks attention`: compiled correctness at ViT shapes, attention TFLOP/s (ours,
 #      cuDNN, XLA, jax's Pallas mha), the block-size sweep per kernel (fwd, dK/dV, dQ), head_dim
 #      (64, 128) and sequence (197, 577), the ViT-B/16 forward in float32 and bfloat16 (batch 8
 #      and 256), then a ViT-B/16 training step per attention path. Each section gets a share of
@@ -104,7 +104,7 @@ budget=${GPU_CHECK_BENCH_BUDGET_S:-$(( hard - (QUICK == 1 ? 15 : 45) ))}
 if [ "$hard" -lt 10 ]; then
   echo "no time left for the benchmarks"; skipped=1
 else
-  timeout "$hard" "$PY" scripts/bench_attention.py "${bench[@]}" --budget-s "$budget"
+  timeout "$hard" "$PY" -m benchmarks attention "${bench[@]}" --budget-s "$budget"
   rc=$?
   case $rc in
     0) ;;

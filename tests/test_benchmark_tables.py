@@ -1,11 +1,11 @@
-"""docs/benchmarks.md's tables and the README's demo result are what
-scripts/benchmark_tables.py makes from benchmarks/*.json: a record written without regenerating
-the tables, a hand-edited figure, or a record without a table fails here."""
+"""The docs' figures are what `python -m benchmarks tables` makes from benchmarks/records/*.json:
+a record written without regenerating the tables, a hand-edited figure, a record without a
+table, or a measured figure written outside the generated tables fails here."""
 
-import importlib.util
 import json
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -13,67 +13,141 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-BENCHMARKS = ROOT / "benchmarks"
+RECORDS = ROOT / "benchmarks" / "records"
 DOC = ROOT / "docs" / "benchmarks.md"
+sys.path.insert(0, str(ROOT))  # the benchmarks package lives beside vit, not inside it
 
-
-@pytest.fixture(scope="module")
-def tables():
-    spec = importlib.util.spec_from_file_location("benchmark_tables",
-                                                  ROOT / "scripts" / "benchmark_tables.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from benchmarks import tables  # noqa: E402
 
 
 def record(name: str) -> dict:
-    return json.loads((BENCHMARKS / f"{name}.json").read_text())
+    return json.loads((RECORDS / f"{name}.json").read_text())
 
 
-def test_the_docs_match_the_records(tables):
-    assert tables.stale(ROOT) == [], "run python scripts/benchmark_tables.py"
+@pytest.fixture
+def tree(tmp_path):
+    """A copy of the README, the docs and the records to edit."""
+    shutil.copy(ROOT / "README.md", tmp_path / "README.md")
+    shutil.copytree(ROOT / "docs", tmp_path / "docs")
+    shutil.copytree(RECORDS, tmp_path / "benchmarks" / "records")
+    return tmp_path
+
+
+def test_the_docs_match_the_records():
+    assert tables.stale(ROOT) == [], "run python -m benchmarks tables"
 
 
 def test_the_check_command_passes():
-    done = subprocess.run([sys.executable, "scripts/benchmark_tables.py", "--check"], cwd=ROOT,
+    done = subprocess.run([sys.executable, "-m", "benchmarks", "tables", "--check"], cwd=ROOT,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
 
 
-def test_every_record_has_one_table_that_names_it(tables):
-    records = {p.stem for p in BENCHMARKS.glob("*.json")}
+def test_every_record_has_one_table_that_names_it():
+    assert tables.unshown(ROOT) == []
     shown = {}
-    for doc in tables.DOCS:
+    for doc in tables.docs(ROOT):
         for name, body in tables.blocks((ROOT / doc).read_text()).items():
-            assert name not in shown, f"{name} has a table in {shown.get(name)} and {doc}"
             shown[name] = doc
-            assert f"`benchmarks/{name}.json`" in body, f"{doc}: the {name} table names no record"
-    assert set(shown) == records, "every record gets one table, and every table a record"
+            assert f"`benchmarks/records/{name}.json`" in body, f"{doc}: {name} names no record"
+    assert set(shown) == {p.stem for p in RECORDS.glob("*.json")}
 
 
-def test_a_stale_figure_is_caught(tables, tmp_path):
-    for doc in tables.DOCS:
-        (tmp_path / doc).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy(ROOT / doc, tmp_path / doc)
-    shutil.copytree(BENCHMARKS, tmp_path / "benchmarks")
-    assert tables.stale(tmp_path) == []
+def test_every_record_is_dated_with_its_command_and_host():
+    for path in RECORDS.glob("*.json"):
+        r = json.loads(path.read_text())
+        assert r["benchmark"] == path.stem, path.name
+        assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", r["date_utc"]), path.name
+        assert r["command"].startswith("python -m benchmarks "), path.name
+        assert r["versions"]["jax"], path.name
+
+
+def test_a_stale_figure_is_caught(tree):
+    assert tables.stale(tree) == []
 
     # A figure edited by hand in a table.
-    doc = tmp_path / "docs" / "benchmarks.md"
+    doc = tree / "docs" / "benchmarks.md"
     text = doc.read_text()
-    steps = f"{record('bench_scaling')['runs'][0]['steps_per_s']:.2f}"
+    steps = f"{record('scaling')['runs'][0]['steps_per_s']:.2f}"
+    assert f"| 1 | 1 x 1 | {steps} |" in text
     doc.write_text(text.replace(f"| 1 | 1 x 1 | {steps} |", "| 1 | 1 x 1 | 9.99 |"))
-    assert tables.stale(tmp_path) == ["docs/benchmarks.md"]
+    assert tables.stale(tree) == ["docs/benchmarks.md"]
     doc.write_text(text)
 
     # A new record, tables not regenerated.
     demo = record("demo")
     demo["test_accuracy"] = 0.5
-    (tmp_path / "benchmarks" / "demo.json").write_text(json.dumps(demo))
-    assert tables.stale(tmp_path) == ["README.md"]
+    (tree / "benchmarks" / "records" / "demo.json").write_text(json.dumps(demo))
+    assert tables.stale(tree) == ["README.md"]
 
 
-def test_figures_are_the_records(tables):
+def test_a_record_without_a_table_is_caught(tree):
+    shutil.copy(RECORDS / "scaling.json", tree / "benchmarks" / "records" / "scaling_again.json")
+    problems = tables.unshown(tree)
+    assert any("scaling_again.json has no renderer" in p for p in problems), problems
+    assert any("scaling_again.json has no table" in p for p in problems), problems
+
+
+def figures(text: str) -> list[str]:
+    return [m.group(0) for m in tables.FIGURE.finditer(text)]
+
+
+def test_the_figure_rule():
+    """What counts as a measured figure: a number with a unit of measure. Shapes, counts and
+    plain numbers do not."""
+    assert figures("ran 1.2x as fast, 5-6x XLA's, in 35 ms, 4 s, 6m00s, 2.64 GiB, 0.75 GB, "
+                   "12% of it, 30 img/s, 3.5 images/s, 172 GFLOP/s") == [
+        "1.2x", "5-6x", "35 ms", "4 s", "6m00s", "2.64 GiB", "0.75 GB", "12%", "30 img/s",
+        "3.5 images/s", "172 GFLOP/s"]
+    assert figures("8x8 digits on a 4x4 grid, 16,384 x 16,384 pixels, ViT-B/16, 785 tests, "
+                   "0.978 accuracy, 2 cores, 360 images, v1.5, the 3 stages, sm_90") == []
+
+
+def test_a_figure_outside_the_tables_is_caught(tree):
+    assert tables.unbacked(tree) == []
+    readme = tree / "README.md"
+    text = readme.read_text()
+    readme.write_text(text + "\nThe default set, 785 tests, in 6m00s; the step is 1.13x "
+                             "faster.\n")
+    found = tables.unbacked(tree)
+    assert [f.split(": ", 1)[1] for f in found] == ["6m00s", "1.13x"], found
+    assert all(f.startswith("README.md:") for f in found)
+    # The same figures in a code block, inline code or a comment are not prose.
+    readme.write_text(text + "\n```\nstep 1.13x\n```\n`6m00s` <!-- 1.13x -->\n")
+    assert tables.unbacked(tree) == []
+
+
+def test_the_check_command_fails_on_a_figure_outside_the_tables(tree):
+    """`--check` on a copy of the tree with one hand-written figure exits 1, naming it."""
+    shutil.copytree(ROOT / "benchmarks", tree / "benchmarks", dirs_exist_ok=True,
+                    ignore=shutil.ignore_patterns("records", "__pycache__", "gpu"))
+    page = tree / "docs" / "predict.md"
+    page.write_text(page.read_text() + "\nPredicting got 1.42x faster.\n")
+    done = subprocess.run([sys.executable, "-m", "benchmarks", "tables", "--check"], cwd=tree,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1
+    assert "docs/predict.md" in done.stderr and "1.42x" in done.stderr, done.stderr
+
+
+def test_the_figures_from_git_history_are_that_records():
+    """The two figures of the float32-products experiment, quoted from its record in git."""
+    for doc, quoted in tables.FROM_HISTORY.items():
+        for figure, (commit, path) in quoted.items():
+            shown = subprocess.run(["git", "show", f"{commit}:{path}"], cwd=ROOT,
+                                   capture_output=True, text=True)
+            if shown.returncode:
+                pytest.skip("no git history here (an export, or a shallow clone)")
+            r = json.loads(shown.stdout)
+            ratios = []
+            for case in r["cases"]:
+                steps, mkl = case["float32"]["median_step_s"], case["float32"]["mkl_products"]
+                ratios.append(statistics.median(
+                    t / m for t, m in zip(steps["transformers"], mkl["median_step_s"],
+                                          strict=True)))
+            assert figure in [f"{x:.2f}x" for x in ratios], (doc, figure, ratios)
+
+
+def test_figures_are_the_records():
     """Cells read from the docs by pattern equal the records' own values."""
     readme, doc = (ROOT / "README.md").read_text(), DOC.read_text()
 
@@ -82,11 +156,14 @@ def test_figures_are_the_records(tables):
     assert f"{100 * demo['test_accuracy']:.1f}% test accuracy" in readme
     assert f"({right} of {demo['num_test_examples']} held-out digits)" in readme
 
-    inference = record("bench_inference")
+    inference = record("inference")
     assert (f"| vit, float32 | {inference['img_s_median']['ours_float32']:.2f} | "
             f"{inference['ratio_to_transformers_median']['ours_float32']:.2f} |") in doc
+    cpu = inference["machine"]["cpu"]["model_name"]
+    assert re.search(rf"^\*\*{re.escape(cpu)}.*{inference['date_utc'][:10]}\*\*$", doc,
+                     re.MULTILINE)
 
-    for run in record("bench_scaling")["runs"]:
+    for run in record("scaling")["runs"]:
         mesh = run["mesh"]
         assert re.search(rf"^\| {run['devices']} \| {mesh['data']} x {mesh['fsdp']} \| "
                          rf"{run['steps_per_s']:.2f} \|", doc, re.MULTILINE)
@@ -100,7 +177,6 @@ def test_figures_are_the_records(tables):
     assert "| `rollout` | " + " | ".join(f"{c['total_gb']:.2f}" for c in memory) + " |" in doc
 
     prompts = record("promptshapes")["eval"]
-    readme = (ROOT / "README.md").read_text()
     assert f"| {prompts['heldout_accuracy']:.3f} |" in readme
     heldout = prompts["questions"]["heldout"]
     assert f"| the 4 held-out pairs | {heldout['balanced_accuracy']:.3f} |" in readme

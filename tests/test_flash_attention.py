@@ -368,7 +368,7 @@ def test_gpu_kernels_fit_registers_and_shared_memory_on_sm90(tmp_path):
     test_lowers_for_accelerators lowers the same kernels in the default set."""
     env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu")
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "kernel_resources.py"), "--head-dims", "64",
+        [sys.executable, "-m", "benchmarks", "kernels", "--head-dims", "64",
          "128", "--seqs", "197", "577", "--dtypes", "bfloat16", "--out", str(tmp_path)],
         cwd=ROOT, env=env, timeout=280, capture_output=True, text=True,
     )
@@ -454,12 +454,7 @@ def test_gpu_check_fails_without_a_gpu(tmp_path):
 
 def test_bench_exit_status_fails_on_a_failed_row(tmp_path, monkeypatch):
     """A benchmark row that raises is "failed" in the JSON, and the exit status is 1."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("bench_attention",
-                                                  ROOT / "scripts" / "bench_attention.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    from benchmarks import attention as bench
 
     def broken(q, k, v):
         raise RuntimeError("kernel launch failed")

@@ -1,6 +1,6 @@
 """Inference: the persistent compile cache, padded batches, the bfloat16 path and its GELU.
 
-Nothing here is timed; speed is scripts/bench_inference.py's and scripts/bench_predict.py's.
+Nothing here is timed; speed is `python -m benchmarks inference`'s and `... predict`'s.
 """
 
 import jax

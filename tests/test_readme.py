@@ -216,7 +216,7 @@ def test_architecture_names_every_part_of_the_package():
 
 
 def test_demo_result_is_stated_once():
-    record = json.loads((ROOT / "benchmarks" / "demo.json").read_text())
+    record = json.loads((ROOT / "benchmarks" / "records" / "demo.json").read_text())
     figure = f"{100 * record['test_accuracy']:.1f}%"
     found = {page: text.count(figure) for page, text in pages().items() if figure in text}
     assert found == {"README.md": 1}, f"the demo's {figure} should be in the README alone"

@@ -1,0 +1,105 @@
+"""Records the share of `vit train`'s wall time spent waiting for the input pipeline
+(`data_wait` in metrics.jsonl), on the digits recipe and on a folder of JPEG photos.
+
+    python -m benchmarks data_wait [--digits-steps 300] [--folder-steps 60] [--out FILE]
+
+Each run is `vit train` itself (a subprocess, as a user runs it); the figures are the
+`data_wait` of its logged windows (the first holds the compilation, so the median of the rest is
+the figure), with images/s beside them. The folder is 400 generated 320x240 JPEGs in two
+classes, trained with configs/imagefolder.py at a size a CPU can run (Ti/16, 96 px, float32):
+a small model makes the data's share as large as it gets. The pipeline alone (batches drawn
+with no model) is timed too, for the rate the data could sustain. The target is <= 5%.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from benchmarks import common
+
+ROOT = common.ROOT
+FOLDER_SETS = ["model.name=Ti/16", "input.image_size=96", "train.batch_size=32",
+               "model.dtype=float32"]
+
+
+def make_photos(root: Path, per_class: int = 200) -> Path:
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for name in ("cats", "dogs"):
+        (root / name).mkdir(parents=True, exist_ok=True)
+        for i in range(per_class):
+            base = rng.integers(0, 255, (1, 1, 3))
+            img = np.clip(base + rng.normal(0, 40, (240, 320, 3)), 0, 255).astype(np.uint8)
+            Image.fromarray(img).save(root / name / f"{i}.jpg", quality=90)
+    return root
+
+
+def train(recipe: str, workdir: Path, steps: int, sets: list[str]) -> dict:
+    log_every = max(steps // 6, 1)
+    cmd = [sys.executable, "-m", "vit.cli", "train", "--config", recipe, "--workdir",
+           str(workdir)]
+    for item in [*sets, f"train.steps={steps}", f"train.log_every={log_every}",
+                 f"train.eval_every={steps}", f"train.checkpoint_every={steps}"]:
+        cmd += ["--set", item]
+    t = time.time()
+    subprocess.run(cmd, check=True, cwd=ROOT, capture_output=True, text=True)
+    rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+    train_rows = [r for r in rows if r["split"] == "train"]
+    later = train_rows[1:] or train_rows
+    return {"recipe": recipe, "overrides": sets, "steps": steps, "wall_s": time.time() - t,
+            "data_wait_per_window": [round(r["data_wait"], 4) for r in train_rows],
+            "data_wait_median_after_first": statistics.median(r["data_wait"] for r in later),
+            "images_per_s_median_after_first": statistics.median(r["images_per_s"]
+                                                                 for r in later)}
+
+
+def pipeline_rate(recipe: str, sets: list[str], batches: int = 15) -> float:
+    """Images/s the training pipeline delivers with no model behind it."""
+    from vit.data import open_source, train_iterator
+    from vit.recipes.load import load_config
+    from vit.recipes.model_fields import model_field_types
+    from vit.train.state import augment_of, preprocessing_of
+
+    cfg = load_config(recipe, sets, model_field_types=model_field_types)
+    src = open_source(cfg.data.name, cfg.data.train_split)
+    it = train_iterator(src, preprocessing_of(cfg), augment_of(cfg),
+                        batch_size=cfg.train.batch_size, seed=0,
+                        num_classes=len(src.class_names), num_threads=cfg.data.num_threads)
+    next(it)
+    t = time.perf_counter()
+    for _ in range(batches):
+        next(it)
+    return batches * cfg.train.batch_size / (time.perf_counter() - t)
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks data_wait",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("--digits-steps", type=int, default=300)
+    parser.add_argument("--folder-steps", type=int, default=60)
+    parser.add_argument("--out", default=None, help="record path (default benchmarks/records/)")
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        photos = make_photos(tmp / "photos")
+        folder_sets = [f"data.name={photos}", *FOLDER_SETS]
+        runs = {"digits": train("digits", tmp / "digits", args.digits_steps, []),
+                "folder": train("imagefolder", tmp / "folder", args.folder_steps, folder_sets)}
+        runs["digits"]["pipeline_alone_images_per_s"] = pipeline_rate("digits", [])
+        runs["folder"]["pipeline_alone_images_per_s"] = pipeline_rate("imagefolder",
+                                                                      folder_sets)
+        runs["folder"]["overrides"] = ["data.name=<400 generated 320x240 JPEGs>", *FOLDER_SETS]
+    out = common.write_record("data_wait", {"target": "data_wait <= 0.05", "runs": runs},
+                              argv=argv, out=args.out)
+    print(json.dumps(runs, indent=2))
+    print(f"wrote {out}")
+

@@ -1,0 +1,88 @@
+"""Records the explain memory figures: XLA's compiled memory (temporaries + outputs, from
+`memory.compiled_bytes`; nothing is run, no weights are allocated) of `explain` for
+`rollout` and `relevancy` on ViT-L/14 at 518 px, against the keep-every-layer capture
+(`vit.explain.capture.attention_grads`, every layer's attention and its gradient), at several
+batch sizes, so the per-image cost and the batch-independent part can be told apart. The
+record is `explain_memory`.
+
+    python -m benchmarks explain [--model L/14] [--image-size 518] [--batches 1 2 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from benchmarks import common, memory
+
+GB = 1e9
+
+
+def compiled_bytes(model, batch: int, size: int, what: str) -> dict:
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from vit.explain import capture
+    from vit.explain.maps import explain_core
+
+    graphdef, state = nnx.split(model)
+    x = jax.ShapeDtypeStruct((batch, size, size, 3), jnp.float32)
+    cls = jax.ShapeDtypeStruct((batch,), jnp.int32)
+
+    def run(state, x, cls):
+        m = nnx.merge(graphdef, state)
+        if what == "keep-every-layer":
+            return capture.attention_grads.__wrapped__(m, x, jnp.maximum(cls, 0))
+        return explain_core(m, x, cls, method=what, head_fusion="mean", discard_ratio=0.0)
+
+    start = time.time()
+    sizes = memory.compiled_bytes(jax.jit(run).lower(state, x, cls).compile())
+    return {"batch": batch, **sizes,
+            "total_gb": round((sizes["temp_bytes"] + sizes["output_bytes"]) / GB, 3),
+            "compile_seconds": round(time.time() - start, 1)}
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks explain",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="L/14")
+    parser.add_argument("--image-size", type=int, default=518)
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 2, 4])
+    parser.add_argument("--out", default=None, help="record path (default benchmarks/records/)")
+    args = parser.parse_args(argv)
+    import jax
+    import numpy as np
+    from flax import nnx
+
+    import vit
+
+    # An abstract model: shapes only, so ViT-L's weights are never allocated.
+    model = nnx.eval_shape(lambda: vit.create_model(
+        args.model, num_classes=1000, image_size=args.image_size, attention_impl="xla",
+        rngs=nnx.Rngs(0)))
+    params = sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+    results = {}
+    for what in ("rollout", "relevancy", "keep-every-layer"):
+        rows = [compiled_bytes(model, b, args.image_size, what) for b in args.batches]
+        # XLA's buffer assignment is not linear in the batch (at small batches it can even
+        # shrink), so the fit over the batch sizes is a guide; the totals are the figures.
+        slope, intercept = np.polyfit([r["batch"] for r in rows],
+                                      [r["total_gb"] for r in rows], 1)
+        results[what] = {"compiled": rows,
+                         "gb_per_image_at_batch_1": rows[0]["total_gb"] / rows[0]["batch"],
+                         "fit_gb_per_image": round(float(slope), 3),
+                         "fit_batch_independent_gb": round(float(intercept), 3)}
+        print(what, [r["total_gb"] for r in rows], round(float(slope), 3),
+              round(float(intercept), 3), flush=True)
+    cfg = model.config
+    common.write_record("explain_memory", {
+        "record": "compiled memory of explain (streaming) against keeping every layer",
+        "model": args.model, "image_size": args.image_size,
+        "tokens": cfg.num_tokens,
+        "depth": cfg.depth, "heads": cfg.num_heads, "parameters": int(params),
+        "parameter_gb_float32": round(params * 4 / GB, 3),
+        "measure": "temp_size_in_bytes + output_size_in_bytes of the compiled program "
+                   "(arguments, i.e. the weights and images, excluded)",
+        "results": results,
+    }, argv=argv, mode="explain", out=args.out)

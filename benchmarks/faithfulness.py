@@ -1,0 +1,89 @@
+"""Records the faithfulness table: deletion and insertion AUC of every map method (and the
+random ranking) on the demo's digits model, with each substrate and several step counts, via
+`vit explain-eval --json` (run in-process, same code path as the command), and records every
+report and the exact commands.
+
+    python -m benchmarks demo           # trains the demo model into runs/record_demo
+    python -m benchmarks faithfulness [--checkpoint runs/record_demo] [--limit N]
+        [--headline-only]
+
+The model is the one the `demo` record made (`--model-record`): the record names its test
+accuracy. The headline is the `mean` substrate at 16 steps (one patch per step on the 4x4
+grid); the other rows are the sensitivity checks behind the note on insertion.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import time
+from pathlib import Path
+
+from benchmarks import common
+
+ROOT = common.ROOT
+METHODS = ("attention", "rollout", "grad-rollout", "relevancy")
+# (metric, substrate, steps): the headline at 16 steps, every substrate, then coarser curves.
+RUNS = [(metric, substrate, 16) for substrate in ("mean", "zero", "blur")
+        for metric in ("deletion", "insertion")]
+RUNS += [(metric, "mean", steps) for steps in (4, 8) for metric in ("deletion", "insertion")]
+
+
+def explain_eval(argv: list[str]) -> dict:
+    from vit.cli import main
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = main(argv)
+    if code != 0:
+        raise SystemExit(f"vit {' '.join(argv)} exited {code}")
+    return json.loads(out.getvalue().strip().splitlines()[-1])
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks faithfulness",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("--checkpoint", default="runs/record_demo",
+                        help="relative to the repository root")
+    parser.add_argument("--limit", type=int, default=None, help="images (default: all 360)")
+    parser.add_argument("--headline-only", action="store_true",
+                        help="only the mean substrate at 16 steps (deletion and insertion)")
+    parser.add_argument("--model-record", default=str(common.record_path("demo")),
+                        help="the demo record that made the checkpoint")
+    parser.add_argument("--out", default=str(common.record_path("faithfulness")))
+    args = parser.parse_args(argv)
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    args.out, args.model_record = map(os.path.abspath, (args.out, args.model_record))
+    os.chdir(ROOT)  # paths in the record and the commands are relative to the repository
+    made_by = json.loads(Path(args.model_record).read_text())
+    if (ROOT / made_by["workdir"]).resolve() != (ROOT / args.checkpoint).resolve():
+        raise SystemExit(f"{args.model_record} made {made_by['workdir']}, not {args.checkpoint}: "
+                         "pass the --model-record of this checkpoint")
+    rows = []
+    for metric, substrate, steps in RUNS[:2] if args.headline_only else RUNS:
+        argv = ["explain-eval", "--checkpoint", args.checkpoint, "--data", "digits", "--split",
+                "test", "--method", *METHODS, "--metric", metric, "--substrate", substrate,
+                "--steps", str(steps), "--json"]
+        if args.limit:
+            argv += ["--limit", str(args.limit)]
+        start = time.time()
+        report = explain_eval(argv)
+        rows.append({"metric": metric, "substrate": substrate, "steps": steps,
+                     "command": "vit " + " ".join(argv), "seconds": round(time.time() - start, 1),
+                     "results": report["results"]})
+        summary = {m: round(r["auc"], 3) for m, r in report["results"].items()}
+        print(metric, substrate, steps, summary, flush=True)
+    common.write_record("faithfulness", {
+        "record": "faithfulness of attention maps on the digits demo model (deletion, insertion)",
+        "checkpoint": args.checkpoint,
+        "model_record": os.path.relpath(args.model_record, ROOT),
+        "model_test_accuracy": made_by["test_accuracy"],
+        "model_made_utc": made_by["date_utc"],
+        "model_train": made_by["run"]["train"],
+        "images": args.limit or 360,
+        "better": {"deletion": "lower", "insertion": "higher"},
+        "runs": rows,
+    }, argv=argv, out=args.out)

@@ -1,0 +1,227 @@
+"""Registers, spills and shared memory of our flash-attention kernels on an NVIDIA GPU, found on
+any host: JAX lowers the three kernels (forward, dK/dV, dQ) to Triton IR for CUDA, and pip's
+`triton` compiles that IR for the target (sm_90, Hopper, by default) and ptxas reports resources.
+No GPU needed.
+
+    python -m benchmarks kernels [--head-dims 32 64 128] [--seqs 197 577] [--out DIR]
+
+Every tile the wrapper picks is checked: the tiles depend on the sequence length, so the kernels
+are lowered at each of --seqs (ViT lengths by default) with the default tiles for that length,
+and once more per head_dim and dtype with `kv_len` given (cross-attention: a dynamic key loop).
+Writes DIR/kernel_resources.json (default benchmarks/records/), with a Markdown table,
+and prints both. Exits 1 when a kernel needs more shared memory than the target has, or a
+16-bit kernel spills registers.
+
+The figures come from pip's Triton, not the Triton inside XLA that compiles the kernels on a real
+GPU, so they catch gross misfits (spills, oversize tiles) before a GPU run; they do not replace
+`scripts/gpu_check.sh`. Needs `pip install triton` (part of the test extra).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import glob
+import os
+import pathlib
+import re
+import subprocess
+import sys
+import tempfile
+import warnings
+
+import jax
+import jax.numpy as jnp
+
+from benchmarks import common
+
+KERNELS = ("flash_attention_fwd", "flash_attention_dkv", "flash_attention_dq")
+# Largest shared memory one block may use, by compute capability (CUDA programming guide).
+MAX_SHARED = {80: 163 * 1024, 86: 99 * 1024, 89: 99 * 1024, 90: 227 * 1024}
+# An abstract device names the target when the host has no GPU (jax >= 0.11 reads it).
+DEVICE_KIND = {80: "NVIDIA A100", 86: "NVIDIA A10", 89: "NVIDIA L4", 90: "NVIDIA H100"}
+
+
+def triton_ir(head_dim: int, dtype, seq: int, capability: int,
+              kv_len: bool = False) -> dict[str, str]:
+    """Triton IR of the forward and both backward kernels, by kernel name."""
+    from jax._src.pallas.triton import lowering  # where jax turns a kernel into Triton IR
+
+    from vit.ops.flash_attention import flash_attention
+
+    captured = {}
+    original = lowering.lower_jaxpr_to_triton_module
+
+    def capture(*args, **kwargs):
+        result = original(*args, **kwargs)
+        result.module.operation.verify()  # raises on IR that Triton would reject
+        text = result.module.operation.get_asm(enable_debug_info=False)
+        captured[re.search(r"module @(\w+)", text).group(1)] = text
+        return result
+
+    spec = jax.ShapeDtypeStruct((2, seq, 4, head_dim), dtype)
+    lens = jax.ShapeDtypeStruct((2,), jnp.int32)
+
+    def step(q, k, v, do, lens):
+        attention = functools.partial(flash_attention, interpret=False,
+                                      kv_len=lens if kv_len else None)
+        out, vjp = jax.vjp(attention, q, k, v)
+        return out, vjp(do)
+
+    lowering.lower_jaxpr_to_triton_module = capture
+    try:
+        with _target(capability):
+            jax.jit(step).trace(spec, spec, spec, spec, lens).lower(
+                lowering_platforms=("cuda",))
+    finally:
+        lowering.lower_jaxpr_to_triton_module = original
+    missing = set(KERNELS) - set(captured)
+    if missing:
+        raise RuntimeError(f"kernels not lowered: {sorted(missing)}")
+    return captured
+
+
+def _target(capability: int):
+    if jax.default_backend() == "gpu":
+        return contextlib.nullcontext()
+    from jax.sharding import AbstractDevice, AbstractMesh, use_abstract_mesh
+
+    device = AbstractDevice(device_kind=DEVICE_KIND[capability], num_cores=None, platform="gpu")
+    return use_abstract_mesh(AbstractMesh((1,), ("x",), abstract_device=device))
+
+
+def compile_resources(ir: str, capability: int, warps: int, stages: int) -> dict:
+    """Compiles Triton IR with pip's triton; shared memory from triton, registers from ptxas."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # silences a 3.9 notice; the default
+    with tempfile.TemporaryDirectory() as tmp:
+        path = pathlib.Path(tmp, "kernel.ttir")
+        path.write_text(ir)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            kernel = triton.compile(str(path), target=GPUTarget("cuda", capability, 32),
+                                    options={"num_warps": warps, "num_stages": stages})
+        ptx = pathlib.Path(tmp, "kernel.ptx")
+        ptx.write_text(kernel.asm["ptx"])
+        report = _ptxas_report(ptx, capability)
+    registers = int(re.search(r"Used (\d+) registers", report).group(1))
+    spills = int(re.search(r"(\d+) bytes spill stores", report).group(1))
+    # Hopper's warpgroup MMA: whether the tiles let Triton use the fast tensor-core path.
+    wgmma = "wgmma.mma_async" in kernel.asm["ptx"]
+    return dict(registers=registers, spill_bytes=spills, shared_bytes=int(kernel.metadata.shared),
+                wgmma=wgmma)
+
+
+def _ptxas_report(ptx: pathlib.Path, capability: int) -> str:
+    """`ptxas -v` output from the first ptxas bundled with triton that accepts this PTX."""
+    import triton
+
+    arch = f"sm_{capability}a" if capability >= 90 else f"sm_{capability}"
+    tools = sorted(glob.glob(os.path.join(os.path.dirname(triton.__file__),
+                                          "backends", "nvidia", "bin", "ptxas*")))
+    errors = []
+    for tool in tools:
+        proc = subprocess.run([tool, "-v", f"-arch={arch}", str(ptx), "-o", os.devnull],
+                              capture_output=True, text=True)
+        if proc.returncode == 0:
+            return proc.stdout + proc.stderr
+        errors.append(f"{os.path.basename(tool)}: {proc.stderr.strip().splitlines()[0:1]}")
+    raise RuntimeError(f"no bundled ptxas accepted the PTX: {errors or 'none found'}")
+
+
+def measure(head_dims, dtypes, seqs, capability: int) -> list[dict]:
+    from vit.ops.flash_attention import default_block_sizes
+
+    rows = []
+    for dtype_name in dtypes:
+        dtype = jnp.dtype(dtype_name)
+        for head_dim in head_dims:
+            # Each length with its own tiles; then kv_len (a dynamic key loop) at the first one.
+            for seq, kv_len in [*((s, False) for s in seqs), (seqs[0], True)]:
+                blocks = default_block_sizes("gpu", head_dim, seq, seq)
+                irs = triton_ir(head_dim, dtype, seq, capability, kv_len=kv_len)
+                for index, name in enumerate(KERNELS):
+                    tile = getattr(blocks, name.rsplit("_", 1)[1])
+                    row = dict(kernel=name, head_dim=head_dim, dtype=dtype_name, seq=seq,
+                               kv_len=kv_len, tile=list(tile), warps=blocks.warps[index],
+                               stages=blocks.num_stages)
+                    try:
+                        row.update(compile_resources(irs[name], capability, row["warps"],
+                                                     row["stages"]))
+                        fits = row["shared_bytes"] <= MAX_SHARED[capability]
+                        # Spills cost speed, not correctness: flagged for the 16-bit fast path.
+                        row["ok"] = fits and (row["spill_bytes"] == 0 or dtype_name == "float32")
+                    except Exception as exc:  # recorded; the other kernels still report
+                        row.update(ok=False, error=f"{type(exc).__name__}: {exc}"[:400])
+                    rows.append(row)
+                    print(_line(row), flush=True)
+    return rows
+
+
+def _line(r: dict) -> str:
+    kv_len = " kv_len" if r["kv_len"] else ""
+    what = f"{r['kernel']:<20} d={r['head_dim']:<4} s={r['seq']:<5}{kv_len}"
+    if "error" in r:
+        return f"{what} {r['dtype']:<9} ERROR {r['error']}"
+    return (f"{what} {r['dtype']:<9} tile={r['tile']} warps={r['warps']} "
+            f"regs={r['registers']:<4} spill={r['spill_bytes']:<5} "
+            f"shared={r['shared_bytes'] // 1024} KiB wgmma={'yes' if r['wgmma'] else 'no'} "
+            f"{'ok' if r['ok'] else 'NOT OK'}")
+
+
+def readme_table(rows: list[dict], dtype: str = "bfloat16", head_dims=(64, 128)) -> list[str]:
+    """One line per head_dim (ViT-S/B/L's 64, and 128) and length, without kv_len: each kernel's
+    tile, warps, registers and shared memory, for the README (the JSON holds every row)."""
+    cells = {}
+    for r in rows:
+        if (r["dtype"] == dtype and not r["kv_len"] and "error" not in r
+                and r["head_dim"] in head_dims):
+            tile = "x".join(map(str, r["tile"]))
+            spill = f", {r['spill_bytes']} B spill" if r["spill_bytes"] else ""
+            cells.setdefault((r["head_dim"], r["seq"]), {})[r["kernel"]] = (
+                f"{tile}, {r['warps']}w: {r['registers']} regs, "
+                f"{r['shared_bytes'] // 1024} KiB{spill}")
+    lines = ["| head_dim | tokens | forward | dK/dV | dQ |", "| --- | --- | --- | --- | --- |"]
+    for (head_dim, seq), kernels in sorted(cells.items()):
+        lines.append(f"| {head_dim} | {seq} | " + " | ".join(
+            kernels.get(k, "-") for k in KERNELS) + " |")
+    return lines
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks kernels",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("--head-dims", type=int, nargs="+", default=[32, 64, 128, 256])
+    parser.add_argument("--dtypes", nargs="+", default=["bfloat16", "float32"],
+                        choices=["bfloat16", "float16", "float32"])
+    parser.add_argument("--seqs", type=int, nargs="+", default=[197, 577, 1025, 50, 257],
+                        help="sequence lengths (ViT-B/16 at 224, 384, 512 px; B/32; B/14)")
+    parser.add_argument("--capability", type=int, default=90, choices=sorted(MAX_SHARED),
+                        help="CUDA compute capability to compile for (90: H100/H200)")
+    parser.add_argument("--out", default=str(common.RECORDS), help="results directory")
+    args = parser.parse_args(argv)
+    try:
+        import triton  # noqa: F401  (checked before any work)
+    except ImportError:
+        print("kernel_resources: needs pip's triton; install it with `pip install triton`",
+              file=sys.stderr)
+        return 2
+    rows = measure(args.head_dims, args.dtypes, args.seqs, args.capability)
+    table = readme_table(rows)
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    common.write_record("kernel_resources", {
+        "target": f"sm_{args.capability}",
+        "max_shared_bytes": MAX_SHARED[args.capability],
+        "note": "compiled by pip's triton, not XLA's; indicative of fit, not of speed",
+        "kernels": rows,
+        "readme_table": table,
+    }, argv=argv, mode="kernels", out=out / "kernel_resources.json", extra_packages=("triton",))
+    bad = [r for r in rows if not r["ok"]]
+    print("\n".join(["", *table, ""]))
+    print(f"{len(rows) - len(bad)}/{len(rows)} kernels fit; wrote {out / 'kernel_resources.json'}")
+    return 1 if bad else 0
+

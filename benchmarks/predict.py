@@ -1,0 +1,197 @@
+"""Benchmark `vit predict` against the transformers image-classification pipeline.
+
+Both classify the same folder of generated JPEGs (mixed sizes) with the same random-weight
+ViT-B/16, saved once as a Hugging Face folder (nothing is downloaded), on the CPU, in the same
+run, at the same batch size. Two measurements:
+
+- steady state: each side gets one untimed warm-up pass (our compile, torch's first-call set-up);
+  the timed passes cover decode, preprocessing, forward and top-k. Ours in float32 and in
+  bfloat16; the sides alternate pass by pass. Reported: the best pass of each
+  (`images_per_s`, `ratio_vit_over_transformers`) and, steadier on a machine whose speed
+  wanders, the median over rounds of each round's ratio (`ratio_median_of_rounds`).
+- start-up: `vit predict` on one image as a fresh process: cold (empty cache folder), warm
+  (the prepared classifier and the compile cached by the cold run), and with JAX's compile
+  cache alone; against a fresh process that builds `pipeline("image-classification")` and
+  classifies the same image. Wall time of the whole process, imports included; the median of
+  `--start-up-rounds` rounds, each from an empty cache.
+
+    python -m benchmarks predict [--images 64] [--batch-size 16] [--repeats 3]
+        [--skip-start-up]
+
+`--skip-start-up` records the steady state alone; the start-up figures are then left out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from benchmarks import common
+
+ROOT = common.ROOT
+
+
+def make_images(folder: Path, n: int) -> list[Path]:
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.RandomState(0)
+    paths = []
+    for i in range(n):
+        h, w = rng.randint(180, 480, size=2)
+        path = folder / f"img_{i:03d}.jpg"
+        Image.fromarray(rng.randint(0, 255, (h, w, 3), np.uint8)).save(path, quality=90)
+        paths.append(path)
+    return paths
+
+
+HF_FIRST_PREDICTION = """
+import sys, time
+start = time.perf_counter()
+from transformers import pipeline
+pipe = pipeline("image-classification", model=sys.argv[1], device=-1)
+pipe([sys.argv[2]], top_k=5)
+print(time.perf_counter() - start)
+"""
+
+
+def start_up(model: Path, image: Path, cache: Path, rounds: int) -> dict:
+    """Seconds from process start to exit for one image, median of `rounds`; each round starts
+    from an empty cache folder:
+
+    - cold: nothing cached (reads the checkpoint, traces, compiles, then stores the prepared
+      classifier and the compile);
+    - compile cache only: the prepared classifier deleted, JAX's compile kept (what the
+      persistent compilation cache alone gives);
+    - warm: both cached (the usual second run);
+    - transformers: a fresh process that builds `pipeline("image-classification")` and
+      classifies the same image.
+    """
+    import shutil
+    import statistics
+
+    env = {**os.environ, "VIT_CACHE_DIR": str(cache), "JAX_PLATFORMS": "cpu"}
+    env.pop("JAX_ENABLE_COMPILATION_CACHE", None)
+    ours = [sys.executable, "-m", "vit.cli", "predict", str(image), "--checkpoint", str(model),
+            "--top-k", "5"]
+
+    def run(cmd) -> tuple[float, str]:
+        start = time.perf_counter()
+        out = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
+        if out.returncode:
+            sys.exit(f"{' '.join(cmd)} failed:\n{out.stderr[-3000:]}")
+        return time.perf_counter() - start, out.stderr
+
+    times = {"vit_cold_s": [], "vit_compile_cache_only_s": [], "vit_warm_s": [],
+             "transformers_s": []}
+    logs = {}
+    for _ in range(rounds):
+        shutil.rmtree(cache, ignore_errors=True)
+        for key, before in (("vit_cold_s", None), ("vit_warm_s", None),
+                            ("vit_compile_cache_only_s", cache / "prepared")):
+            if before is not None:
+                shutil.rmtree(before, ignore_errors=True)
+            seconds, logs[key] = run(ours)
+            times[key].append(seconds)
+        times["transformers_s"].append(
+            run([sys.executable, "-c", HF_FIRST_PREDICTION, str(model), str(image)])[0])
+    median = {k: statistics.median(v) for k, v in times.items()}
+    ready = lambda log: next((line for line in log.splitlines() if "ready in" in line), None)  # noqa: E731
+    return {**median, "rounds": times,
+            "cold_over_warm": median["vit_cold_s"] / median["vit_warm_s"],
+            "cold_over_compile_cache_only": (median["vit_cold_s"]
+                                             / median["vit_compile_cache_only_s"]),
+            "transformers_over_warm": median["transformers_s"] / median["vit_warm_s"],
+            "transformers_over_cold": median["transformers_s"] / median["vit_cold_s"],
+            "vit_ready_lines": {k.removesuffix("_s"): ready(v) for k, v in logs.items()},
+            "cache_files": sorted(str(p.relative_to(cache)) for p in cache.rglob("*")
+                                  if p.is_file())}
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks predict",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("--images", type=int, default=64)
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--dtypes", default="float32,bfloat16")
+    parser.add_argument("--skip-start-up", action="store_true")
+    parser.add_argument("--start-up-rounds", type=int, default=3)
+    parser.add_argument("--out", default=None, help="record path (default benchmarks/records/)")
+    args = parser.parse_args(argv)
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+    import numpy as np
+    import torch
+    import transformers
+
+    from vit.checkpoints import load_checkpoint
+    from vit.images import list_images
+    from vit.inference.predictor import Predictor
+
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        torch.manual_seed(0)
+        hf_model = transformers.ViTForImageClassification(transformers.ViTConfig())  # B/16
+        hf_model.save_pretrained(tmp / "model")
+        transformers.ViTImageProcessor().save_pretrained(tmp / "model")
+        (tmp / "images").mkdir()
+        paths = make_images(tmp / "images", args.images)
+        files = list_images([tmp / "images"])
+        assert len(files) == len(paths)
+
+        rows, fns = {}, {}
+        for dtype in args.dtypes.split(","):
+            loaded = load_checkpoint(tmp / "model", dtype=dtype)
+            predictor = Predictor(loaded.build_model(), loaded.preprocessing, loaded.labels,
+                                  top_k=5, batch_size=args.batch_size)
+
+            def ours(predictor=predictor, key=f"vit_{dtype}"):
+                rows[key] = list(predictor.predict_files(files))
+
+            fns[f"vit_{dtype}"] = ours
+        pipe = transformers.pipeline("image-classification", model=str(tmp / "model"),
+                                     device=-1)
+
+        def theirs():
+            rows["transformers"] = pipe([str(p) for p in files], top_k=5,
+                                        batch_size=args.batch_size)
+
+        fns["transformers"] = theirs
+        timed = common.interleave(fns, rounds=args.repeats)
+        times = {k: v["times_s"] for k, v in timed.items()}
+        best = {k: v["min_s"] for k, v in timed.items()}
+        label2id = hf_model.config.label2id
+        ref = [label2id[t[0]["label"]] for t in rows["transformers"]]
+        agree = {k: float(np.mean([o["top_k"][0]["index"] == r
+                                   for o, r in zip(rows[k], ref, strict=True)]))
+                 for k in rows if k != "transformers"}
+        startup = None if args.skip_start_up else start_up(tmp / "model", files[0],
+                                                           tmp / "cache", args.start_up_rounds)
+
+    n = len(files)
+    result = {
+        "torch_threads": torch.get_num_threads(),
+        "task": f"top-5 classification of {n} JPEGs (180-480 px) with random-weight ViT-B/16 "
+                f"at 224 px, batch {args.batch_size}, after one warm-up pass, "
+                f"{args.repeats} interleaved rounds of one pass each",
+        "images_per_s": {k: n / s for k, s in best.items()},
+        "ratio_vit_over_transformers": {k: best["transformers"] / s for k, s in best.items()
+                                        if k != "transformers"},
+        # Each round's pair (same minutes of machine speed), then the median over rounds.
+        "ratio_median_of_rounds": {
+            k: float(np.median([t / o for t, o in zip(times["transformers"], v, strict=True)]))
+            for k, v in times.items() if k != "transformers"},
+        "pass_seconds": times,
+        "top1_agreement_with_transformers": agree,
+        "start_up_one_image": startup,
+    }
+    path = common.write_record("predict", result, argv=argv, out=args.out)
+    print(json.dumps(result, indent=2))
+    print(f"-> {path}")

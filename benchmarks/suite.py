@@ -1,0 +1,53 @@
+"""The test suite's size and wall time: runs `./scripts/test.sh` (the default set) and, with
+`--all`, `.ci/run` (every test, the slow ones included), each as a developer runs it, and
+records the counts from pytest's summary line and the wall time of the whole command
+(setting up `.venv` included when it is missing).
+
+    python -m benchmarks suite [--all]
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import subprocess
+import time
+
+from benchmarks import common
+
+COMMANDS = {"default": ["./scripts/test.sh"], "all": [".ci/run"]}
+# pytest's last line: "785 passed, 12 skipped, 3 deselected in 360.12s (0:06:00)".
+COUNT = re.compile(r"(\d+) (passed|failed|skipped|deselected|errors?|xfailed|xpassed)")
+
+
+def summary(output: str) -> dict:
+    """The counts of pytest's summary line (the last line that has any)."""
+    for line in reversed(output.splitlines()):
+        counts = {kind.rstrip("s") if kind.startswith("error") else kind: int(n)
+                  for n, kind in COUNT.findall(line)}
+        if counts:
+            return counts
+    raise ValueError("no pytest summary line in the output")
+
+
+def run(command: list[str]) -> dict:
+    start = time.perf_counter()
+    done = subprocess.run(command, cwd=common.ROOT, capture_output=True, text=True)
+    wall = time.perf_counter() - start
+    return {"command": " ".join(command), "exit_code": done.returncode, "wall_s": round(wall, 1),
+            **summary(done.stdout)}
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks suite",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("--all", action="store_true", help="also .ci/run, the slow tests too")
+    parser.add_argument("--out", default=None, help="record path (default benchmarks/records/)")
+    args = parser.parse_args(argv)
+    runs = [run(COMMANDS["default"]), *([run(COMMANDS["all"])] if args.all else [])]
+    for r in runs:
+        print(f"{r['command']}: {r.get('passed', 0)} passed, {r.get('failed', 0)} failed in "
+              f"{r['wall_s'] / 60:.1f} minutes (exit {r['exit_code']})")
+    path = common.write_record("suite", {"runs": runs}, argv=argv, out=args.out)
+    print(f"-> {path}")
+    return max(r["exit_code"] for r in runs)
