@@ -88,7 +88,8 @@ def question_figures(probs: np.ndarray, truth: np.ndarray, groups: Sequence[str]
 def _group(t: np.ndarray, p: np.ndarray, sh: np.ndarray, threshold: float) -> dict:
     """Balanced accuracy, AUC, recalls and false-yes by share of one set of questions."""
     said = p > threshold
-    own = sorted({str(k) for k in np.unique(sh)} - set(SHARES) - set(_NOT_A_SHARE))
+    found = {str(k) for k in np.unique(sh)} - set(_NOT_A_SHARE)
+    own = sorted(found) if found - set(SHARES) else []
     return {
         "questions": int(t.shape[1]),
         "balanced_accuracy": balanced_accuracy(t, p, threshold),

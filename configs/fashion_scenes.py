@@ -1,0 +1,50 @@
+"""Text conditioning on real photos: `fashion_scenes`, 64x64 scenes of 2-4 Fashion-MNIST photos
+asked "is there a sneaker?", "is there a bag on the left?", "is there a coat and a sandal?"
+(see vit/data/fashion_scenes.py). Training scenes use Fashion-MNIST's training photos,
+validation its validation slice, test and held-out scenes only its test photos.
+
+The recipe is `promptshapes`' (configs/promptshapes.py), staged the same way:
+- `vit`: the ViT learns the scenes' own labels, a multi-hot sigmoid over every (class, region)
+  present (held-out pairs included: they are withheld from the prompts, not the scenes);
+- `text`: the ViT frozen, the text encoder, gated cross-attention and the patch prompt head
+  learn to answer prompts; the gates get a 10x learning rate and no decay;
+- `tune`: the top two blocks unfrozen as well, at a lower learning rate.
+
+    vit train --config configs/fashion_scenes.py --workdir runs/fashion_text
+    vit eval --workdir runs/fashion_text --json
+
+`vit eval` asks every class, class-region and class-pair question (and the evaluation-only
+wordings, never-placed classes and prompts of unknown words) of every test scene; the latest
+figures are in benchmarks/records/fashion_scenes.json (docs/text.md shows them).
+"""
+
+import ml_collections
+
+TEXT_PARTS = "(text_path|xattn|prompt_head)/.*"
+
+
+def get_config():
+    c = ml_collections.ConfigDict()
+    c.data = dict(name="fashion_scenes", val_split="validation", test_split="test",
+                  heldout_split="heldout", num_threads=1)
+    c.model = dict(name="Ti/16", width=128, depth=4, mlp_dim=256, num_heads=4, patch_size=16,
+                   classifier="gap", class_token=False, attention_impl="xla",
+                   text=dict(source="bytes", max_len=48, width=64, depth=1, num_heads=2,
+                             mlp_dim=128, xattn_start=2, xattn_every=1, head="patches"))
+    c.input = dict(image_size=64, mean=[0.5] * 3, std=[0.5] * 3, inception_crop=False,
+                   flip=False)
+    c.optim = dict(name="adamw", lr=3e-3, weight_decay=0.05)
+    c.train = dict(steps=600, eval_every=400, checkpoint_every=400, keep_checkpoints=1,
+                   eval_batch_size=250, loss="sigmoid_xent")
+    c.stages = dict(
+        vit=dict(order=0, text=False, skip_with_init=True,
+                 train=dict(steps=1200, loss="sigmoid_xent")),
+        text=dict(order=1, train=dict(steps=1200, loss="prompt_xent"),
+                  optim=dict(lr=2e-3, warmup_steps=50, trainable=TEXT_PARTS,
+                             lr_mults=[[r"xattn/\d+/\w+_gate", 10.0]], no_decay=r".*_gate")),
+        tune=dict(order=2, train=dict(steps=200, loss="prompt_xent"),
+                  optim=dict(lr=3e-4, warmup_steps=20,
+                             trainable=f"{TEXT_PARTS}|blocks/[23]/.*|norm/.*",
+                             lr_mults=[[r"xattn/\d+/\w+_gate", 10.0]], no_decay=r".*_gate")),
+    )
+    return c
