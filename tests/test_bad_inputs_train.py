@@ -12,6 +12,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from conftest import tiny_recipe_sets
 from PIL import Image
 
 from vit.cli import main
@@ -22,11 +23,9 @@ pytestmark = pytest.mark.timeout(300)
 
 ROOT = Path(__file__).parent.parent
 RECIPE = str(ROOT / "configs" / "digits.py")
-# Steps 1 and 2 both saved: a damaged step 2 leaves step 1 to resume from.
-TINY = ["model.width=16", "model.mlp_dim=32", "model.depth=1", "model.num_heads=2",
-        "model.patch_size=4", "train.batch_size=8", "train.steps=2", "train.eval_every=100",
-        "train.checkpoint_every=1", "train.log_every=1", "train.eval_batch_size=144",
-        "data.num_threads=1", "optim.warmup_steps=1"]
+# The shared tiny recipe: steps 1 and 2 both saved, so a damaged step 2 leaves step 1 to
+# resume from.
+TINY = tiny_recipe_sets()
 
 
 @pytest.fixture(scope="module")

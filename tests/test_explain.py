@@ -4,25 +4,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import tiny_model
 from flax import nnx
 
-import vit
 from vit.explain import capture, rules
 from vit.explain.maps import METHODS, explain, explain_core, rollout_of
 from vit.explain.tokens import TokenLayout
 
 pytestmark = pytest.mark.timeout(600)
-
-
-def tiny(**overrides):
-    kw = dict(width=32, depth=2, mlp_dim=64, num_heads=4, patch_size=4, image_size=16,
-              num_classes=5, attention_impl="xla")
-    kw.update(overrides)
-    model = vit.create_model("Ti/16", rngs=nnx.Rngs(0), **kw)
-    # The head is zero-initialised: give it weights so the gradient methods see a signal.
-    k = model.head.kernel
-    k[...] = jax.random.normal(jax.random.key(1), k.shape) * 0.5
-    return model
 
 
 def images(n, size=16, seed=2):
@@ -166,7 +155,7 @@ def built():
 
     def get(name):
         if name not in cache:
-            model = tiny(**MODELS[name])
+            model = tiny_model(head_scale=0.5, **MODELS[name])
             h, w = model.config.image_size
             x = jax.random.normal(jax.random.key(2), (3, h, w, 3))
             cache[name] = model, x, nnx.jit(lambda m, x: m(x))(model, x)
@@ -200,7 +189,7 @@ def test_a_batch_gives_each_image_the_map_it_gets_alone(built, method):
 
 @pytest.mark.slow
 def test_gradients_pair_with_their_own_layer():
-    model = tiny(depth=3)
+    model = tiny_model(head_scale=0.5, depth=3)
     x = images(2)
     cls = jnp.array([1, 3])
     _, probs, grads = capture.attention_grads(model, x, cls)
@@ -247,7 +236,7 @@ def test_explain_on_a_pallas_model_gives_the_pallas_forward_logits_and_the_refer
     materialising path and its logits equal the model's own forward pass. Here the forward pass
     runs our Pallas kernel (interpret mode on CPU), explain does not, and the two must agree."""
     import vit.ops.flash_attention  # noqa: F401  (our own module: missing is a failure)
-    model = tiny(attention_impl="pallas")
+    model = tiny_model(head_scale=0.5, attention_impl="pallas")
     x = images(2)
     assert "pallas_call" in _jaxpr_text(lambda m, x: m(x), model, x)
     normal = np.asarray(nnx.jit(lambda m, x: m(x))(model, x))
@@ -285,7 +274,8 @@ def test_memory_does_not_grow_as_layers_times_tokens_squared():
     shape = dict(width=16, mlp_dim=32, num_heads=4, image_size=32)
     x = images(2, size=32)
     per_layer = 2 * 4 * 65 * 65 * 4
-    shallow, deep = tiny(depth=2, **shape), tiny(depth=6, **shape)
+    shallow = tiny_model(head_scale=0.5, depth=2, **shape)
+    deep = tiny_model(head_scale=0.5, depth=6, **shape)
     for method in ("rollout", "relevancy"):
         growth = compiled_bytes(deep, x, method) - compiled_bytes(shallow, x, method)
         assert growth < 4 * per_layer / 2, (method, growth, per_layer)
@@ -301,6 +291,6 @@ def test_forward_rollout_memory_stays_flat_at_larger_batches_and_token_counts():
     shape = dict(width=16, mlp_dim=32, num_heads=4, image_size=128)
     x = images(4, size=128)
     per_layer = 4 * 4 * 1025 * 1025 * 4
-    growth = (compiled_bytes(tiny(depth=6, **shape), x, "rollout")
-              - compiled_bytes(tiny(depth=2, **shape), x, "rollout"))
+    growth = (compiled_bytes(tiny_model(head_scale=0.5, depth=6, **shape), x, "rollout")
+              - compiled_bytes(tiny_model(head_scale=0.5, depth=2, **shape), x, "rollout"))
     assert growth < 4 * per_layer / 2, (growth, per_layer)

@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import tiny_text_model
 from flax import nnx
 from PIL import Image
 
@@ -18,7 +19,6 @@ from vit.cli import main
 from vit.explain import explain_prompt, text_relevance
 from vit.explain.tokens import map_readout
 from vit.models.blocks import Block
-from vit.models.config import TextConfig
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -36,21 +36,6 @@ CASES = {
 }
 PROMPTS = ["is there a red é?", "blue"]  # ragged, and a two-byte character
 
-
-def tiny_text(gates=None, **overrides):
-    kw = dict(width=32, depth=3, mlp_dim=64, num_heads=4, patch_size=4, image_size=16,
-              num_classes=5, attention_impl="xla")
-    kw.update(overrides)
-    kw["text"] = TextConfig(**kw["text"])
-    model = vit.create_model("Ti/16", rngs=nnx.Rngs(0), **kw)
-    # The prompt head starts at 0.02 scale: a larger one gives the rules a clear signal.
-    out = model.prompt_head.out.kernel
-    out[...] = jax.random.normal(jax.random.key(3), out.shape)
-    if gates is not None:
-        for block in model.xattn:
-            block.attn_gate[...] = jnp.float32(gates)
-            block.mlp_gate[...] = jnp.float32(0.5)
-    return model
 
 
 def images_for(model, n=2, seed=2):
@@ -174,7 +159,7 @@ def built():
 
     def get(name, gates):
         if (name, gates) not in cache:
-            cache[name, gates] = tiny_text(gates, **CASES[name])
+            cache[name, gates] = tiny_text_model(gates, **CASES[name])
         return cache[name, gates]
 
     return get
@@ -292,7 +277,7 @@ def checkpoints(tmp_path_factory, tiny_files):
     root = tmp_path_factory.mktemp("ckpt")
     common = dict(width=32, depth=2, mlp_dim=64, num_heads=4, patch_size=4, image_size=8,
                   num_classes=10)
-    text = tiny_text(0.8, **common, text=dict(TEXT, max_len=16))
+    text = tiny_text_model(0.8, **common, text=dict(TEXT, max_len=16))
     save_orbax(root / "text", text, preprocessing=Preprocessing(size=(8, 8)),
                labels=[f"digit{i}" for i in range(10)])
     return {"text": str(root / "text"), "plain": str(tiny_files["orbax"]), "model": text}

@@ -4,6 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import tiny_model
 from flax import nnx
 
 import vit
@@ -21,13 +22,6 @@ STANDARD_PARAMS = {
     "vit_l16": 304_326_632,
     "vit_h14": 632_045_800,
 }
-
-
-def tiny(**overrides):
-    kw = dict(width=32, depth=2, mlp_dim=64, num_heads=4, patch_size=4, image_size=16,
-              num_classes=5, attention_impl="xla")
-    kw.update(overrides)
-    return vit.create_model("Ti/16", rngs=nnx.Rngs(0), **kw)
 
 
 def randomise_head(model, seed=1):
@@ -74,9 +68,7 @@ def test_gmacs_match_timm_figures():
 
 def test_same_seed_same_model_and_logits():
     x = jax.random.normal(jax.random.key(3), (2, 16, 16, 3))
-    a, b, c = tiny(), tiny(), vit.create_model("Ti/16", rngs=nnx.Rngs(1), **{
-        **dict(width=32, depth=2, mlp_dim=64, num_heads=4, patch_size=4, image_size=16,
-               num_classes=5)})
+    a, b, c = tiny_model(), tiny_model(), tiny_model(seed=1)
     for m in (a, b, c):
         randomise_head(m)
     np.testing.assert_array_equal(forward(a, x), forward(b, x))
@@ -85,7 +77,7 @@ def test_same_seed_same_model_and_logits():
 
 @pytest.mark.slow
 def test_gradients_reach_every_parameter():
-    model = tiny(classifier="map", num_registers=2, qk_norm=True, layer_scale=0.1,
+    model = tiny_model(classifier="map", num_registers=2, qk_norm=True, layer_scale=0.1,
                  representation_size=16)
     randomise_head(model)
     x = jax.random.normal(jax.random.key(0), (2, 16, 16, 3))
@@ -104,9 +96,9 @@ def test_gradients_reach_every_parameter():
 
 def test_bfloat16_compute_close_to_float32():
     x = jax.random.normal(jax.random.key(0), (2, 16, 16, 3))
-    f32 = tiny()
+    f32 = tiny_model()
     randomise_head(f32)
-    bf16 = tiny(dtype="bfloat16")
+    bf16 = tiny_model(dtype="bfloat16")
     nnx.update(bf16, nnx.state(f32, nnx.Param))
     for p in jax.tree.leaves(nnx.state(bf16, nnx.Param)):
         assert p.dtype == jnp.float32  # parameters stay float32
@@ -122,8 +114,8 @@ def test_classifiers_registers_and_headless_backbone():
     for kw in (dict(classifier="gap", class_token=False), dict(classifier="map"),
                dict(num_registers=4), dict(posemb="sincos2d"),
                dict(qk_norm=True, layer_scale=1e-5, gelu="tanh", layer_norm_eps=1e-12)):
-        assert forward(tiny(**kw), x).shape == (3, 5)
-    backbone = tiny(num_classes=0, num_registers=4)
+        assert forward(tiny_model(**kw), x).shape == (3, 5)
+    backbone = tiny_model(num_classes=0, num_registers=4)
     assert forward(backbone, x).shape == (3, 32)
     tokens, inter = nnx.jit(lambda m, x: m.features(x, return_intermediates=True))(backbone, x)
     assert tokens.shape == (3, 1 + 4 + 16, 32) and len(inter) == 2
@@ -131,25 +123,25 @@ def test_classifiers_registers_and_headless_backbone():
 
 
 def test_gap_pools_patch_tokens_only():
-    model = tiny(classifier="gap", num_registers=2)
+    model = tiny_model(classifier="gap", num_registers=2)
     x = jax.random.normal(jax.random.key(0), (2, 16, 16, 3))
     tokens, pooled = nnx.jit(lambda m, x: (m.features(x), m.pool(m.features(x))))(model, x)
     np.testing.assert_allclose(pooled, tokens[:, 3:].mean(1), rtol=1e-5, atol=1e-6)
 
 
 def test_non_square_images_and_dynamic_size():
-    model = tiny(image_size=(16, 24))
+    model = tiny_model(image_size=(16, 24))
     features = nnx.jit(lambda m, x: m.features(x))
     assert features(model, jnp.ones((1, 16, 24, 3))).shape == (1, 1 + 4 * 6, 32)
     with pytest.raises(ValueError, match="patch grid"):
         forward(model, jnp.ones((1, 16, 16, 3)))
-    dyn = tiny(dynamic_image_size=True)
+    dyn = tiny_model(dynamic_image_size=True)
     assert forward(dyn, jnp.ones((1, 24, 32, 3))).shape == (1, 5)
 
 
 @pytest.mark.slow
 def test_dropout_and_drop_path_only_in_training_and_keyed():
-    model = tiny(dropout=0.2, drop_path=0.2, attention_dropout=0.1)
+    model = tiny_model(dropout=0.2, drop_path=0.2, attention_dropout=0.1)
     randomise_head(model)
     x = jax.random.normal(jax.random.key(0), (2, 16, 16, 3))
     training = nnx.jit(lambda m, x, key: m(x, train=True, rng=key))
@@ -166,7 +158,7 @@ def test_dropout_and_drop_path_only_in_training_and_keyed():
 @pytest.mark.slow
 def test_remat_gives_same_gradients():
     x = jax.random.normal(jax.random.key(0), (2, 16, 16, 3))
-    plain, remat = tiny(), tiny(remat=True)
+    plain, remat = tiny_model(), tiny_model(remat=True)
     randomise_head(plain)
     randomise_head(remat)
     g1 = grad_of_sum(plain, x)
@@ -180,7 +172,7 @@ def test_remat_gives_same_gradients():
 def test_class_token_head_computes_the_last_block_for_the_class_token_only():
     """`model(x)` skips the last block's work on tokens a class-token head never reads; the
     logits and gradients equal those of the all-token path, and the work really is smaller."""
-    model = tiny(drop_path=0.3, num_registers=1)
+    model = tiny_model(drop_path=0.3, num_registers=1)
     randomise_head(model)
     x = jax.random.normal(jax.random.key(4), (3, 16, 16, 3))
     key = jax.random.key(7)  # drop_path masks are per example, so both paths draw the same
@@ -252,7 +244,7 @@ def test_exact_gelu_derivative_is_gelus_own_in_both_modes():
 
 def test_matches_independent_plain_jnp_forward():
     """The whole forward pass against a from-scratch jnp implementation on the same weights."""
-    model = tiny(num_registers=1)
+    model = tiny_model(num_registers=1)
     randomise_head(model)
     x = jax.random.normal(jax.random.key(5), (2, 16, 16, 3))
     p = nnx.state(model, nnx.Param)

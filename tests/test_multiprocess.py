@@ -18,13 +18,14 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import tiny_recipe_sets
 
 from vit.train.metrics import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = ["model.width=16", "model.mlp_dim=32", "model.depth=1", "model.num_heads=2",
-        "train.batch_size=16", "train.eval_batch_size=64", "data.num_threads=1",
-        "optim.warmup_steps=2"]
+# Each process gets half of the batch; each launch sets its own steps and intervals.
+TINY = tiny_recipe_sets("train.batch_size=16", "train.eval_batch_size=64",
+                        "optim.warmup_steps=2")
 ENV = {**os.environ, "JAX_PLATFORMS": "cpu",
        "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
 

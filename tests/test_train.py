@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import tiny_recipe, tiny_recipe_sets, tiny_train_step
 
 from vit.checkpoints import orbax_format
 from vit.recipes.load import load_config
@@ -21,14 +22,15 @@ from vit.train.metrics import read_metrics
 pytestmark = pytest.mark.timeout(600)
 
 ROOT = Path(__file__).parent.parent
-TINY = ["model.width=16", "model.mlp_dim=32", "model.depth=1", "model.num_heads=2",
-        "train.batch_size=16", "train.steps=8", "train.eval_every=4", "train.checkpoint_every=4",
-        "train.log_every=1", "train.eval_batch_size=144", "data.num_threads=1",
-        "optim.warmup_steps=2", "model.drop_path=0.1", "train.ema_decay=0.9"]
+# The shared tiny recipe over eight steps, validated and saved at 4 and 8, with the
+# stochastic parts (drop path, EMA) on, so a resume has them to replay.
+TINY = tiny_recipe_sets("model.patch_size=2", "train.batch_size=16", "train.steps=8",
+                        "train.eval_every=4", "train.checkpoint_every=4",
+                        "optim.warmup_steps=2", "model.drop_path=0.1", "train.ema_decay=0.9")
 
 
 def tiny(*extra):
-    return load_config(ROOT / "configs" / "digits.py", TINY + list(extra))
+    return tiny_recipe(*TINY, *extra)
 
 
 def train_losses(workdir):
@@ -265,30 +267,17 @@ def test_cpu_step_splits_a_large_batch_into_micro_batches_of_enough_tokens():
 
 @pytest.mark.slow
 def test_gradient_accumulation_equals_one_big_batch():
-    from vit import device_mesh
-    from vit.models.config import get_config
+    from vit.models.config import variant_config
     from vit.train.from_recipe import model_fields
-    from vit.train.model import fresh_params
     from vit.train.optim import make_optimizer
-    from vit.train.placement import Placement
-    from vit.train.step import make_train_step
 
     config = tiny("model.drop_path=0.0")
-
-    cfg = get_config("Ti/16", num_classes=10, image_size=8, **model_fields(config))
-    graphdef, params = fresh_params(cfg, 0)
+    cfg = variant_config("Ti/16", num_classes=10, image_size=8, **model_fields(config))
+    params = tiny_train_step(cfg).params
     tx, _ = make_optimizer(config.optim, params, cfg.depth, 8)
-    mesh = device_mesh.make_mesh(1)
-    rng = np.random.default_rng(0)
-    batch = {"image": rng.normal(size=(8, 8, 8, 3)).astype(np.float32),
-             "label": rng.integers(0, 10, 8)}
-    batch["target"] = np.eye(10, dtype=np.float32)[batch["label"]]
     outs = []
     for accum in (1, 4):
-        step = make_train_step(graphdef, tx, Placement.of(mesh, params, tx), accum_steps=accum,
-                               ema_decay=0.0)
-        p = jax.tree.map(jnp.array, params)
-        p, _, _, m = step(p, tx.init(p), None, device_mesh.to_global(batch, mesh), 0, 0)
+        p, _, _, m = tiny_train_step(cfg, tx=tx, accum_steps=accum)()
         outs.append((p, float(m["loss"])))
     np.testing.assert_allclose(outs[0][1], outs[1][1], rtol=1e-5)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6),
@@ -300,35 +289,24 @@ def test_gradient_accumulation_equals_one_big_batch():
 def test_trainable_mask_freezes_in_the_step_and_losses_are_chosen_by_name():
     """A mask given to the step freezes what it says even under an optimiser that would move
     everything (AdamW decays kernels), and trains the rest exactly as freezing by optimiser."""
-    from vit import device_mesh
     from vit.errors import ConfigError
-    from vit.models.config import get_config
+    from vit.models.config import variant_config
     from vit.train.from_recipe import model_fields
     from vit.train.losses import get_loss, softmax_xent
-    from vit.train.model import fresh_params
     from vit.train.optim import make_optimizer, path_names
-    from vit.train.placement import Placement
-    from vit.train.step import make_train_step
 
     config = tiny("model.drop_path=0.0", "optim.warmup_steps=0")
-    cfg = get_config("Ti/16", num_classes=10, image_size=8, **model_fields(config))
-    graphdef, params = fresh_params(cfg, 0)
+    cfg = variant_config("Ti/16", num_classes=10, image_size=8, **model_fields(config))
+    params = tiny_train_step(cfg).params
     mask = jax.tree.map(lambda n: n.startswith("head/"), path_names(params))
-    mesh = device_mesh.make_mesh(1)
-    rng = np.random.default_rng(0)
-    batch = {"image": rng.normal(size=(8, 8, 8, 3)).astype(np.float32),
-             "label": rng.integers(0, 10, 8)}
-    batch["target"] = np.eye(10, dtype=np.float32)[batch["label"]]
     head_only = config.optim.copy_and_resolve_references()
     head_only.trainable = "head/.*"
     outs = []
     for optim, trainable in ((config.optim, mask), (head_only, None)):
         tx, _ = make_optimizer(optim, params, cfg.depth, 8)
-        step = make_train_step(graphdef, tx, Placement.of(mesh, params, tx), accum_steps=2,
-                               ema_decay=0.0,
-                               loss_fn=get_loss("softmax_xent"), trainable=trainable)
-        p = jax.tree.map(jnp.array, params)
-        p, _, _, m = step(p, tx.init(p), None, device_mesh.to_global(batch, mesh), 0, 0)
+        step = tiny_train_step(cfg, tx=tx, accum_steps=2, loss_fn=get_loss("softmax_xent"),
+                               trainable=trainable)
+        p, _, _, m = step()
         assert set(m) == {"loss", "accuracy", "finite"}
         outs.append(p)
     for got, want, orig, train in zip(*map(jax.tree.leaves, (*outs, params, mask)),

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import tiny_recipe_sets
 
 from vit.errors import DataError
 from vit.train.metrics import read_metrics
@@ -19,10 +20,10 @@ from vit.train.metrics import read_metrics
 pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = {"model.width": 16, "model.mlp_dim": 32, "model.depth": 1, "model.num_heads": 2,
-        "train.batch_size": 16, "train.steps": 8, "train.eval_every": 4,
-        "train.checkpoint_every": 4, "train.log_every": 1, "train.eval_batch_size": 144,
-        "data.num_threads": 1, "optim.warmup_steps": 2}
+# The shared tiny recipe over eight steps, validated and saved at 4 and 8, as a dict.
+TINY = dict(item.split("=", 1) for item in tiny_recipe_sets(
+    "model.patch_size=2", "train.batch_size=16", "train.steps=8", "train.eval_every=4",
+    "train.checkpoint_every=4", "optim.warmup_steps=2"))
 
 
 def tiny(**extra):

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import tiny_recipe_sets
 from PIL import Image
 
 pytestmark = pytest.mark.timeout(300)
@@ -32,11 +33,7 @@ pytestmark = pytest.mark.timeout(300)
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "configs" / "digits.py"
 OLD_WORKDIR = ROOT / "tests" / "data" / "workdir_0_1_0"
-TINY = ["model.width=16", "model.mlp_dim=32", "model.depth=1", "model.num_heads=2",
-        "model.patch_size=4", "train.batch_size=8", "train.eval_every=100",
-        "train.checkpoint_every=1", "train.log_every=1", "train.eval_batch_size=144",
-        "train.keep_checkpoints=10", "data.num_threads=1", "optim.warmup_steps=1",
-        "train.steps=2"]
+TINY = tiny_recipe_sets("train.keep_checkpoints=10")  # every step kept, to damage or count
 ENV = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT)}
 
 # A `vit train` process with a hook, for the rows that need a second process at a known point.
@@ -671,3 +668,31 @@ def test_a_second_ctrl_c_ends_the_run_cleanly_and_keeps_the_last_checkpoint(tmp_
 
     assert main(argv(workdir, "model.depth=2", f"train.steps={last + 1}")) == 0
     assert not leftovers(workdir)
+
+
+def test_a_finished_step_means_the_same_to_training_and_to_the_readers(tmp_path):
+    """A finished step is a folder named by its step alone holding `params` and `meta`: what
+    the workdir checks, the resume and the checkpoint readers all count."""
+    from vit import step_folders
+    from vit.checkpoints import orbax_format
+    from vit.checkpoints.orbax_io import finished_steps
+    from vit.train import workdir
+
+    assert (step_folders.PARAMS, step_folders.META) == (orbax_format.PARAMS, orbax_format.META)
+    run = tmp_path / "run"
+    folders = {"3": ("params", "meta"), "5": ("meta",), "7.orbax-checkpoint-tmp-1": ("params",
+               "meta"), "9": ("params", "meta", "opt_state"), "best.json": ()}
+    for name, items in folders.items():
+        for item in items:
+            (run / "checkpoints" / name / item).mkdir(parents=True)
+    (run / "checkpoints" / "best.json").write_text("{}")
+    assert step_folders.finished_steps(run / "checkpoints") == [3, 9]
+    assert finished_steps(run / "checkpoints") == [3, 9]
+    assert workdir.latest_step(run) == 9 and workdir.has_finished_step(run)
+    half = tmp_path / "half"  # a step that is not finished makes no run of a folder
+    (half / "checkpoints" / "5" / "meta").mkdir(parents=True)
+    assert not workdir.has_finished_step(half) and workdir.latest_step(half) is None
+    staged = tmp_path / "staged"  # a stage's finished step counts for the whole run
+    for item in ("params", "meta"):
+        (staged / "stages" / "first" / "checkpoints" / "2" / item).mkdir(parents=True)
+    assert workdir.has_finished_step(staged) and workdir.is_run(staged)

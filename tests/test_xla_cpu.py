@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import tiny_train_step
 
 from vit.cpu import xla_options
 from vit.inference.predictor import Predictor
@@ -76,29 +77,16 @@ def ynn_fusions(hlo: str) -> dict:
 
 @pytest.mark.skipif(jax.default_backend() != "cpu", reason="the options are XLA:CPU's")
 def test_the_training_step_takes_xla_dots_ynnpack_reductions_and_less_memory(monkeypatch):
-    import optax
+    from vit.models.config import variant_config
 
-    from vit import device_mesh
-    from vit.models.config import get_config
-    from vit.train.model import fresh_params
-    from vit.train.placement import Placement
-    from vit.train.step import make_train_step
-
-    # Big enough for XLA to hand reductions to YNNPACK (it keeps tiny ones).
-    cfg = get_config("Ti/16", num_classes=4, image_size=32, patch_size=8, width=64, depth=1,
-                     num_heads=2, mlp_dim=128)
-    graphdef, params = fresh_params(cfg, 0)
-    tx = optax.sgd(0.1)
-    mesh = device_mesh.make_mesh(1)
-    place = Placement.of(mesh, params, tx)
-    batch = device_mesh.to_global(
-        {"image": np.zeros((4, 32, 32, 3), np.float32), "label": np.zeros(4, np.int32),
-         "target": np.full((4, 4), 0.25, np.float32)}, mesh)
+    # Wider than the shared tiny step's model: big enough for XLA to hand reductions to
+    # YNNPACK (it keeps tiny ones).
+    cfg = variant_config("Ti/16", num_classes=4, image_size=32, patch_size=8, width=64,
+                         depth=1, num_heads=2, mlp_dim=128)
 
     def compiled(dtype="float32"):
-        step = make_train_step(graphdef, tx, place, accum_steps=1, ema_decay=0.0,
-                               compute_dtype=dtype)
-        return step.lower(params, tx.init(params), None, batch, 0, 0).compile()
+        step = tiny_train_step(cfg, batch_size=4, compute_dtype=dtype)
+        return step.step.lower(*step.args()).compile()
 
     monkeypatch.delenv(xla_options.OPT_OUT, raising=False)
     ours = {dtype: compiled(dtype) for dtype in ("float32", "bfloat16")}
