@@ -103,9 +103,9 @@ def evaluate(model, batches, methods: list[str], *, metric: str = "deletion",
 
     Returns `{"metric": ..., "results": {method: {"auc", "ci95", "vs_random", "curve"}}}`:
     `vs_random` is the mean per-image difference from the random ranking on the same images
-    with its interval (the central 0.95; paired, so it is tighter than comparing the two `ci95`s), and `curve`
-    the mean probability at each step (the start and end show what the substrate alone and
-    the clean image give).
+    with its interval (the central 0.95; paired, so it is tighter than comparing the two
+    `ci95`s), and `curve` the mean probability at each step (the start and end show what the
+    substrate alone and the clean image give).
     """
     patch = tuple(model.config.patch_size)
     probs_fn = lambda x: _probabilities(model, x)  # noqa: E731

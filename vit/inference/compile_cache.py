@@ -25,7 +25,8 @@ from vit.errors import megabytes
 
 ENV_VAR = "VIT_CACHE_DIR"
 # JAX stores only compiles slower than this; its default (a second) skips small models and the
-# short compiles of a fast machine. `vit predict` compiles one program (the forward), so store it all.
+# short compiles of a fast machine. `vit predict` compiles one program (the forward), so store
+# it all.
 MIN_COMPILE_SECONDS = 0.0
 # Below this much free space on the cache's disk, nothing is cached: entries are megabytes.
 MIN_FREE_BYTES = 64 << 20
