@@ -223,3 +223,33 @@ def text_relevance(explanation: PromptExplanation, i: int,
             want = _utf8_width(byte) - 1
     return [{"token": "<end>" if data is None else data.decode("utf-8", errors="replace"),
              "score": float(s)} for data, s in groups]
+
+
+def points_inside(maps, boxes, image_size: int) -> np.ndarray:
+    """`[batch]` bool: whether each map's strongest patch has its centre inside the image's
+    box. `maps [batch, rows, cols]` (as `explain_prompt` gives them), `boxes [batch, 4]` as
+    (y0, x0, y1, x1) in pixels of the `image_size` input, end exclusive: the check that the
+    explanation of "is there a bag?" lands on the bag."""
+    maps, boxes = np.asarray(maps, np.float64), np.asarray(boxes)
+    b, rows, cols = maps.shape
+    best = maps.reshape(b, -1).argmax(-1)
+    r, c = np.divmod(best, cols)
+    y = (r + 0.5) * image_size / rows
+    x = (c + 0.5) * image_size / cols
+    return (boxes[:, 0] <= y) & (y < boxes[:, 2]) & (boxes[:, 1] <= x) & (x < boxes[:, 3])
+
+
+def pointing_rate(model, images, prompts, boxes, batch_size: int = 25) -> dict:
+    """How often the relevancy map of each (image, prompt) has its strongest patch inside the
+    asked item's box: `{"scenes", "inside", "rate"}`. `images` preprocessed NHWC, one prompt
+    and one box (`points_inside`) per image; a few images at a time, as `explain_prompt`
+    keeps every layer's attention."""
+    images, boxes = np.asarray(images, np.float32), np.asarray(boxes)
+    inside = []
+    for start in range(0, len(images), batch_size):
+        stop = start + batch_size
+        result = explain_prompt(model, images[start:stop], list(prompts[start:stop]))
+        inside.append(points_inside(result.maps, boxes[start:stop], images.shape[1]))
+    inside = np.concatenate(inside) if inside else np.zeros(0, bool)
+    return {"scenes": int(len(inside)), "inside": int(inside.sum()),
+            "rate": float(inside.mean()) if len(inside) else None}
