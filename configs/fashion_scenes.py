@@ -4,8 +4,8 @@ asked "is there a sneaker?", "is there a bag on the left?", "is there a coat and
 validation its validation slice, test and held-out scenes only its test photos.
 
 The recipe is `promptshapes`' (configs/promptshapes.py), staged the same way:
-- `vit`: the ViT learns the scenes' own labels, a multi-hot sigmoid over every (class, region)
-  present (held-out pairs included: they are withheld from the prompts, not the scenes);
+- `vit`: the ViT learns the scenes' own labels, a multi-hot sigmoid over the classes present
+  (no region: where an item is reaches the prompt head through its patch alone);
 - `text`: the ViT frozen, the text encoder, gated cross-attention and the patch prompt head
   learn to answer prompts; the gates get a 10x learning rate and no decay;
 - `tune`: the top two blocks unfrozen as well, at a lower learning rate.

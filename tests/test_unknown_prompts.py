@@ -121,3 +121,14 @@ def test_unknown_prompt_never_uses_a_known_word(seed):
     for _ in range(200):
         prompt = pw.unknown_prompt(rng, vocab)
         assert 1 <= len(pw.words(prompt)) <= 4 and not set(pw.words(prompt)) & vocab
+
+
+def test_points_inside_reads_the_strongest_patch_centre():
+    from vit.explain.text import points_inside
+
+    maps = np.zeros((3, 4, 4))
+    maps[0, 1, 2] = 1.0  # centre (24, 40) in a 64 px input: inside the right half's box
+    maps[1, 0, 0] = 0.5  # centre (8, 8): outside
+    maps[2, 3, 3] = 2.0  # centre (56, 56): on the box's exclusive end, so outside
+    boxes = np.array([[16, 32, 48, 64], [16, 16, 48, 48], [28, 28, 56, 56]])
+    assert points_inside(maps, boxes, 64).tolist() == [True, False, False]

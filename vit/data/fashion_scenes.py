@@ -24,7 +24,9 @@ Balance: as in `promptshapes`, scenes come in couples asking the same two string
 p and not q, scene B the other way round), so every answerable prompt string is true in exactly
 half of its uses within a split.
 
-Labels (for the ViT stage): multi-hot over every (class, region), `CLASS_NAMES`.
+Labels (for the ViT stage): multi-hot over the classes present, `CLASS_NAMES`. Where an item
+is comes only from the patch it lies on (its position embedding), never from a label, so a
+region word has to be bound to positions by the text stage.
 Deterministic for (split, num_images, seed); cached in-process. Photos come from
 `vit.data.real_sets.load_fashion_mnist` (Debian's `dataset-fashion-mnist`), or from `photos`
 given to `generate` (tests).
@@ -49,7 +51,7 @@ NEVER_CLASSES = ("hat", "scarf", "glove", "sock")
 REGIONS = ("left", "right", "top", "bottom")
 PLACE = {"left": "on the left", "right": "on the right", "top": "at the top",
          "bottom": "at the bottom"}
-CLASS_NAMES = [f"{k} {r}" for k in CLASSES for r in REGIONS]
+CLASS_NAMES = list(CLASSES)
 # Every class and every region is still asked about in training in some other pair.
 HELDOUT_REGIONS = (("sneaker", "left"), ("coat", "right"), ("bag", "top"), ("dress", "bottom"),
                    ("trouser", "right"))
@@ -284,7 +286,7 @@ class FashionScenes:
     """One split, materialised. Examples 2i and 2i+1 ask about image i."""
 
     images: np.ndarray  # [N, 64, 64, 3] uint8
-    labels: np.ndarray  # [N, len(CLASS_NAMES)] float32 multi-hot over (class, region)
+    labels: np.ndarray  # [N, len(CLASS_NAMES)] float32 multi-hot over the classes present
     scenes: np.ndarray  # [N, 4] int32: the class in each grid cell, -1 for none
     boxes: np.ndarray  # [N, 4, 4] int32: (y0, x0, y1, x1) of the photo in each cell
     prompts: list[str]
@@ -368,8 +370,7 @@ def _generate(split: str, num_images: int, seed: int, photo_images: np.ndarray,
             np.maximum(region, photo, out=region)
             boxes[n, i] = (y0, x0, y0 + PHOTO, x0 + PHOTO)
             scene_arr[n, i] = c
-            for r in _CELL_REGIONS[i]:
-                labels[n, CLASS_NAMES.index(f"{CLASSES[c]} {r}")] = 1.0
+            labels[n, c] = 1.0
         images[n] = canvas[..., None]
         two = questions[k] if rng.integers(2) else questions[k][::-1]
         for text, answer, what in two:
