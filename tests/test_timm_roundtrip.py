@@ -1,0 +1,174 @@
+"""timm's own models, saved by timm's own hub writer (`save_for_hf`: model.safetensors and a
+config.json naming the architecture), read to timm's probabilities; what `vit convert --format
+timm` writes opens in `timm.create_model("local-dir:...")` and gives them back; timm's npz reader
+(`_load_weights`) opens what we write as npz; and every row of our timm architecture table is
+what timm states. The models are tiny but real architectures (model_args shrink width and
+depth; the name carries the rest, as a fine-tuner's config.json does)."""
+
+import json
+
+import numpy as np
+import pytest
+from timm_reference import entrypoint_args, import_timm, table_module
+
+from vit.checkpoints import load_checkpoint, save_checkpoint
+from vit.errors import CheckpointError
+
+timm = import_timm()
+pytestmark = [pytest.mark.skipif(timm is None, reason="timm is not installed "
+                                 "(scripts/setup_env.sh installs it with the compare extra)"),
+              pytest.mark.timeout(300)]
+
+CASES = {  # architecture -> model_args the saved config.json carries
+    "vit_base_patch16_224": dict(embed_dim=48, depth=2, img_size=32),
+    # 16 heads by name (the width alone would say 12), average pooling without fc_norm
+    "vit_base_patch16_gap_224": dict(embed_dim=64, depth=2, img_size=32),
+    # tanh GELU by name only
+    "vit_base_patch32_siglip_gap_256": dict(embed_dim=48, depth=2, img_size=64),
+    # no_embed_class, 4 registers, layer scale
+    "vit_small_patch14_reg4_dinov2": dict(embed_dim=48, depth=2, img_size=28),
+    "vit_so150m_patch16_reg4_gap_256": dict(embed_dim=56, depth=2, img_size=32),
+    # a MAP head, no class token
+    "vit_base_patch16_siglip_224": dict(embed_dim=48, depth=2, img_size=32),
+}
+
+
+def timm_model(arch, args, seed=0):
+    import torch
+
+    torch.manual_seed(seed)
+    model = timm.create_model(arch, pretrained=False, num_classes=5, **args).eval()
+    with torch.no_grad():  # every parameter non-trivial: zero-initialised ones included
+        for p in model.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    return model
+
+
+def timm_probs(model, images):
+    import torch
+
+    with torch.no_grad():
+        logits = model(torch.from_numpy(images.transpose(0, 3, 1, 2)))
+    return torch.softmax(logits, -1).numpy()
+
+
+def our_probs(loaded, images):
+    import jax
+
+    return np.asarray(jax.nn.softmax(loaded.build_model()(images), -1))
+
+
+@pytest.mark.parametrize("arch", list(CASES))
+def test_timm_saved_models_read_and_written_back_open_in_timm(tmp_path, arch):
+    from timm.models._hub import save_for_hf
+
+    args = CASES[arch]
+    model = timm_model(arch, args)
+    save_for_hf(model, str(tmp_path / "src"), model_args=args, safe_serialization=True)
+    size = args["img_size"]
+    images = np.random.RandomState(1).uniform(-1, 1, (2, size, size, 3)).astype(np.float32)
+    ref = timm_probs(model, images)
+    assert np.ptp(ref, axis=-1).min() > 0.01
+    loaded = load_checkpoint(tmp_path / "src")
+    np.testing.assert_allclose(our_probs(loaded, images), ref, atol=1e-5)
+
+    save_checkpoint(loaded, tmp_path / "out", "timm")
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert config["architecture"] in timm.list_models()
+    theirs = timm.create_model(f"local-dir:{tmp_path / 'out'}", pretrained=True).eval()
+    np.testing.assert_allclose(timm_probs(theirs, images), ref, atol=1e-5)
+
+
+def test_fc_norm_is_refused_by_name(tmp_path):
+    from timm.models._hub import save_for_hf
+
+    args = dict(embed_dim=48, depth=2, img_size=32, global_pool="avg")
+    save_for_hf(timm_model("vit_base_patch16_224", args), str(tmp_path / "src"),
+                model_args=args, safe_serialization=True)
+    with pytest.raises(CheckpointError, match="fc_norm"):
+        load_checkpoint(tmp_path / "src")
+
+
+def test_an_unknown_architecture_is_refused_naming_what_would_settle_it(tmp_path):
+    from timm.models._hub import save_for_hf
+
+    args = dict(embed_dim=48, depth=2, img_size=32)
+    save_for_hf(timm_model("vit_base_patch16_224", args), str(tmp_path / "src"),
+                model_args=args, safe_serialization=True)
+    config_file = tmp_path / "src" / "config.json"
+    config = json.loads(config_file.read_text())
+    config["architecture"] = "vit_nonesuch_patch16_224"
+    config_file.write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match="vit_nonesuch_patch16_224.*num_heads"):
+        load_checkpoint(tmp_path / "src")
+
+
+def test_timms_npz_reader_opens_what_we_write(tmp_path):
+    from timm.models.vision_transformer import _load_weights
+
+    args = dict(embed_dim=48, depth=2, img_size=32)
+    src = timm_model("vit_base_patch16_224", args, seed=3)
+    from timm.models._hub import save_for_hf
+
+    save_for_hf(src, str(tmp_path / "src"), model_args=args, safe_serialization=True)
+    loaded = load_checkpoint(tmp_path / "src")
+    from vit.models.config import ViTConfig
+
+    loaded.config = ViTConfig(**{**loaded.config.to_dict(), "gelu": "tanh"})  # npz implies it
+    loaded.preprocessing = loaded.preprocessing.__class__(size=(32, 32), resample="bilinear")
+    save_checkpoint(loaded, tmp_path / "m.npz", "npz", lossy=True)
+    theirs = timm.create_model("vit_base_patch16_224", pretrained=False, num_classes=5,
+                               act_layer="gelu_tanh", **args).eval()
+    _load_weights(theirs, str(tmp_path / "m.npz"))
+    images = np.random.RandomState(2).uniform(-1, 1, (2, 32, 32, 3)).astype(np.float32)
+    ref = timm_probs(theirs, images)
+    assert np.ptp(ref, axis=-1).min() > 0.01
+    np.testing.assert_allclose(our_probs(load_checkpoint(tmp_path / "m.npz"), images), ref,
+                               atol=1e-5)
+
+
+def test_the_architecture_table_is_what_timm_states():
+    import vit.checkpoints.timm_table as table
+
+    if timm.__version__ != table.TIMM_VERSION:
+        pytest.skip(f"the table states timm {table.TIMM_VERSION}, timm {timm.__version__} is "
+                    "installed")
+    with open(table.__file__) as f:
+        assert f.read() == table_module(timm)
+    # and its rows are what the entry points pass (spot-check beside the whole-text check)
+    assert table.ARCHITECTURES["vit_base_patch16_gap_224"]["num_heads"] == entrypoint_args(
+        timm, "vit_base_patch16_gap_224")["num_heads"] == 16
+
+
+@pytest.mark.slow  # builds every architecture twice, on the meta device
+def test_the_table_resolves_each_architecture_as_timm_builds_it():
+    """Heads, activation, pooling, fc_norm, class token, registers, no_embed_class and layer
+    scale of every table row, resolved by our code, against timm's model built on the meta
+    device (no weights made)."""
+    import torch
+
+    import vit.checkpoints.timm_architectures as ta
+
+    for arch in ta.ARCHITECTURES:
+        for extra in ({}, {"global_pool": "avg"}):
+            args = ta.arguments(arch, extra, arch)
+            with torch.device("meta"):
+                m = timm.create_model(arch, pretrained=False, **extra)
+            attn = getattr(m.blocks[0], "attn", None)  # parallel blocks have none
+            got = {"heads": getattr(attn, "num_heads", args["num_heads"]),
+                   "class_token": m.cls_token is not None, "no_embed_class": m.no_embed_class,
+                   "global_pool": m.global_pool, "reg_tokens": m.num_reg_tokens,
+                   "fc_norm": not isinstance(m.fc_norm, torch.nn.Identity),
+                   "layer_scale": (args["init_values"] is not None if not hasattr(
+                       m.blocks[0], "ls1") else not isinstance(m.blocks[0].ls1,
+                                                               torch.nn.Identity))}
+            want = {"heads": args["num_heads"], "class_token": bool(args["class_token"]),
+                    "no_embed_class": bool(args["no_embed_class"]),
+                    "global_pool": args["global_pool"], "reg_tokens": args["reg_tokens"],
+                    "fc_norm": bool(args["fc_norm"]) and bool(args["final_norm"]),
+                    "layer_scale": args["init_values"] is not None}
+            assert got == want, (arch, extra)
+            if not ta.unsupported(args):  # then its blocks are timm's plain Block and Mlp
+                act = type(m.blocks[0].mlp.act).__name__
+                assert ta.gelu(args) == {"GELU": "exact", "GELUTanh": "tanh"}[act], arch
+                assert m.norm.eps == ta.layer_norm_eps(args), arch
