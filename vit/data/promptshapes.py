@@ -430,6 +430,22 @@ def shares(labels_row: np.ndarray, pair: tuple[str, str]) -> str:
             (False, True): "shape_only", (False, False): "neither"}[(colour, shape)]
 
 
+# What a source's `label` is (the ViT stage's target): "pairs", multi-hot over every colour x
+# shape drawn; or "attributes", multi-hot over the colours drawn and the shapes drawn
+# (`ATTRIBUTE_NAMES`), which never says which colour goes with which shape.
+LABEL_KINDS = ("pairs", "attributes")
+ATTRIBUTE_NAMES = list(COLORS) + list(SHAPES)
+
+
+def attribute_labels(labels: np.ndarray) -> np.ndarray:
+    """Pair multi-hots `[N, len(PAIRS)]` -> `[N, len(ATTRIBUTE_NAMES)]`: colour and shape
+    multi-hots side by side."""
+    grid = np.asarray(labels, np.float32).reshape(len(labels), len(COLORS), len(SHAPES))
+    out = np.concatenate([grid.max(2), grid.max(1)], axis=1)
+    out.setflags(write=False)
+    return out
+
+
 class PromptShapesSource:
     """Random access over a split's (image, prompt) examples, as grain expects.
 
@@ -441,11 +457,16 @@ class PromptShapesSource:
     name = "promptshapes"
     multi_label = True
 
-    def __init__(self, split: str, num_images: int | None = None, seed: int = 0):
+    def __init__(self, split: str, num_images: int | None = None, seed: int = 0,
+                 labels: str = "pairs"):
+        if labels not in LABEL_KINDS:
+            raise SplitError(f"promptshapes labels={labels!r}; use one of "
+                             f"{', '.join(LABEL_KINDS)}")
         self.split = split
         self.data = generate(split, num_images, seed)
-        self.class_names = list(CLASS_NAMES)
-        self.num_classes = len(CLASS_NAMES)
+        self.class_names = list(CLASS_NAMES) if labels == "pairs" else list(ATTRIBUTE_NAMES)
+        self.num_classes = len(self.class_names)
+        self.labels = self.data.labels if labels == "pairs" else attribute_labels(self.data.labels)
         self.pairs = split_pairs(split)
         self.prompts = sorted(set(self.data.prompts))
 
@@ -472,6 +493,6 @@ class PromptShapesSource:
         if not -n <= i < n:
             raise IndexError(f"promptshapes:{self.split} has {n} examples, no index {i}")
         i %= n
-        return {"image": self.data.images[i // 2], "label": self.data.labels[i // 2],
+        return {"image": self.data.images[i // 2], "label": self.labels[i // 2],
                 "prompt": self.data.prompts[i], "answer": self.data.answers[i],
                 "image_id": np.int32(i // 2)}
