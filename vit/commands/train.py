@@ -1,5 +1,7 @@
 """`vit train --config RECIPE --workdir DIR [--set KEY=VALUE ...] [--init CHECKPOINT]
-[--coordinator HOST:PORT --num-processes N --process-id I]`; `vit train --list-configs`.
+[--coordinator HOST:PORT --num-processes N --process-id I]`; `vit train --list-configs`;
+`vit train --config RECIPE --dry-run` (vit/train/dry_run.py: the recipe's model and step at
+full size, compiled and measured, nothing written).
 
 RECIPE is a shipped recipe's name (`digits`; `--list-configs` lists them with their purpose)
 or a recipe file: what differs from the defaults in vit/recipes/defaults.py, where every key
@@ -41,9 +43,13 @@ def add_arguments(parser) -> None:
                              "recipe file; it sets what differs from vit/recipes/defaults.py")
     parser.add_argument("--list-configs", action=_ListConfigs,
                         help="list the shipped recipes with their purpose, and exit")
-    parser.add_argument("--workdir", required=True,
+    parser.add_argument("--workdir", default=None,
                         help="where checkpoints, metrics.jsonl, curves.png and TensorBoard's "
-                             "tb/ go (resumes)")
+                             "tb/ go (resumes); required unless --dry-run")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="build and compile the recipe's model and step at full size, print "
+                             "parameters, FLOPs, memory per device and one step's time; write "
+                             "nothing")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a config field, e.g. --set train.steps=100 (repeatable)")
     parser.add_argument("--init", default=None, metavar="CHECKPOINT",
@@ -62,6 +68,16 @@ def run(args) -> int:
 
     # Config mistakes fail before the heavy imports.
     config = load_config(args.config, args.set, model_field_types=model_field_types)
+    if args.dry_run:  # touches no workdir, given or not
+        from vit.train.dry_run import dry_run
+
+        dry_run(config, init=args.init)
+        return 0
+    if args.workdir is None:
+        from vit.errors import ConfigError
+
+        raise ConfigError("vit train needs --workdir DIR (where the run's checkpoints go), "
+                          "or --dry-run")
     from vit.commands.checks import check_output_dir
     from vit.train.workdir import refuse_foreign
 
