@@ -375,3 +375,55 @@ def test_an_image_above_the_limit_in_a_folder_is_skipped(files, tmp_path, monkey
     assert [Path(r["image"]).name for r in results] == ["a_good.png", "b_big.png", "c_good.png"]
     assert "larger than 100 pixels" in results[1]["error"]
     assert results[0]["top_k"] and results[2]["top_k"]
+
+
+@pytest.mark.parametrize("command", ["predict", "rollout"])
+def test_a_link_that_loops_or_dangles_in_a_folder_is_one_failed_image(files, tmp_path, command,
+                                                                       monkeypatch, capsys):
+    import os
+
+    folder = tmp_path / "images"
+    folder.mkdir()
+    shutil.copy(files / "img.png", folder / "a_good.png")
+    os.symlink("b_loop.png", folder / "b_loop.png")  # a link to itself
+    os.symlink("nowhere.png", folder / "c_gone.png")
+    shutil.copy(files / "img.png", folder / "d_good.png")
+    os.symlink("e_loop", folder / "e_loop")  # not named like an image: not listed
+    monkeypatch.chdir(tmp_path)
+    extra = ["--json", "--no-cache"] if command == "predict" else ["--out", "maps"]
+    code = main([command, str(folder), "--checkpoint", str(files / "ckpt"), *extra])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert "Traceback" not in err
+    if command == "predict":
+        results = {Path(r["image"]).name: r for r in map(json.loads, out.splitlines())}
+        assert sorted(results) == ["a_good.png", "b_loop.png", "c_gone.png", "d_good.png"]
+        assert results["a_good.png"]["top_k"] and results["d_good.png"]["top_k"]
+        assert "a symbolic link that loops" in results["b_loop.png"]["error"]
+        assert "a dangling symbolic link" in results["c_gone.png"]["error"]
+        assert "2 images classified, 2 failed" in err
+    else:
+        assert "b_loop.png: a symbolic link that loops" in err
+        assert "c_gone.png: a dangling symbolic link" in err
+        manifest = (tmp_path / "maps" / "manifest.jsonl").read_text().splitlines()
+        assert len(manifest) == 2
+
+
+def test_a_folder_dataset_with_a_link_that_loops_lists_it_and_skips_it_when_read(files,
+                                                                                  tmp_path):
+    import os
+
+    from vit.data import open_source
+
+    for c in ("c0", "c1"):
+        (tmp_path / "root" / c).mkdir(parents=True)
+        for i in range(2):
+            shutil.copy(files / "img.png", tmp_path / "root" / c / f"{i}.png")
+    os.symlink("x.png", tmp_path / "root" / "c0" / "x.png")
+    os.symlink("loop", tmp_path / "root" / "loop")  # beside the class folders: not a class
+    source = open_source(str(tmp_path / "root"), "train", val_fraction=0.0)
+    assert len(source) == 5
+    assert [source[i]["image"].shape for i in range(len(source))]  # the bad entry: skipped
+    with pytest.raises(DataError, match="x.png: a symbolic link that loops"):
+        strict = open_source(str(tmp_path / "root"), "train", val_fraction=0.0, strict=True)
+        [strict[i] for i in range(len(strict))]

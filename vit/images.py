@@ -2,9 +2,10 @@
 
 One rule for every command and dataset (predict, rollout, eval, image-folder training): a
 folder is walked in sorted order, hidden files and folders (a leading ".") are skipped, and a
-file counts when its suffix is one PIL decodes and it is a regular file (or a link to one): a
-FIFO, a device or a dangling link named like an image is skipped with a note, since opening a
-FIFO waits for a writer that may never come. Needs only PIL.
+file counts when its suffix is one PIL decodes and it is a regular file or a link: a FIFO or a
+device named like an image is skipped with a note, since opening a FIFO waits for a writer that
+may never come; a link that dangles or loops is listed, and fails as an unreadable image does
+(one failed image, not an abort). Needs only PIL.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ def is_image_name(name: str) -> bool:
 
 def image_files(folder: str | os.PathLike) -> list[Path]:
     """Every image file under `folder`, sorted, hidden entries skipped; an entry named like an
-    image that is not a regular file is skipped with a note on stderr. Folders are walked as
+    image that is a FIFO or a device is skipped with a note on stderr. Folders are walked as
     `os.walk` does: a link to a folder is not followed, an unreadable folder is passed over."""
     out: list[Path] = []
     try:
@@ -58,11 +59,13 @@ def image_files(folder: str | os.PathLike) -> list[Path]:
     for entry in entries:
         if entry.name.startswith("."):
             continue
-        if entry.is_dir():
+        if _is(entry.is_dir):
             if not entry.is_symlink():
                 subfolders.append(entry.path)
         elif is_image_name(entry.name):
-            if entry.is_file():  # from the folder listing itself: no stat for a plain file
+            # From the folder listing itself: no stat for a plain file. A link that dangles or
+            # loops is listed: opening it fails, and it is counted as one failed image.
+            if _is(entry.is_file) or entry.is_symlink():
                 out.append(Path(entry.path))
             else:
                 print(f"vit: note: skipped {entry.path}: {not_regular(entry.path)}, not a "
@@ -70,6 +73,14 @@ def image_files(folder: str | os.PathLike) -> list[Path]:
     for subfolder in subfolders:
         out.extend(image_files(subfolder))
     return out
+
+
+def _is(test) -> bool:
+    """`DirEntry.is_dir`/`is_file`, False for a link that loops (they raise for one)."""
+    try:
+        return test()
+    except OSError:
+        return False
 
 
 def not_regular(path) -> str | None:
@@ -140,10 +151,10 @@ def open_image(path, min_side: int | None = None) -> Image.Image:
     `min_side` (training only) lets a JPEG decode at 1/2, 1/4 or 1/8 of its size (the decoder's
     own DCT scaling, many times faster on a phone photo) while its shorter side stays at least
     that; prediction and evaluation read every pixel, as the checkpoint's own library does."""
-    if isinstance(path, str | os.PathLike) and os.path.exists(path):
+    if isinstance(path, str | os.PathLike) and os.path.lexists(path):
         what = not_regular(path)
         if what is not None:
-            raise DataError(f"{path}: {what}, not an image file")
+            raise DataError(f"{path}: {what}, not a regular file")
     try:
         with Image.open(path) as im:
             if min_side and im.format == "JPEG" and min(im.size) >= 2 * min_side:
