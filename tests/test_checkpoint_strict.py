@@ -250,3 +250,27 @@ def test_a_vit_jax_file_without_its_position_embedding_is_refused_not_given_sinc
     np.savez(tmp_path / "m.npz", **arrays)
     with pytest.raises(CheckpointError, match="posembed_input/pos_embedding"):
         load_checkpoint(tmp_path / "m.npz")
+
+
+def test_what_we_write_as_npz_opens_as_vit_jax_loads_it(tmp_path):
+    """vit_jax's `checkpoint.load`: the archive's keys split on "/" into a tree, then flax's
+    `convert_pre_linen`; the result must be its linen model's tree (the names the linen file
+    above has), holding the same arrays."""
+    from flax.traverse_util import flatten_dict, unflatten_dict
+
+    try:
+        from flax.training.checkpoints import convert_pre_linen
+    except ImportError:
+        pytest.skip("this flax has no convert_pre_linen")
+    from vit.checkpoints import save_checkpoint
+
+    p = random_params(seed=4)
+    np.savez(tmp_path / "src.npz", **npz_arrays(p, "vit_jax"))
+    save_checkpoint(load_checkpoint(tmp_path / "src.npz"), tmp_path / "ours.npz", "npz")
+    with np.load(tmp_path / "ours.npz", allow_pickle=False) as f:
+        tree = unflatten_dict({tuple(k.split("/")): f[k] for k in f.files})
+    linen = {"/".join(k): v for k, v in flatten_dict(dict(convert_pre_linen(tree))).items()}
+    want = npz_arrays(p, "vit_jax_linen")
+    assert linen.keys() == want.keys()
+    for key, value in want.items():
+        np.testing.assert_array_equal(linen[key], value, err_msg=key)
