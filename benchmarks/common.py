@@ -15,9 +15,13 @@ by name in `benchmarks/__main__.py`'s `MODES` table (`python -m benchmarks NAME 
 - writes its figures once with `write_record("NAME", figures, argv=argv)`, which puts the
   date, the command line, the CPU, the core count and the package versions in front of them
   at `benchmarks/records/NAME.json` (one record per benchmark, the latest; git keeps the
-  rest). The docs' tables are made from those records (`python -m benchmarks tables`).
+  rest). The docs' tables are made from those records (`python -m benchmarks tables`): the
+  mode's module gives its record's table as `table(record) -> list[str]` (Markdown lines), and
+  the record gets one `<!-- table NAME -->` block in docs/benchmarks.md or the README.
 
-The modes import `vit` as installed (`pip install -e .`), never a copy of it.
+The modes import `vit` as installed (`pip install -e .`), never a copy of it; a mode's module
+imports its heavy libraries (jax, torch, ...) inside functions, so listing the modes and making
+the tables stays light.
 """
 
 from __future__ import annotations

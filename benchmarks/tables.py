@@ -460,7 +460,9 @@ def suite(r: dict) -> list[str]:
     return table(["command", "passed", "skipped", "failed", "wall time"], rows)
 
 
-# Each record's renderer; a record without one fails the check.
+# Each record's renderer. A record not listed here is rendered by the `table(record) -> list
+# of Markdown lines` function of the mode whose command made it (`MODES` in __main__.py), so
+# a new mode brings its own; a record with neither fails the check.
 RENDERERS = {
     "demo": demo,
     "inference": inference,
@@ -490,9 +492,25 @@ def records(root: Path = ROOT) -> dict[str, dict]:
             for p in sorted((root / RECORDS).glob("*.json"))}
 
 
+def renderer(name: str, record: dict) -> Callable[[dict], list[str]] | None:
+    """The function that makes record `name`'s table: `RENDERERS`' entry, or the `table`
+    function of the mode named in the record's command."""
+    if name in RENDERERS:
+        return RENDERERS[name]
+    import importlib
+
+    from benchmarks.__main__ import MODES
+
+    words = record.get("command", "").split()
+    mode = words[3] if words[:3] == ["python", "-m", "benchmarks"] and len(words) > 3 else None
+    if mode not in MODES:
+        return None
+    return getattr(importlib.import_module(MODES[mode][0]), "table", None)
+
+
 def render(name: str, record: dict) -> str:
     """A block's text: the host and date, the table, then the record and its command."""
-    lines = RENDERERS[name](record)
+    lines = renderer(name, record)(record)
     if name not in INLINE:
         lines = [heading(record), "", *lines, "", source(name, record)]
     return "\n".join(lines) + "\n"
@@ -569,8 +587,9 @@ def unshown(root: Path = ROOT) -> list[str]:
     """Problems with which records are shown: a record with no renderer, with no table, or
     with more than one."""
     recs, problems, shown = records(root), [], {}
-    for name in sorted(set(recs) - set(RENDERERS)):
-        problems.append(f"{RECORDS}/{name}.json has no renderer in benchmarks/tables.py")
+    for name in sorted(n for n, r in recs.items() if renderer(n, r) is None):
+        problems.append(f"{RECORDS}/{name}.json has no renderer: a `table(record)` in its "
+                        "mode's module, or an entry in benchmarks/tables.py")
     for doc in docs(root):
         for name in blocks((root / doc).read_text()):
             if name in shown:

@@ -88,6 +88,28 @@ def test_a_record_without_a_table_is_caught(tree):
     assert any("scaling_again.json has no table" in p for p in problems), problems
 
 
+def test_a_mode_renders_its_own_record(tree, monkeypatch):
+    """A record that benchmarks/tables.py has no entry for is drawn by the `table` function of
+    the mode named in its command, and needs one block like any other."""
+    import types
+
+    from benchmarks import __main__ as runner
+
+    module = types.ModuleType("toy_mode")
+    module.table = lambda r: [f"toy figure {r['value']}"]
+    monkeypatch.setitem(sys.modules, "toy_mode", module)
+    monkeypatch.setitem(runner.MODES, "toy", ("toy_mode", "a toy benchmark"))
+    toy = {**record("scaling"), "benchmark": "toy", "command": "python -m benchmarks toy",
+           "value": 3}
+    (tree / "benchmarks" / "records" / "toy.json").write_text(json.dumps(toy))
+    assert [p for p in tables.unshown(tree) if "toy" in p] == [
+        "benchmarks/records/toy.json has no table in the docs"]
+    page = tree / "docs" / "benchmarks.md"
+    page.write_text(page.read_text() + "\n<!-- table toy -->\n<!-- /table toy -->\n")
+    assert tables.unshown(tree) == []
+    assert "toy figure 3" in tables.regenerate(page.read_text(), tables.records(tree))
+
+
 def figures(text: str) -> list[str]:
     return [m.group(0) for m in tables.FIGURE.finditer(text)]
 
