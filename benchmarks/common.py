@@ -12,6 +12,8 @@ by name in `benchmarks/__main__.py`'s `MODES` table (`python -m benchmarks NAME 
   caches and allocator out of the other's figures;
 - times calls with `time_call(fn, warmup=..., repeats=...)`, which waits for JAX's
   asynchronous results, so every mode's "median" and "best" mean the same thing;
+- keeps a side alive between runs with `Side` where rounds must be seconds apart (the
+  train mode's `--interleave`);
 - writes its figures once with `write_record("NAME", figures, argv=argv)`, which puts the
   date, the command line, the CPU, the core count and the package versions in front of them
   at `benchmarks/records/NAME.json` (one record per benchmark, the latest; git keeps the

@@ -27,7 +27,7 @@ dense layers (attention core, LayerNorm, residuals, patch embedding) took no tim
 our dense layers as measured and with torch's.
 
 And `peak`: what the machine can do at all. Each worker times one large square float32 matrix
-product (`--peak-size`, 2048: 17 GFLOP), the best call of `--iters`; the faster library's rate
+product (`--peak-size`, 2048), the best call of `--iters`; the faster library's rate
 is the machine's float32 peak as far as either library can reach it. Against it, each forward's
 matrix-product FLOPs (counted here from the shapes, and XLA's own count of our compiled
 forward beside it) give its fraction of that peak, the ratio our forward would reach running

@@ -16,7 +16,7 @@ import time
 from benchmarks import common
 
 COMMANDS = {"default": ["./scripts/test.sh"], "all": [".ci/run"]}
-# pytest's last line: "785 passed, 12 skipped, 3 deselected in 360.12s (0:06:00)".
+# pytest's last line: "N passed, N skipped, N deselected in S.SSs (H:MM:SS)".
 COUNT = re.compile(r"(\d+) (passed|failed|skipped|deselected|errors?|xfailed|xpassed)")
 
 
