@@ -195,11 +195,11 @@ def tiny_train_step(model_config=None, *, tx=None, batch_size: int = 8, seed: in
 
 
 # -- one tiny checkpoint, in every format ------------------------------------------------------
-# 8x8 inputs and 10 classes, so the bundled digits fit it (eval, rollout --data, train --init).
-# tanh GELU and LayerNorm eps 1e-6: the numerics every format can hold (a vit_jax npz always
-# reads back as tanh GELU), so each file is the same function.
-TINY = dict(width=32, depth=2, mlp_dim=64, num_heads=4, patch_size=4, image_size=8,
-            num_classes=10, gelu="tanh", attention_impl="xla")
+# The tiny model (`TINY_MODEL`) with 8x8 inputs and 10 classes, so the bundled digits fit it
+# (eval, rollout --data, train --init). tanh GELU and LayerNorm eps 1e-6: the numerics every
+# format can hold (a vit_jax npz always reads back as tanh GELU), so each file is the same
+# function.
+TINY = dict(TINY_MODEL, image_size=8, num_classes=10, gelu="tanh")
 TINY_LABELS = [f"digit{i}" for i in range(10)]
 
 

@@ -125,7 +125,7 @@ def _train(config, workdir: Path, ckpts: TrainCheckpoints, claim: workdirs.Claim
     if config.train.batch_size % config.train.accum_steps:
         raise ConfigError(f"train.batch_size={config.train.batch_size} is not divisible by "
                           f"train.accum_steps={config.train.accum_steps}")
-    augment_of(config)  # a bad input.randaugment: one line, before any data or model is built
+    augment = augment_of(config)  # a bad input.randaugment: one line, before anything is built
     loss_name = config.train.get("loss", DEFAULT_LOSS)
     loss_fn = get_loss(loss_name)
     train_src, val_src = _open_sources(config, loss_name, sources)
@@ -161,7 +161,7 @@ def _train(config, workdir: Path, ckpts: TrainCheckpoints, claim: workdirs.Claim
     state = (restore_state(ckpts, start, params, tx, place, ema=use_ema, config=config,
                            meta=resume_meta) if start
              else new_state(params, tx, place, ema=use_ema))
-    iterator = train_iterator(train_src, model.preprocessing, augment_of(config),
+    iterator = train_iterator(train_src, model.preprocessing, augment,
                               batch_size=host_batch, seed=config.seed, num_classes=num_classes,
                               shard_index=jax.process_index(),
                               shard_count=jax.process_count(),
