@@ -56,8 +56,8 @@ def our_probs(path, dtype: str, x: np.ndarray) -> np.ndarray:
     from flax import nnx
 
     from vit.checkpoints import load_checkpoint
+    from vit.cpu.xla_options import compile_for_inference
     from vit.inference.weights import narrow_kernels
-    from vit.inference.xla_cpu import compile_for_inference
 
     # The model and compile as `vit predict --dtype` makes them.
     graphdef, state = nnx.split(narrow_kernels(load_checkpoint(path, dtype=dtype).build_model()))

@@ -85,7 +85,7 @@ def _our_forward():
     from flax import nnx
 
     import vit
-    from vit.inference.xla_cpu import compile_for_inference
+    from vit.cpu.xla_options import compile_for_inference
 
     graphdef, state = nnx.split(vit.create_model("vit_b16"))
     forward = jax.jit(lambda state, x: nnx.merge(graphdef, state)(x))

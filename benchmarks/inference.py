@@ -62,9 +62,12 @@ def side_ours(checkpoint: str, dtype: str, batch: int, image_size: int, iters: i
     # Compiled as `vit predict` compiles it; a --baseline copy of the package may keep that
     # function elsewhere, or not have it.
     try:
-        from vit.inference.xla_cpu import compile_for_inference
+        from vit.cpu.xla_options import compile_for_inference
     except ImportError:
-        compile_for_inference = lambda lowered, dtype=None: lowered.compile()  # noqa: E731
+        try:
+            from vit.inference.xla_cpu import compile_for_inference
+        except ImportError:
+            compile_for_inference = lambda lowered, dtype=None: lowered.compile()  # noqa: E731
     takes_dtype = "dtype" in inspect.signature(compile_for_inference).parameters
     forward = compile_for_inference(forward.lower(state, x), *([dtype] if takes_dtype else []))
     timing = common.time_call(lambda: forward(state, x), warmup=1, repeats=iters)
@@ -129,7 +132,7 @@ def run(kind: str, args, folder: str, agree: bool) -> float:
     env, pythonpath = {}, None
     if kind == "baseline":  # our float32 side, with `vit` imported from the baseline copy
         pythonpath = args.baseline
-    if kind == "ours_float32_ynn":  # jax's default XLA:CPU dots (see vit/inference/xla_cpu.py)
+    if kind == "ours_float32_ynn":  # jax's default XLA:CPU dots (see vit/cpu/xla_options.py)
         env["VIT_XLA_DOTS"] = "0"
     ours = not kind.startswith("hf")
     dtype = ("bfloat16" if kind in ("ours_bfloat16", "hf_bfloat16") else "float32")

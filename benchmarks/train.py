@@ -222,13 +222,12 @@ def serve(kind: str, case: str, dtype: str, folder: str, sets: list[str], steps:
 def environment(kind: str) -> dict:
     """A contestant's environment: ours as the `vit` command gives itself (huge pages for
     XLA's scratch memory), transformers' and the plain-malloc variant as it is."""
-    from vit import host_allocator
-    from vit.inference import xla_cpu
+    from vit.cpu import huge_pages, xla_options
 
-    env = {**(host_allocator.environment() if kind in ("vit", DEFAULTS) else os.environ),
+    env = {**(huge_pages.environment() if kind in ("vit", DEFAULTS) else os.environ),
            "JAX_PLATFORMS": "cpu"}
     if kind == DEFAULTS:
-        env[xla_cpu.OPT_OUT] = "0"
+        env[xla_options.OPT_OUT] = "0"
     return env
 
 
@@ -335,8 +334,7 @@ def main(argv: list[str]) -> None:
         if args.dtype == ["float32"]:
             print("this CPU has no bfloat16 arithmetic: float32 only (--dtype bfloat16 to time "
                   "it anyway)", flush=True)
-    from vit import host_allocator
-    from vit.inference import xla_cpu
+    from vit.cpu import huge_pages, xla_options
 
     load_before = os.getloadavg()
     results = []
@@ -363,12 +361,12 @@ def main(argv: list[str]) -> None:
                 "weights (cast with .to(torch.bfloat16) for bfloat16), torch.optim.AdamW, "
                 "clip_grad_norm_, threads = cores",
         "environment": {
-            "vit": host_allocator.environment().get("GLIBC_TUNABLES", "(none)"),
+            "vit": huge_pages.environment().get("GLIBC_TUNABLES", "(none)"),
             "transformers": os.environ.get("GLIBC_TUNABLES", "(none)"),
-            "transparent_hugepage": (host_allocator.THP_MODE.read_text().strip()
-                                     if host_allocator.THP_MODE.exists() else "(none)")},
-        "xla_cpu_options": {"float32": xla_cpu.training_options("float32"),
-                            "other dtypes": xla_cpu.training_options("bfloat16")},
+            "transparent_hugepage": (huge_pages.THP_MODE.read_text().strip()
+                                     if huge_pages.THP_MODE.exists() else "(none)")},
+        "xla_cpu_options": {"float32": xla_options.training_options("float32"),
+                            "other dtypes": xla_options.training_options("bfloat16")},
         "rounds": args.rounds, "timed_steps_per_run": args.steps, "warmup_steps": args.warmup,
         "interleaved": args.interleave,
         "untimed_steps_per_run": args.rewarm if args.interleave else 0,

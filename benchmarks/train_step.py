@@ -35,7 +35,7 @@ def initial_weights(config, num_classes: int):
     (to write for another library: the same seed gives the same weights)."""
     from vit.checkpoints import LoadedCheckpoint
     from vit.checkpoints.tree import flatten, nest
-    from vit.train.state import build_model
+    from vit.train.model import build_model
 
     model, params = build_model(config, num_classes, init=config.get("init") or None)
     params = nest({k: np.asarray(v) for k, v in flatten(params).items()})
@@ -86,9 +86,10 @@ def build(config, num_classes: int, whole_batch: bool = False) -> TrainStep:
     CPU (vit/train/step.py `MICRO_TOKENS`), for comparison."""
     from vit.train import parallel
     from vit.train.losses import DEFAULT, TEXT_LOSSES, get_loss
+    from vit.train.model import build_model
     from vit.train.optim import make_optimizer
     from vit.train.placement import Placement
-    from vit.train.state import build_model, new_state
+    from vit.train.state import new_state
     from vit.train.step import MICRO_TOKENS, make_train_step
 
     tc = config.train
