@@ -89,16 +89,18 @@ class Side:
     time, for benchmarks whose rounds must be seconds apart: `target` ("module:function") is
     called once with `kwargs` in `python -m benchmarks._worker --serve` and returns a function;
     each `side(**request)` calls that function in the worker and returns its dict (through a
-    result file, like `run_side`). `close()` ends the worker."""
+    result file, like `run_side`; `env`, `cwd` and `pythonpath` as there). `close()` ends the
+    worker."""
 
     def __init__(self, target: str, kwargs: dict | None = None, *, env: dict | None = None,
-                 cwd: str | Path | None = None, settle_s: float = 0.0):
+                 cwd: str | Path | None = None, pythonpath: str | None = None,
+                 settle_s: float = 0.0):
         self.target, self.settle_s, self.count = target, settle_s, 0
         self.folder = Path(tempfile.mkdtemp(prefix="bench-side-"))
         (self.folder / "args.json").write_text(json.dumps(kwargs or {}))
         full_env = {**os.environ, **(env or {})}
         full_env["PYTHONPATH"] = os.pathsep.join(
-            p for p in (str(ROOT), full_env.get("PYTHONPATH")) if p)
+            p for p in (pythonpath, str(ROOT), full_env.get("PYTHONPATH")) if p)
         # stderr to a file: a pipe nobody reads while the worker runs could fill and block it.
         self.log = self.folder / "stderr.log"
         with open(self.log, "w") as log:
