@@ -32,6 +32,7 @@ def import_timm():
     if "timm" in sys.modules:
         return sys.modules["timm"]
     if TIMM_DIR.is_dir() and str(TIMM_DIR) not in sys.path:
+        _keep_transformers_as_installed()
         sys.path.append(str(TIMM_DIR))
     spec = importlib.util.find_spec("torchvision")
     if spec is None:
@@ -56,6 +57,18 @@ def import_timm():
 
 
 _LIBS: list = []
+
+
+def _keep_transformers_as_installed() -> None:
+    """transformers decides once per process whether torchvision is installed, and then
+    preprocesses images with it (another resize than PIL's) if so. Asked before the timm folder
+    joins sys.path, it answers for the environment as installed, so the tests that compare with
+    transformers in the same process see the same transformers, whichever test runs first."""
+    if importlib.util.find_spec("transformers") is None:
+        return
+    from transformers.utils import import_utils
+
+    import_utils.is_torchvision_available()
 
 
 def architectures(timm) -> list[str]:
