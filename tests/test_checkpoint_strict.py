@@ -274,3 +274,16 @@ def test_what_we_write_as_npz_opens_as_vit_jax_loads_it(tmp_path):
     assert linen.keys() == want.keys()
     for key, value in want.items():
         np.testing.assert_array_equal(linen[key], value, err_msg=key)
+
+
+def test_predicts_first_line_names_the_layout_read(tmp_path, capsys):
+    from PIL import Image
+
+    from vit.cli import main
+
+    np.savez(tmp_path / "m.npz", **npz_arrays(random_params(), "vit_jax_linen", "params/"))
+    Image.new("RGB", (SIZE, SIZE), (30, 120, 200)).save(tmp_path / "a.png")
+    assert main(["predict", str(tmp_path / "a.png"), "--checkpoint", str(tmp_path / "m.npz"),
+                 "--no-cache"]) == 0
+    first = capsys.readouterr().err.splitlines()[0]
+    assert first == f"vit predict: {tmp_path / 'm.npz'} (vit_jax linen npz)", first

@@ -476,15 +476,16 @@ def _as_timm(cfg: ViTConfig) -> dict:
             "dynamic_img_size": cfg.dynamic_image_size}
 
 
-def _canonical(args: dict) -> dict:
-    """timm's arguments in `_as_timm`'s terms (None where timm ignores the argument)."""
+def _canonical(args: dict, width: int | None = None) -> dict:
+    """timm's arguments in `_as_timm`'s terms (None where timm ignores the argument); the MLP
+    width as its `mlp_ratio` makes it at `width` (by default its own embed_dim)."""
     ratio = args["mlp_ratio"]
     prefix = int(bool(args["class_token"])) + args["reg_tokens"]
     patch = args["patch_size"]
     return {"embed_dim": args["embed_dim"], "depth": args["depth"],
             "num_heads": args["num_heads"],
             "patch_size": patch[0] if isinstance(patch, list) and patch[0] == patch[1] else patch,
-            "in_chans": args["in_chans"], "mlp_dim": int(args["embed_dim"] * ratio),
+            "in_chans": args["in_chans"], "mlp_dim": int((width or args["embed_dim"]) * ratio),
             "qkv_bias": bool(args["qkv_bias"]), "qk_norm": bool(args["qk_norm"]),
             "init_values": args["init_values"], "class_token": bool(args["class_token"]),
             "reg_tokens": args["reg_tokens"], "global_pool": args["global_pool"],
@@ -512,7 +513,7 @@ def architecture_of(cfg: ViTConfig, class_row: bool = False) -> tuple[str, dict]
         if (timm_architectures.unsupported(theirs)
                 or timm_architectures.layer_norm_eps(theirs) != cfg.layer_norm_eps):
             continue
-        differ = [k for k, v in _canonical(theirs).items() if ours[k] != v]
+        differ = [k for k, v in _canonical(theirs, cfg.width).items() if ours[k] != v]
         folds = class_row and cfg.class_token and theirs["no_embed_class"]
         rank = (len(differ) + folds, arch != preferred, arch)
         if best is None or rank < best[0]:
