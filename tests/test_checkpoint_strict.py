@@ -287,3 +287,19 @@ def test_predicts_first_line_names_the_layout_read(tmp_path, capsys):
                  "--no-cache"]) == 0
     first = capsys.readouterr().err.splitlines()[0]
     assert first == f"vit predict: {tmp_path / 'm.npz'} (vit_jax linen npz)", first
+
+
+def test_heads_a_timm_file_does_not_state_are_assumed_and_the_warning_says_why(tmp_path):
+    import json
+
+    from vit.checkpoints import save_checkpoint
+
+    np.savez(tmp_path / "m.npz", **npz_arrays(random_params(), "vit_jax"))
+    save_checkpoint(load_checkpoint(tmp_path / "m.npz"), tmp_path / "t", "timm")
+    config_file = tmp_path / "t" / "config.json"
+    config_file.write_text(json.dumps({"model_args": {"img_size": SIZE}}))
+    said = " ".join(load_checkpoint(tmp_path / "t").warnings)
+    assert "config.json names no architecture and no model_args.num_heads" in said, said
+    config_file.unlink()
+    said = " ".join(load_checkpoint(tmp_path / "t" / "model.safetensors").warnings)
+    assert "no config.json beside the weights" in said, said
