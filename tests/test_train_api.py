@@ -115,8 +115,9 @@ def test_waiting_for_data_is_measured_and_shown(tmp_path, capsys):
     out = capsys.readouterr().out
     slow = records(tmp_path / "slow", "train")
     assert "waiting for data" in out
-    # The second window holds no compilation: its steps wait on the sleeping source for more
-    # than half a second in all (3 steps of 8 images), against milliseconds of compute.
+    # The second window holds no compilation: its steps spend most of it waiting on the
+    # sleeping source (3 steps of 8 images, a fiftieth of a second each), against milliseconds
+    # of compute.
     assert slow[-1]["data_wait"] > 0.5, slow
     vit.train("digits", tmp_path / "fast", overrides=sets)
     fast = records(tmp_path / "fast", "train")
