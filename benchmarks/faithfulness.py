@@ -64,15 +64,15 @@ def main(argv: list[str]) -> None:
                          "pass the --model-record of this checkpoint")
     rows = []
     for metric, substrate, steps in RUNS[:2] if args.headline_only else RUNS:
-        argv = ["explain-eval", "--checkpoint", args.checkpoint, "--data", "digits", "--split",
+        cli = ["explain-eval", "--checkpoint", args.checkpoint, "--data", "digits", "--split",
                 "test", "--method", *METHODS, "--metric", metric, "--substrate", substrate,
                 "--steps", str(steps), "--json"]
         if args.limit:
-            argv += ["--limit", str(args.limit)]
+            cli += ["--limit", str(args.limit)]
         start = time.time()
-        report = explain_eval(argv)
+        report = explain_eval(cli)
         rows.append({"metric": metric, "substrate": substrate, "steps": steps,
-                     "command": "vit " + " ".join(argv), "seconds": round(time.time() - start, 1),
+                     "command": "vit " + " ".join(cli), "seconds": round(time.time() - start, 1),
                      "results": report["results"]})
         summary = {m: round(r["auc"], 3) for m, r in report["results"].items()}
         print(metric, substrate, steps, summary, flush=True)
