@@ -26,6 +26,6 @@ TIMM_REF="$VENV/timm-reference"
 if [[ ",${VIT_EXTRAS}," == *",compare,"* ]] && [ ! -d "$TIMM_REF/timm" ]; then
   echo "setup: installing timm and torchvision into $TIMM_REF" >&2
   "$VENV/bin/python" -m pip install -q --no-deps --target "$TIMM_REF" "timm==1.0.31" \
-    "torchvision==0.28.0" pyyaml
+    "torchvision==0.28.0"
 fi
 export PATH="$VENV/bin:$PATH"
