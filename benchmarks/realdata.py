@@ -5,6 +5,10 @@ with transformers + torch on the same files.
     python -m benchmarks realdata transfer --init runs/fashion          # mnist_transfer.json
     python -m benchmarks realdata peer [--scratch-steps 300] [--tune-steps 150]
                                                                         # realdata_peer.json
+    python -m benchmarks realdata dryrun                                # dry_run.json
+
+- `dryrun` runs `vit train --config NAME --dry-run` for every shipped recipe and keeps what
+  each printed: what was checked of the full-size recipes on this host.
 
 - `fashion` runs `vit train --config fashion_mnist` as a user would (the console script, a
   process of its own), notes the wall time of every validation and the machine's load while it
@@ -143,30 +147,35 @@ def split_of_vit_run(run: dict, workdir: Path, steps: int, batch: int) -> dict:
 # ----------------------------------------------------------------------------- recipes
 
 
-def _timeline_from_poll(text: str, workdir: Path) -> tuple[list, list]:
-    """(load samples, [seconds, metrics line count]) from `poll_line` lines."""
-    load, counts = [], []
+def _timeline_from_poll(text: str, workdir: Path) -> tuple[list, list, dict]:
+    """(load samples, [seconds, metrics line count], {step: its checkpoint folder's mtime})
+    from `poll_line` lines and `ckpt MTIME STEP` lines (a listing of checkpoints/)."""
+    load, counts, saved = [], [], {}
     for line in text.splitlines():
         parts = line.split()
         if len(parts) >= 5 and re.fullmatch(r"[\d.]+", parts[0]):
             load.append([float(parts[0]), float(parts[1])])
             counts.append([float(parts[0]), int(parts[4])])
-    return load, counts
+        elif len(parts) == 3 and parts[0] == "ckpt" and parts[2].isdigit():
+            saved[int(parts[2])] = min(float(parts[1]), saved.get(int(parts[2]), float("inf")))
+    return load, counts, saved
 
 
 def fashion(args) -> dict:
     workdir = Path(args.workdir or args.existing)
     rows_t: dict[int, float] = {}
     if args.existing:
-        load, counts = _timeline_from_poll(Path(args.timeline).read_text(), workdir)
+        load, counts, saved = _timeline_from_poll(Path(args.timeline).read_text(), workdir)
         wall = args.finished - args.started if args.finished else None
         load = [[round(t - args.started, 1), x] for t, x in load]
         # A metrics line's time: the first poll that saw it (polls every 20 s or so).
         for t, n in counts:
             rows_t.setdefault(n, round(t - args.started, 1))
+        # A validation's time: its checkpoint folder's mtime (saved just after it), when seen.
+        saved_t = {step: round(t - args.started, 1) for step, t in saved.items()}
         command = args.command
-        source = ("a run made by hand; times from a poll of its metrics.jsonl (the first poll "
-                  "that saw each line, so up to one poll late)")
+        source = ("a run made by hand; a validation's time is its checkpoint folder's mtime, "
+                  "else the first poll of metrics.jsonl that saw it")
     else:
         sets = [f"train.steps={args.steps}"] if args.steps else []
         run = vit_train("fashion_mnist", workdir, sets)
@@ -182,8 +191,8 @@ def fashion(args) -> dict:
     curve = []
     for i, r in enumerate(rows, start=1):
         if r["split"] == "validation":
-            t = rows_t.get(r["step"]) if not args.existing else next(
-                (t for n, t in sorted(rows_t.items()) if n >= i), None)
+            t = rows_t.get(r["step"]) if not args.existing else saved_t.get(r["step"], next(
+                (t for n, t in sorted(rows_t.items()) if n >= i), None))
             curve.append({"step": r["step"], "validation_accuracy": round(r["accuracy"], 4),
                           "seconds": t})
     rates = [r["images_per_s"] for r in rows if r["split"] == "train"]
@@ -193,7 +202,7 @@ def fashion(args) -> dict:
     loads = [x for _, x in load]
     return {"recipe": "fashion_mnist", "run_command": command, "timing_source": source,
             "steps": config["train"]["steps"], "batch_size": config["train"]["batch_size"],
-            "test_accuracy": round(test["accuracy"], 4), "test_images": test.get("count"),
+            "test_accuracy": round(test["accuracy"], 4), "test_images": test.get("num_examples"),
             "wall_s": round(wall, 1) if wall else None, "validation_curve": curve,
             "reached_within_15_min": within[-1] if within else None,
             "images_per_s_median": round(statistics.median(rates), 1),
@@ -422,6 +431,17 @@ def peer(args) -> dict:
             "rounds": rounds}
 
 
+def dryrun(args) -> dict:
+    recipes = args.recipes or sorted(p.stem for p in (ROOT / "configs").glob("*.py"))
+    out = {}
+    for name in recipes:
+        run = run_timed([*vit_command(), "train", "--config", name, "--dry-run"])
+        out[name] = {"returncode": run["returncode"], "wall_s": round(run["wall_s"], 1),
+                     "printed": [text for _, text in run["lines"]
+                                 if not text.startswith(("WARNING", "I0000", "W0000"))]}
+    return {"recipes": out}
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks realdata")
     sub = parser.add_subparsers(dest="what", required=True)
@@ -442,14 +462,17 @@ def main(argv: list[str]) -> int:
     p.add_argument("--tune-steps", type=int, default=150)
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--two-devices", action="store_true")
-    for each in (f, t, p):
+    d = sub.add_parser("dryrun", help="vit train --dry-run of every shipped recipe")
+    d.add_argument("--recipes", nargs="*", default=None)
+    for each in (f, t, p, d):
         each.add_argument("--out", default=None, help="write the record here instead")
     args = parser.parse_args(argv)
     if args.what == "fashion" and not (args.workdir or args.existing):
         parser.error("fashion needs --workdir (or --existing)")
-    figures = {"fashion": fashion, "transfer": transfer, "peer": peer}[args.what](args)
+    figures = {"fashion": fashion, "transfer": transfer, "peer": peer,
+               "dryrun": dryrun}[args.what](args)
     name = {"fashion": "fashion_mnist", "transfer": "mnist_transfer",
-            "peer": "realdata_peer"}[args.what]
+            "peer": "realdata_peer", "dryrun": "dry_run"}[args.what]
     path = common.write_record(name, figures, argv=argv, mode="realdata", out=args.out)
     print(f"wrote {path}")
     return 0

@@ -32,7 +32,9 @@ def test_the_split_of_a_run_adds_up_from_its_stamped_lines(tmp_path):
 
 
 def test_a_poll_log_gives_each_metrics_line_the_first_time_it_was_seen():
-    text = "100.0 3.00 2.00 1.00 0\n120.0 4.00 2.00 1.00 2\nckpt 1 500\n140.5 5.00 3.00 1.0 3\n"
-    load, counts = realdata._timeline_from_poll(text, None)
+    text = ("100.0 3.00 2.00 1.00 0\n120.0 4.00 2.00 1.00 2\nckpt 130 500\nckpt 125 500\n"
+            "ckpt 128 600.orbax-checkpoint-tmp\n140.5 5.00 3.00 1.0 3\n")
+    load, counts, saved = realdata._timeline_from_poll(text, None)
     assert load == [[100.0, 3.0], [120.0, 4.0], [140.5, 5.0]]
     assert counts == [[100.0, 0], [120.0, 2], [140.5, 3]]
+    assert saved == {500: 125.0}  # the earliest listing of a finished step; unfinished ones not

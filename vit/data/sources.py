@@ -182,7 +182,8 @@ class TfdsSource:
         try:
             builder = tfds.builder(name, data_dir=data_dir)
         except tfds.core.registered.DatasetNotFoundError:
-            known = [*BUILT_IN, *tfds.list_builders(with_community_datasets=False)]
+            known = list(dict.fromkeys([*BUILT_IN,
+                                        *tfds.list_builders(with_community_datasets=False)]))
             close = difflib.get_close_matches(name, known, n=3)
             fix = (f"did you mean {' or '.join(map(repr, close))}?" if close else
                    "give one of those, a folder, or a name from tfds.list_builders()")

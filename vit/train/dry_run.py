@@ -65,8 +65,16 @@ def _batch_source(config, out) -> tuple[Any, str]:
             f"{ASSUMED_CLASSES} classes instead")
         images = np.random.default_rng(0).integers(0, 256, (8, size, size, 3), np.uint8)
         labels = np.arange(8) % ASSUMED_CLASSES
-        return ArraySource(images, labels, [str(i) for i in range(ASSUMED_CLASSES)],
-                           "random"), "random images"
+        return _RandomSource(images, labels, [str(i) for i in range(ASSUMED_CLASSES)],
+                             "random"), "random images"
+
+
+class _RandomSource(ArraySource):
+    """Random images, each with a prompt and an answer too, for a recipe whose loss reads
+    them; the other losses leave those fields behind."""
+
+    def __getitem__(self, i: int) -> dict:
+        return {**super().__getitem__(i), "prompt": "is there a red triangle?", "answer": 0}
 
 
 def _dry_run(config, *, init: str | None, measure: bool, out) -> dict[str, Any]:
