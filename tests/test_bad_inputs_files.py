@@ -125,7 +125,7 @@ def test_failed_orbax_read_leaves_no_thread_errors(files, tmp_path, monkeypatch,
     monkeypatch.setattr(sys, "unraisablehook", lambda u: errors.append(repr(u.exc_value)))
     monkeypatch.setattr(sys, "excepthook", lambda kind, value, tb: errors.append(repr(value)))
     steps = [_damaged(files, tmp_path, d) for d in ("chunks-truncated", "array-chunk-truncated")]
-    for _ in range(3):  # each failure used to leave a few such errors
+    for _ in range(3):  # each failure may leave such errors behind
         for step in steps:
             with pytest.raises(CheckpointError, match="incomplete or damaged"):
                 load_checkpoint(step)

@@ -31,26 +31,16 @@ from vit.errors import CheckpointError, ConfigError, DataError
 from vit.models.config import FIELDS, ViTConfig
 from vit.preprocess import Preprocessing
 
+# A finished step has one definition, shared with training.
+from vit.step_folders import finished_steps
+from vit.step_folders import has_model_items as is_orbax_dir
+
 DAMAGED_FIX = ("copy it again if it was copied, or use another step (checkpoints/<step>) or "
                "export")
 
 
-def is_orbax_dir(path: Path) -> bool:
-    return (path / orbax_format.PARAMS).is_dir() and (path / orbax_format.META).is_dir()
-
-
 def is_workdir(path: Path) -> bool:
     return (path / orbax_format.CHECKPOINTS_DIR).is_dir()
-
-
-def finished_steps(checkpoints: Path) -> list[int]:
-    """Finished steps: plain integer names (orbax writes `<step>.orbax-checkpoint-tmp-*` first)
-    holding both items."""
-    try:
-        return sorted(int(p.name) for p in checkpoints.iterdir()
-                      if p.name.isdigit() and is_orbax_dir(p))
-    except FileNotFoundError:
-        return []
 
 
 def find_workdir_checkpoint(workdir, skip: tuple[int, ...] = ()) -> tuple[Path, str]:

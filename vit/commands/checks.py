@@ -80,7 +80,7 @@ class NewOutput:
 
 def write_outputs(folder, files: dict[str, bytes]) -> None:
     """Writes each `name: data` into `folder` (made if missing), each through a temporary name
-    renamed into place, so an earlier file of that name is replaced whole or kept. When a write
+    renamed into place, so an existing file of that name is replaced whole or kept. When a write
     fails (a full disk), what this call made is removed and a full disk is one `OutOfSpace`
     naming the file and the size all of them need."""
     folder = Path(folder)

@@ -30,7 +30,7 @@ def start(args):
     folder = configure(args.no_cache, note=lambda text: print(f"vit {command}: note: {text}",
                                                               file=sys.stderr))
     if args.dtype == "bfloat16":
-        from vit.ops.matmul import bfloat16_note
+        from vit.cpu.features import bfloat16_note
 
         note = bfloat16_note()  # None on GPUs, TPUs and CPUs with bfloat16 arithmetic
         if note:

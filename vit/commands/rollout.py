@@ -166,7 +166,7 @@ def _write_maps(args, out, items, ckpt, model, method, wanted) -> int:
 class _LazyFile:
     """A text file (and its folder) created on the first write, so a run that writes nothing
     leaves nothing behind; written under a temporary name and renamed into place when the
-    block ends well, so an earlier file of that name is replaced whole or kept."""
+    block ends well, so an existing file of that name is replaced whole or kept."""
 
     def __init__(self, path):
         self.path, self.file = path, None
