@@ -38,11 +38,11 @@ def get_config():
                    eval_batch_size=250, loss="sigmoid_xent")
     c.stages = dict(
         vit=dict(order=0, text=False, skip_with_init=True,
-                 train=dict(steps=1200, loss="sigmoid_xent")),
-        text=dict(order=1, train=dict(steps=1200, loss="prompt_xent"),
+                 train=dict(steps=1000, loss="sigmoid_xent")),
+        text=dict(order=1, train=dict(steps=1000, loss="prompt_xent"),
                   optim=dict(lr=2e-3, warmup_steps=50, trainable=TEXT_PARTS,
                              lr_mults=[[r"xattn/\d+/\w+_gate", 10.0]], no_decay=r".*_gate")),
-        tune=dict(order=2, train=dict(steps=200, loss="prompt_xent"),
+        tune=dict(order=2, train=dict(steps=150, loss="prompt_xent"),
                   optim=dict(lr=3e-4, warmup_steps=20,
                              trainable=f"{TEXT_PARTS}|blocks/[23]/.*|norm/.*",
                              lr_mults=[[r"xattn/\d+/\w+_gate", 10.0]], no_decay=r".*_gate")),
