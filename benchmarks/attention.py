@@ -554,7 +554,7 @@ def main(argv: list[str]) -> int:
             0.5 if infer or train else 1.0), per_case)
         save()
     if infer:
-        # A row starts with 10 s of its share left: a ViT-B/16 forward compiles in seconds.
+        # A row starts with ten seconds of its share left: a ViT-B/16 forward compiles in seconds.
         result["inference"] = inference_bench(args.dry_run, iters, deadline.share(
             0.35 if train else 1.0), min_left_s=0 if args.dry_run else 10)
         save()

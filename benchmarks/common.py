@@ -64,7 +64,7 @@ def run_side(target: str, kwargs: dict | None = None, *, env: dict | None = None
 
     `kwargs` (JSON-able) are passed as keyword arguments. `env` is added to this process's
     environment (e.g. `XLA_FLAGS`), `pythonpath` is put first on the worker's path (an export
-    of an earlier commit, to measure against the code before a change), `prefix` goes in front
+    of an older commit, to measure against the code before a change), `prefix` goes in front
     of the interpreter (e.g. `["taskset", "-c", "0"]`). Raises `SideFailed` with the tail of
     the worker's stderr when it fails."""
     with tempfile.TemporaryDirectory(prefix="bench-side-") as folder:

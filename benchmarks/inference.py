@@ -16,7 +16,7 @@ probability difference against transformers.
     python -m benchmarks inference --rounds 5 --iters 10
     python -m benchmarks inference --baseline /tmp/before   # also an older copy of ours
 
-`--baseline DIR` adds our model imported from DIR (an export of an earlier commit, e.g.
+`--baseline DIR` adds our model imported from DIR (an export of an older commit, e.g.
 `git archive HEAD | tar -x -C DIR`), float32, so a change to the hot path is measured against
 the code before it on the same machine in the same run (`ratio_to_baseline_median`).
 """

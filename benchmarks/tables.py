@@ -5,7 +5,7 @@ A table sits between `<!-- table NAME -->` and `<!-- /table NAME -->`, NAME bein
 (`benchmarks/records/NAME.json`); each record has exactly one. The contents of
 docs/benchmarks.md sit between `<!-- contents -->` and `<!-- /contents -->`. The text around
 the markers is written by hand, and holds no measured figure: `--check` finds every number
-with a unit of measure (1.2x, 35 ms, 4 s, 2.6 GiB, 12%, 30 img/s, ...) in README.md and
+with a unit of measure (a ratio, a time, a size, a share, a rate) in README.md and
 docs/*.md outside the generated blocks and fails on it, unless `NOT_MEASURED` lists it as a
 fact that is not a measurement (a page size, a time limit, a ratio worked out from shapes).
 
@@ -37,7 +37,7 @@ BLOCK = re.compile(r"(<!-- table (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /tabl
 CONTENTS = re.compile(r"(<!-- contents -->\n)(?P<body>.*?)(<!-- /contents -->)", re.DOTALL)
 PAGE = "docs/benchmarks.md"
 
-# A number with a unit of measure: a ratio (1.2x, 5-6x), a time, a size, a share, a rate.
+# A number with a unit of measure: a ratio, a time, a size, a share, a rate.
 # "8x8" and "16,384 x 16,384" are shapes, not ratios: an "x" counts only glued to the number
 # and not followed by a letter or digit.
 FIGURE = re.compile(

@@ -132,3 +132,43 @@ def test_points_inside_reads_the_strongest_patch_centre():
     maps[2, 3, 3] = 2.0  # centre (56, 56): on the box's exclusive end, so outside
     boxes = np.array([[16, 32, 48, 64], [16, 16, 48, 48], [28, 28, 56, 56]])
     assert points_inside(maps, boxes, 64).tolist() == [True, False, False]
+
+
+@pytest.fixture(scope="module")
+def promptshapes_run(tmp_path_factory):
+    """A tiny text model saved inside a run folder whose config names promptshapes, and one
+    image, as `vit predict --prompt` and `vit rollout --prompt` meet them."""
+    from PIL import Image
+
+    from conftest import tiny_text_model
+
+    from vit.checkpoints import save_orbax
+
+    model = tiny_text_model(gates=0.5)
+    run = tmp_path_factory.mktemp("run")
+    (run / "config.json").write_text(json.dumps({"data": {"name": "promptshapes"}}))
+    save_orbax(run / "checkpoints" / "5", model)
+    pics = run / "pics"
+    pics.mkdir()
+    Image.fromarray(np.random.RandomState(0).randint(0, 255, (32, 32, 3), np.uint8)).save(
+        pics / "a.png")
+    return run / "checkpoints" / "5", pics
+
+
+@pytest.mark.parametrize("command", ["predict", "rollout"])
+def test_cli_names_the_unknown_words_of_a_prompt(promptshapes_run, command, tmp_path, capsys):
+    from vit.cli import main
+
+    ckpt, pics = promptshapes_run
+    extra = ["--out", str(tmp_path / "maps")] if command == "rollout" else []
+    for prompt, unknown in [("hello xyzzy", "'hello', 'xyzzy'"), ("is there a red square?", None)]:
+        assert main([command, str(pics), "--checkpoint", str(ckpt), "--prompt", prompt,
+                     *extra]) == 0
+        err = capsys.readouterr().err
+        notices = [line for line in err.splitlines() if "seen in training" in line]
+        if unknown is None:
+            assert notices == [], err
+        else:
+            assert len(notices) == 1, err
+            assert notices[0].startswith(f"vit {command}: warning: ")
+            assert unknown in notices[0] and 'answer such prompts "no"' in notices[0]

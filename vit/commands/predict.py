@@ -109,6 +109,7 @@ def _text_inputs(args, config):
     """`(prompts, zero_shot)` for the Predictor; tokenizer warnings (a truncated prompt) are
     printed as ours rather than as Python warnings with a source line."""
     from vit.inference.prompts import (
+        checkpoint_vocabulary,
         encode_prompts,
         load_text_embeddings,
         read_names,
@@ -119,7 +120,8 @@ def _text_inputs(args, config):
         warnings.simplefilter("always", UserWarning)
         prompts = zero_shot = None
         if args.prompt is not None:
-            prompts = encode_prompts(config, args.prompt)
+            prompts = encode_prompts(config, args.prompt,
+                                     vocabulary=checkpoint_vocabulary(args.checkpoint))
         elif args.text_embeddings is not None:
             prompts = load_text_embeddings(config, args.text_embeddings)
         elif args.zero_shot is not None:

@@ -197,7 +197,11 @@ def _check_prompt(prompt: str, checkpoint: str, text_config) -> None:
     import warnings
 
     from vit.errors import ConfigError
-    from vit.inference.prompts import require_utf8
+    from vit.inference.prompts import (
+        checkpoint_vocabulary,
+        require_utf8,
+        unknown_word_notices,
+    )
     from vit.models.text import tokenize
 
     require_utf8("--prompt", prompt)
@@ -212,6 +216,8 @@ def _check_prompt(prompt: str, checkpoint: str, text_config) -> None:
         tokenize(prompt, text_config.max_len)
     for warning in caught:
         print(f"vit rollout: warning: {warning.message}", file=sys.stderr)
+    for line in unknown_word_notices(checkpoint_vocabulary(checkpoint), [prompt]):
+        print(f"vit rollout: warning: {line}", file=sys.stderr)
 
 
 def _prompt_rows(model, arrays, prompt: str, count: int):

@@ -84,7 +84,7 @@ def default_block_sizes(platform: str, head_dim: int, seq_q: int | None = None,
     The largest tiles follow Triton's fused-attention tutorial. The backward kernels keep a large
     block resident and stream small blocks of the other operand: dK/dV holds 128 keys and streams
     32 queries, dQ the reverse. The warps are chosen so that no kernel spills registers on sm_90
-    (`scripts/kernel_resources.py` compiles every tile this function picks, on any host): with 4
+    (`python -m benchmarks kernels` compiles every tile this function picks, on any host): with 4
     warps the dK/dV kernel spills at head_dim 64, with 8 it does not.
 
     With `seq_q`/`seq_k` (GPU), each tile is fitted to its length (`_fit_tile`): 197 tokens keep
