@@ -367,10 +367,81 @@ def questions(q: dict) -> list[str]:
             for g, label, target in groups]
     rows.append([f"never-drawn words ({q['never']['questions']} questions): yes-rate",
                  f"{q['never']['yes_rate']:.3f}", "at most 0.05", "", ""])
+    if "unknown" in q:
+        rows.append([f"prompts of unknown words ({q['unknown']['questions']}): yes-rate",
+                     f"{q['unknown']['yes_rate']:.3f}", "", "", ""])
     return [f"Every question asked of each of {q['images']} test scenes (yes above "
             f"{q['threshold']}); false yes at most 0.03 where the scene has neither:", "",
             *table(["questions", "balanced accuracy", "target", "AUC",
                     "false yes: neither / colour only / shape only / both apart"], rows)]
+
+
+def f3(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.3f}"
+
+
+FASHION_TARGETS = {"seen": "at least 0.95", "heldout": "at least 0.90", "wording": "at least 0.93"}
+
+
+def fashion_scenes(r: dict) -> list[str]:
+    """`fashion_scenes`: every question of every test scene by group and kind of question,
+    the controls, the relevancy maps' pointing, and the ViT stage's class recognition."""
+    ev, q = r["eval"], r["eval"]["questions"]
+    rows = []
+    for g, target in FASHION_TARGETS.items():
+        for kind, fig in [("all", q[g]), *q[g].get("by_kind", {}).items()]:
+            rows.append([f"{g}" + ("" if kind == "all" else f": {kind}") + f" ({fig['questions']})",
+                         f3(fig["balanced_accuracy"]), target if kind == "all" else "",
+                         f3(fig["auc"]), ", ".join(f"{k} {f3(v)}" for k, v in
+                                                   fig["false_yes"].items() if v is not None)])
+    rows.append([f"never-placed classes ({q['never']['questions']}): yes-rate",
+                 f3(q["never"]["yes_rate"]), "at most 0.05", "", ""])
+    if "unknown" in q:
+        rows.append([f"prompts of unknown words ({q['unknown']['questions']}): yes-rate",
+                     f3(q["unknown"]["yes_rate"]), "", "", ""])
+    rows += [[f"control `{k}` (answer accuracy)", f3(v), "0.50 ± 0.05", "", ""]
+             for k, v in ev["controls"].items()]
+    rows += [[f"relevancy's strongest patch on the item: {k.replace('_', ' ')}",
+              f"{v['inside']} of {v['scenes']} ({f3(v['rate'])})", "at least 0.90", "", ""]
+             for k, v in r.get("pointing", {}).items()]
+    vit_stage = (r.get("stages", {}).get("vit") or {}).get("last_validation") or {}
+    stages = r.get("stages", {})
+    tail = []
+    if "label_accuracy" in vit_stage:
+        tail.append(f"The ViT stage ({stages['vit']['steps']:,} steps) recognises the classes "
+                    f"present with a per-label accuracy of {f3(vit_stage['label_accuracy'])} on "
+                    "the validation scenes.")
+    if stages:
+        tail.append(f"Training, all {len(stages)} stages: {r['train_seconds']:.0f} s "
+                    f"({sum(s['steps'] for s in stages.values()):,} steps).")
+    return [f"Every question asked of each of {q['images']} test scenes (yes above "
+            f"{q['threshold']}):", "",
+            *table(["questions", "balanced accuracy", "target", "AUC",
+                    "false yes by kind of \"no\""], rows), *(["", " ".join(tail)] if tail else [])]
+
+
+def ablation_row(label: str, name: str, r: dict) -> list[str]:
+    q = r["eval"]["questions"]
+    h = q["heldout"]
+    return [label, f3(h["balanced_accuracy"]), f3(h["auc"]), f3(h["false_yes"]["both_apart"]),
+            f3(h["false_yes"]["colour_only"]), f3(h["false_yes"]["shape_only"]),
+            f3(q["seen"]["balanced_accuracy"]), f3(q.get("unknown", {}).get("yes_rate")),
+            f"`{name}.json`"]
+
+
+def promptshapes_attribute_labels(r: dict, recipe: dict) -> list[str]:
+    """The ablation of promptshapes' ViT-stage labels: this record (colours and shapes apart)
+    beside the recipe's own record (`promptshapes`, pairs), on the same questions."""
+    return [f"Held-out pairs, each of {r['eval']['questions']['images']} test scenes asked "
+            "every question, by what the ViT stage learns:", "",
+            *table(["ViT-stage labels", "held-out pairs: balanced accuracy", "AUC",
+                    "false yes, both apart (hard)", "colour only", "shape only", "seen pairs",
+                    "unknown-word yes-rate", "record"],
+                   [ablation_row("pairs (the recipe)", "promptshapes", recipe),
+                    ablation_row("colours and shapes apart", "promptshapes_attribute_labels",
+                                 r)]), "",
+            f"The recipe's row: `{RECORDS}/promptshapes.json` ({host(recipe)}, "
+            f"{recipe['date_utc'][:10]}), made by `{recipe['command']}`."]
 
 
 METHODS = ("attention", "rollout", "grad-rollout", "relevancy")
@@ -494,7 +565,12 @@ RENDERERS = {
     "kernel_resources": kernel_resources,
     "suite": suite,
     "fashion_mnist": fashion_mnist,
+    "fashion_scenes": fashion_scenes,
+    "promptshapes_attribute_labels": promptshapes_attribute_labels,
 }
+# Records whose table also shows another record, for comparison: {record: the other}. The
+# other keeps its own table; this one's is regenerated when either changes.
+COMPARED_WITH = {"promptshapes_attribute_labels": "promptshapes"}
 # Blocks that are one sentence in running text: no heading line, the record named inside.
 INLINE = {"demo"}
 
@@ -523,9 +599,12 @@ def renderer(name: str, record: dict) -> Callable[[dict], list[str]] | None:
     return getattr(importlib.import_module(MODES[mode][0]), "table", None)
 
 
-def render(name: str, record: dict) -> str:
-    """A block's text: the host and date, the table, then the record and its command."""
-    lines = renderer(name, record)(record)
+def render(name: str, record: dict, recs: dict[str, dict] | None = None) -> str:
+    """A block's text: the host and date, the table, then the record and its command. `recs`
+    holds the records a table compares with (`COMPARED_WITH`)."""
+    draw = renderer(name, record)
+    lines = (draw(record, (recs or {})[COMPARED_WITH[name]]) if name in COMPARED_WITH
+             else draw(record))
     if name not in INLINE:
         lines = [heading(record), "", *lines, "", source(name, record)]
     return "\n".join(lines) + "\n"
@@ -560,7 +639,7 @@ def regenerate(text: str, recs: dict[str, dict]) -> str:
         name = m["name"]
         if name not in recs:
             raise KeyError(f"a table names {RECORDS}/{name}.json, which does not exist")
-        return m.group(1) + render(name, recs[name]) + m.group(4)
+        return m.group(1) + render(name, recs[name], recs) + m.group(4)
 
     text = BLOCK.sub(fill, text)
     return CONTENTS.sub(lambda m: m.group(1) + contents(text, recs) + m.group(3), text)

@@ -202,3 +202,64 @@ def test_figures_are_the_records():
     assert f"| {prompts['heldout_accuracy']:.3f} |" in readme
     heldout = prompts["questions"]["heldout"]
     assert f"| the 4 held-out pairs | {heldout['balanced_accuracy']:.3f} |" in readme
+
+    unknown = prompts["questions"]["unknown"]
+    assert (f"| prompts of unknown words ({unknown['questions']}): yes-rate | "
+            f"{unknown['yes_rate']:.3f} |") in readme
+
+
+def text_page() -> str:
+    return (ROOT / "docs" / "text.md").read_text()
+
+
+def test_the_text_records_tables():
+    """fashion_scenes' groups and pointing, and the ablation's two rows, read back by pattern."""
+    page = text_page()
+    fashion = record("fashion_scenes")
+    questions = fashion["eval"]["questions"]
+    for group in ("seen", "heldout", "wording"):
+        g = questions[group]
+        assert (f"| {group} ({g['questions']}) | {g['balanced_accuracy']:.3f} | at least "
+                f"0.9") in page, group
+        for kind, k in g["by_kind"].items():
+            assert f"| {group}: {kind} ({k['questions']}) | {k['balanced_accuracy']:.3f} |" in page
+    for key, p in fashion["pointing"].items():
+        assert f"{p['inside']} of {p['scenes']} ({p['inside'] / p['scenes']:.3f})" in page, key
+    assert f"{fashion['stages']['vit']['last_validation']['label_accuracy']:.3f}" in page
+
+    for label, name in (("pairs (the recipe)", "promptshapes"),
+                        ("colours and shapes apart", "promptshapes_attribute_labels")):
+        q = record(name)["eval"]["questions"]
+        held = q["heldout"]
+        assert (f"| {label} | {held['balanced_accuracy']:.3f} | {held['auc']:.3f} | "
+                f"{held['false_yes']['both_apart']:.3f} |") in page, name
+        assert f"| {q['unknown']['yes_rate']:.3f} | `{name}.json` |" in page, name
+
+
+def test_a_compared_record_refreshes_the_table_that_shows_it(tree):
+    """The ablation's table is the attribute-labels record's, with a row read from the recipe's
+    record: a new recipe record makes both that table and the recipe's own stale."""
+    recipe = record("promptshapes")
+    recipe["eval"]["questions"]["heldout"]["auc"] = 0.4321
+    (tree / "benchmarks" / "records" / "promptshapes.json").write_text(json.dumps(recipe))
+    assert tables.stale(tree) == ["README.md", "docs/text.md"]
+    page = tables.regenerate((tree / "docs" / "text.md").read_text(), tables.records(tree))
+    ablation = tables.blocks(page)["promptshapes_attribute_labels"]
+    assert re.search(r"^\| pairs \(the recipe\) \| [\d.]+ \| 0\.432 \|", ablation, re.MULTILINE)
+
+
+def test_the_text_records_commands_remake_them():
+    """Each text record's `command` is the text mode, naming that record and the ViT-stage
+    labels it was trained with, and the recipe its eval ran on."""
+    from benchmarks import text
+
+    for path in RECORDS.glob("*.json"):
+        r = json.loads(path.read_text())
+        words = r["command"].split()
+        if words[3:4] != ["text"]:
+            continue
+        args = text.parser().parse_args(words[4:])
+        assert (args.record or text.recipe_path(args.config).stem) == path.stem
+        assert text.recipe_path(args.config).stem == r["eval"]["data"], path.name
+        assert args.labels == r["run"].get("labels", "pairs"), path.name
+        assert r["command_at_record_time"], path.name
