@@ -5,7 +5,7 @@ with transformers + torch on the same files.
     python -m benchmarks realdata transfer --init runs/fashion          # mnist_transfer.json
     python -m benchmarks realdata peer [--scratch-steps 300] [--tune-steps 150]
                                                                         # realdata_peer.json
-    python -m benchmarks realdata dryrun                                # dry_run.json
+    python -m benchmarks realdata dryrun [--recipes NAME ... --merge]  # dry_run.json
 
 - `dryrun` runs `vit train --config NAME --dry-run` for every shipped recipe and keeps what
   each printed: what was checked of the full-size recipes on this host.
@@ -434,12 +434,16 @@ def peer(args) -> dict:
 def dryrun(args) -> dict:
     recipes = args.recipes or sorted(p.stem for p in (ROOT / "configs").glob("*.py"))
     out = {}
+    if args.merge:  # the other recipes' entries stay as the record has them, each dated
+        out = json.loads(common.record_path("dry_run").read_text())["recipes"]
     for name in recipes:
         run = run_timed([*vit_command(), "train", "--config", name, "--dry-run"])
-        out[name] = {"returncode": run["returncode"], "wall_s": round(run["wall_s"], 1),
+        out[name] = {"date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                     "load_average_1min": round(os.getloadavg()[0], 2),
+                     "returncode": run["returncode"], "wall_s": round(run["wall_s"], 1),
                      "printed": [text for _, text in run["lines"]
                                  if not text.startswith(("WARNING", "I0000", "W0000"))]}
-    return {"recipes": out}
+    return {"recipes": dict(sorted(out.items()))}
 
 
 def main(argv: list[str]) -> int:
@@ -464,6 +468,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--two-devices", action="store_true")
     d = sub.add_parser("dryrun", help="vit train --dry-run of every shipped recipe")
     d.add_argument("--recipes", nargs="*", default=None)
+    d.add_argument("--merge", action="store_true",
+                   help="run only --recipes, keeping the record's other entries")
     for each in (f, t, p, d):
         each.add_argument("--out", default=None, help="write the record here instead")
     args = parser.parse_args(argv)
@@ -480,3 +486,71 @@ def main(argv: list[str]) -> int:
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))
+
+
+# ------------------------------------------------------------------------------ tables
+
+
+def table(record: dict) -> list[str]:
+    """The docs' table of a record this mode writes (`python -m benchmarks tables`)."""
+    from benchmarks import tables as T
+
+    name = record["benchmark"]
+    if name == "mnist_transfer":
+        rows = [[r["start"], r["seed"], T.pct(r["test_accuracy"]), f"{r['wall_s']:.0f} s"]
+                for r in record["runs"]]
+        return [f"`vit train --config mnist_transfer`, {record['labels']}; `--init` "
+                "the fashion_mnist workdir, or from scratch:", "",
+                *T.table(["start", "seed", "test accuracy", "whole command"], rows), "",
+                f"The pretrained start wins by {record['pretrained_gain_points']:.1f} points."]
+    if name == "dry_run":
+        rows = []
+        for recipe, entry in record["recipes"].items():
+            got = {key: next((x.split(": ", 1)[1] for x in entry["printed"]
+                              if x.startswith(key + ":")), "") for key in
+                   ("model", "step", "FLOPs per step", "memory per device (XLA's plan)",
+                    "one step")}
+            params = re.search(r"([\d,]+) parameters", got["model"])
+            memory = got["memory per device (XLA's plan)"]
+            rows.append([f"`{recipe}`", "yes" if entry["returncode"] == 0 else "**failed**",
+                         params.group(1) if params else "",
+                         got["FLOPs per step"].split(" (")[0],
+                         memory.split(" = ")[0] + (" (fits)" if memory.endswith(": fits")
+                                                   else ""),
+                         got["one step"].split(" (")[0]])
+        example = record["recipes"].get("cifar10_finetune", {}).get("printed", [])
+        return [*T.table(["recipe", "compiled", "parameters", "FLOPs per step",
+                          "memory per device", "one step"], rows), "",
+                "`vit train --config cifar10_finetune --dry-run` printed:", "", "```text",
+                *example, "```"]
+    if name == "realdata_peer":
+        rows = []
+        for phase, label in (("scratch", "from scratch, Fashion-MNIST"),
+                             ("finetune", "fine-tuned, 500 MNIST digits")):
+            for side, s in record["summary"][phase].items():
+                rows.append([label, {"vit": "vit train", "vit2": "vit train, 2 devices",
+                                     "torch": "transformers + torch"}[side],
+                             T.pct(s["test_accuracy"]), f"{s['wall_s_median']:.0f} s",
+                             f"{s['speed_vs_peer']:.2f}x" if "speed_vs_peer" in s else "",
+                             f"{s['accuracy_minus_peer_points']:+.1f}"
+                             if "accuracy_minus_peer_points" in s else ""])
+        splits = []
+        for rd in record["rounds"]:
+            for phase in ("scratch_fashion_mnist", "finetune_mnist_5k"):
+                for s in rd[phase].values():
+                    sp = s["split"]
+                    splits.append([phase.split("_")[0], s["side"],
+                                   sp.get("startup_and_compile_s", sp.get("startup_s")),
+                                   sp["steps_s"], sp["step_ms"], sp["final_eval_s"],
+                                   sp.get("checkpoint_and_exit_s", sp.get("save_s"))])
+        return [f"{record['architecture']}; from scratch {record['scratch']['steps']} steps of "
+                f"{record['scratch']['batch']}, fine-tuning {record['finetune']['steps']} steps "
+                f"of {record['finetune']['batch']} (targets: {record['targets']}):", "",
+                *T.table(["run", "side", "test accuracy", "whole command", "speed vs peer",
+                          "points vs peer"], rows), "",
+                "Where each command's time went, in seconds (ours: start-up and compile, "
+                "steps, final evaluation, checkpoint and exit; the peer's: start-up, steps, "
+                "evaluation, save):", "",
+                *T.table(["run", "side", "start-up", "steps", "ms a step", "evaluation",
+                          "save and exit"], splits)]
+    raise KeyError(name)
