@@ -434,8 +434,11 @@ def peer(args) -> dict:
 def dryrun(args) -> dict:
     recipes = args.recipes or sorted(p.stem for p in (ROOT / "configs").glob("*.py"))
     out = {}
-    if args.merge:  # the other recipes' entries stay as the record has them, each dated
-        out = json.loads(common.record_path("dry_run").read_text())["recipes"]
+    earlier = None
+    if args.merge:  # the other recipes' entries stay as the record has them
+        old = json.loads(common.record_path("dry_run").read_text())
+        out = old["recipes"]
+        earlier = old.get("earlier") or {"command": old["command"], "date_utc": old["date_utc"]}
     for name in recipes:
         run = run_timed([*vit_command(), "train", "--config", name, "--dry-run"])
         out[name] = {"date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -443,7 +446,8 @@ def dryrun(args) -> dict:
                      "returncode": run["returncode"], "wall_s": round(run["wall_s"], 1),
                      "printed": [text for _, text in run["lines"]
                                  if not text.startswith(("WARNING", "I0000", "W0000"))]}
-    return {"recipes": dict(sorted(out.items()))}
+    return {"recipes": dict(sorted(out.items())),
+            **({"earlier": earlier} if earlier else {})}
 
 
 def main(argv: list[str]) -> int:
@@ -491,6 +495,15 @@ if __name__ == "__main__":
 # ------------------------------------------------------------------------------ tables
 
 
+def _earlier_line(record: dict) -> list[str]:
+    """Which entries a merged record took from its earlier run."""
+    if "earlier" not in record:
+        return []
+    new = [f"`{n}`" for n, e in record["recipes"].items() if "date_utc" in e]
+    return ["", f"{', '.join(new)}: the command below; the others: "
+                f"`{record['earlier']['command']}` on {record['earlier']['date_utc'][:10]}."]
+
+
 def table(record: dict) -> list[str]:
     """The docs' table of a record this mode writes (`python -m benchmarks tables`)."""
     from benchmarks import tables as T
@@ -522,7 +535,8 @@ def table(record: dict) -> list[str]:
         return [*T.table(["recipe", "compiled", "parameters", "FLOPs per step",
                           "memory per device", "one step"], rows), "",
                 "`vit train --config cifar10_finetune --dry-run` printed:", "", "```text",
-                *example, "```"]
+                *example, "```",
+                *_earlier_line(record)]
     if name == "realdata_peer":
         rows = []
         for phase, label in (("scratch", "from scratch, Fashion-MNIST"),
