@@ -8,7 +8,8 @@ Each run is `vit train` itself (a subprocess, as a user runs it); the figures ar
 the figure), with images/s beside them. The folder is 400 generated 320x240 JPEGs in two
 classes, trained with configs/imagefolder.py at a size a CPU can run (Ti/16, 96 px, float32):
 a small model makes the data's share as large as it gets. The pipeline alone (batches drawn
-with no model) is timed too, for the rate the data could sustain. The target is at most five percent.
+with no model) is timed too, for the rate the data could sustain. The target is at most five
+percent.
 """
 
 from __future__ import annotations

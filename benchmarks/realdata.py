@@ -168,7 +168,7 @@ def fashion(args) -> dict:
         load, counts, saved = _timeline_from_poll(Path(args.timeline).read_text(), workdir)
         wall = args.finished - args.started if args.finished else None
         load = [[round(t - args.started, 1), x] for t, x in load]
-        # A metrics line's time: the first poll that saw it (polls every 20 s or so).
+        # A metrics line's time: the first poll that saw it (the polls are some seconds apart).
         for t, n in counts:
             rows_t.setdefault(n, round(t - args.started, 1))
         # A validation's time: its checkpoint folder's mtime (saved just after it), when seen.
@@ -496,7 +496,7 @@ if __name__ == "__main__":
 
 
 def _earlier_line(record: dict) -> list[str]:
-    """Which entries a merged record took from its earlier run."""
+    """Which entries a merged record took from the run it was merged with."""
     if "earlier" not in record:
         return []
     new = [f"`{n}`" for n, e in record["recipes"].items() if "date_utc" in e]

@@ -72,7 +72,7 @@ def test_every_shipped_recipe_compiles_at_full_size(name):
         assert results[0]["parameters"] in (_vit_params(768, 12, 3072, 16, 577, 1000),
                                             _vit_params(768, 12, 3072, 16, 577, 10))
         assert _vit_params(768, 12, 3072, 16, 577, 1000) == 86_859_496
-        # A training step is about 3x the forward's products: 2 FLOPs per weight per token,
+        # A training step is about three times the forward's products: 2 FLOPs per weight per token,
         # plus attention's two [577 x 577] products per head, per image, for 512 images.
         weights = 12 * (4 * 768 * 768 + 2 * 768 * 3072)
         forward = 2 * weights * 577 + 12 * 2 * 2 * 577 * 577 * 768

@@ -152,3 +152,16 @@ def test_a_bad_mnist_csv_is_refused(tmp_path):
         (",".join(["300"] * 784 + ["1"]) + "\n").encode()))
     with pytest.raises(DataError, match="0-255"):
         open_source("mnist_5k", "test", data_dir=str(tmp_path))
+
+
+def test_fashion_scenes_is_a_dataset_name_built_from_the_fashion_files(tmp_path):
+    from vit.data import open_source
+    from vit.data.fashion_scenes import FashionScenesSource
+    from vit.errors import DataError
+
+    _fashion_files(tmp_path, n_train=200, n_test=30)
+    source = open_source("fashion_scenes", "test", data_dir=str(tmp_path))
+    assert isinstance(source, FashionScenesSource) and len(source) > 0
+    assert any("sneaker" in p for p in source.prompts)
+    with pytest.raises(DataError, match="Fashion-MNIST not found .*data.data_dir"):
+        open_source("fashion_scenes", "test", data_dir=str(tmp_path / "empty"))

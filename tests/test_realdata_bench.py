@@ -10,8 +10,8 @@ pytestmark = pytest.mark.timeout(60)
 
 
 def test_the_split_of_a_run_adds_up_from_its_stamped_lines(tmp_path):
-    # 100 steps of batch 50 at 500 img/s (0.1 s a step) after a first window holding the
-    # compile; validation printed 3 s after the last step; the command exits 1 s later.
+    # A made-up run: 100 steps of batch 50 at a steady rate after a first window holding the
+    # compile; validation printed a few seconds after the last step, then the command exits.
     rows = [{"step": 10, "split": "train", "images_per_s": 40.0},
             *({"step": s, "split": "train", "images_per_s": 500.0} for s in range(20, 101, 10)),
             {"step": 100, "split": "validation", "accuracy": 0.5}]

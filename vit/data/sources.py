@@ -18,12 +18,12 @@ from pathlib import Path
 import numpy as np
 
 from vit.errors import DataError
-from vit.images import IMAGE_SUFFIXES, image_files, open_image, to_rgb
+from vit.images import IMAGE_SUFFIXES, image_files, not_regular, open_image, to_rgb
 
 log = logging.getLogger(__name__)
 
 DIGITS_SPLITS = ("train", "validation", "test")
-BUILT_IN = ("digits", "promptshapes", "fashion_mnist", "mnist_5k")
+BUILT_IN = ("digits", "promptshapes", "fashion_scenes", "fashion_mnist", "mnist_5k")
 
 
 class ArraySource:
@@ -165,6 +165,11 @@ def folder(root: str | os.PathLike, split: str, *, val_fraction: float = 0.1, se
     if not files:
         raise DataError(f"{root}: no images ({', '.join(IMAGE_SUFFIXES)}) for split {split!r}; "
                         "expected root/<class>/<image> files")
+    if strict:  # refused before training starts, not at the step that reads it
+        for f in files:
+            if (what := not_regular(f)) is not None:
+                raise DataError(f"{f}: {what}, not an image file (data.strict=true; remove it, "
+                                "or data.strict=false skips it with a warning)")
     return FolderSource(files, labels, classes, f"{root}:{split}", strict=strict)
 
 
@@ -224,8 +229,8 @@ class TfdsSource:
 
 def open_source(name: str, split: str, *, data_dir: str | None = None, strict: bool = False,
                 val_fraction: float = 0.1):
-    """`"digits"`, `"promptshapes"`, `"fashion_mnist"`, `"mnist_5k"`, `"tfds:NAME"` (or a TFDS
-    name), or a folder path -> a random-access source.
+    """`"digits"`, `"promptshapes"`, `"fashion_scenes"`, `"fashion_mnist"`, `"mnist_5k"`,
+    `"tfds:NAME"` (or a TFDS name), or a folder path -> a random-access source.
 
     `split` is a split name; TFDS takes slicing such as `train[:90%]`.
     """
@@ -235,6 +240,10 @@ def open_source(name: str, split: str, *, data_dir: str | None = None, strict: b
         from vit.data.promptshapes import PromptShapesSource
 
         return PromptShapesSource(split)
+    if name == "fashion_scenes":
+        from vit.data.fashion_scenes import FashionScenesSource
+
+        return FashionScenesSource(split, data_dir=data_dir)
     if name in ("fashion_mnist", "mnist_5k"):  # before TFDS, whose names these also are
         return real_set(name, split, data_dir)
     if name.startswith("tfds:"):
