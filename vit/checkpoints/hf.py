@@ -64,7 +64,7 @@ def read(folder: Path) -> LoadedCheckpoint:
     params = _encoder(get, fields["depth"], fields["qkv_bias"])
     representation, num_classes = _pooler_and_classifier(get, params, hc, config_file)
     get.check(str(folder), "Hugging Face ViT")
-    warnings = _not_read(get, str(folder))
+    warnings = get.account_for(str(folder), _skipped_why, what="folder")
     proj = get("embeddings.patch_embeddings.projection.weight")  # (D, C, ph, pw)
     try:
         config = ViTConfig(
@@ -93,23 +93,9 @@ NOT_A_CLASSIFIER = (
 )
 
 
-def _not_read(get: NamedArrays, where: str) -> list[str]:
-    """The one warning naming what was skipped on purpose; raises naming any other array
-    nothing read."""
-    skipped, rest = {}, []
-    for key in get.unused():
-        bare = key.removeprefix("vit.")
-        why = next((why for prefix, why in NOT_A_CLASSIFIER if bare.startswith(prefix)), None)
-        if why is None:
-            rest.append(key)
-        else:
-            skipped[why] = skipped.get(why, 0) + 1
-    if rest:
-        more = f" and {len(rest) - 6} more" if len(rest) > 6 else ""
-        raise CheckpointError(f"{where}: arrays this ViT has no place for: "
-                              f"{', '.join(rest[:6])}{more}; the folder cannot be read exactly")
-    return ["not read, as a classifier does not use them: " + "; ".join(
-        f"{n} arrays of {why}" for why, n in skipped.items())] if skipped else []
+def _skipped_why(key: str) -> str | None:
+    bare = key.removeprefix("vit.")
+    return next((why for prefix, why in NOT_A_CLASSIFIER if bare.startswith(prefix)), None)
 
 
 def _config_fields(hc: dict, config_file: Path) -> dict:

@@ -40,6 +40,25 @@ class NamedArrays:
         """The keys of the file that nothing has read, sorted."""
         return sorted(set(self.arrays) - self.used)
 
+    def account_for(self, where: str, skipped_why, what: str = "file") -> list[str]:
+        """Every array read, or skipped on purpose: `skipped_why(key)` says why a classifier
+        does not use `key` (None: no reason). Returns the one warning that counts what was
+        skipped; raises naming the arrays nothing read and nothing explains."""
+        skipped, rest = {}, []
+        for key in self.unused():
+            why = skipped_why(key)
+            if why is None:
+                rest.append(key)
+            else:
+                skipped[why] = skipped.get(why, 0) + 1
+        if rest:
+            more = f" and {len(rest) - 6} more" if len(rest) > 6 else ""
+            raise CheckpointError(f"{where}: arrays this ViT has no place for: "
+                                  f"{', '.join(rest[:6])}{more}; the {what} cannot be read "
+                                  "exactly")
+        return ["not read, as a classifier does not use them: " + "; ".join(
+            f"{n} arrays of {why}" for why, n in skipped.items())] if skipped else []
+
     def check(self, where: str, layout: str) -> None:
         """Raises one CheckpointError naming the missing keys (the first six), if any, and the
         file's unread keys nearest to them (a key renamed)."""

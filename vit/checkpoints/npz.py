@@ -138,24 +138,13 @@ NOT_A_CLASSIFIER = (
 )
 
 
-def _not_read(keys: NamedArrays, where: str) -> list[str]:
-    """The one warning naming what was skipped on purpose; raises naming any other array
-    nothing read."""
-    skipped, rest = {}, []
-    for key in keys.unused():
-        why = next((why for prefix, why in NOT_A_CLASSIFIER
-                    if key.startswith(prefix) and not key.startswith(keys.prefixes[0])
-                    and (prefix.endswith("/") or key == prefix)), None)
-        if why is None:
-            rest.append(key)
-        else:
-            skipped[why] = skipped.get(why, 0) + 1
-    if rest:
-        more = f" and {len(rest) - 6} more" if len(rest) > 6 else ""
-        raise CheckpointError(f"{where}: arrays this ViT has no place for: "
-                              f"{', '.join(rest[:6])}{more}; the file cannot be read exactly")
-    return ["not read, as a classifier does not use them: " + "; ".join(
-        f"{n} arrays of {why}" for why, n in skipped.items())] if skipped else []
+def _skipped_why(keys: NamedArrays):
+    """Why a key outside the ViT's own tree (`keys.prefixes[0]`) is not read, or None."""
+    def why(key: str) -> str | None:
+        return next((why for prefix, why in NOT_A_CLASSIFIER
+                     if key.startswith(prefix) and not key.startswith(keys.prefixes[0])
+                     and (prefix.endswith("/") or key == prefix)), None)
+    return why
 
 
 def _depth(keys: NamedArrays) -> tuple[int, bool]:
@@ -208,7 +197,7 @@ def read(path: Path) -> LoadedCheckpoint:
     posemb, grid, warnings = _posemb(keys, params, family, class_token, (ph, pw), path)
     classifier, representation, num_classes = _head_layers(keys, params, class_token, d)
     keys.check(str(path), f"{layout} npz")
-    warnings += _not_read(keys, str(path))
+    warnings += keys.account_for(str(path), _skipped_why(keys))
     if classifier == "map" and (params["map_head"]["mlp"]["fc1"]["kernel"].shape[1]
                                 != block_fields["mlp_dim"]):
         raise CheckpointError(f"{path}: MAPHead MLP width differs from the blocks' "
