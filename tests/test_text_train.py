@@ -73,19 +73,26 @@ def test_pipeline_carries_prompts_answers_and_multi_hot_labels():
 
 def test_controls_keep_answers_and_take_one_modality_away():
     src = open_source("promptshapes", "test")
+    kinds = src.data.kinds
     shuffled = PromptControl(src, "shuffled_prompt", seed=0)
+    # Every control asks only the answerable questions (a "no" by rule would tilt the
+    # answers), and those are true in exactly half their uses.
+    asked = [i for i in range(len(src)) if kinds[i] not in ("never", "unknown")]
+    assert 0 < len(shuffled) == len(asked) < len(src)
+    assert sum(shuffled[j]["answer"] for j in range(len(shuffled))) * 2 == len(shuffled)
     moved = 0
-    for i in range(len(src)):
-        item, ctrl = src[i], shuffled[i]
+    for j, i in enumerate(asked):
+        item, ctrl = src[i], shuffled[j]
         assert ctrl["answer"] == item["answer"]
-        donor = int(shuffled.donor[i])
+        donor = int(shuffled.donor[j])
         assert donor // 2 != i // 2  # a prompt from another image
+        assert kinds[donor] not in ("never", "unknown")
         assert ctrl["prompt"] == src[donor]["prompt"]
         moved += ctrl["prompt"] != item["prompt"]
-    assert moved > 0.8 * len(src)
+    assert moved > 0.8 * len(asked)
     assert PromptControl(src, "null_prompt")[3]["prompt"] == ""
     blank = PromptControl(src, "blank_image")[3]
-    assert not blank["image"].any() and blank["prompt"] == src[3]["prompt"]
+    assert not blank["image"].any() and blank["prompt"] == src[asked[3]]["prompt"]
 
 
 def test_lr_mults_scale_the_matching_parameters_and_no_decay_spares_them():
