@@ -22,9 +22,9 @@ import ml_collections
 def get_config():
     c = ml_collections.ConfigDict()
     c.data = dict(name="mnist_5k", num_threads=1)
-    c.model = dict(name="Ti/16", width=128, depth=6, mlp_dim=256, num_heads=4, patch_size=4,
+    c.model = dict(name="Ti/16", width=64, depth=6, mlp_dim=256, num_heads=4, patch_size=4,
                    classifier="gap", class_token=False, dropout=0.0, drop_path=0.0,
-                   attention_impl="xla")
+                   attention_impl="xla", dtype="bfloat16")
     # Digits are not flipped; a pixel's shift and a few degrees' turn are still the digit.
     c.input = dict(image_size=28, mean=[0.5] * 3, std=[0.5] * 3, inception_crop=False,
                    flip=False, shift=1.0, rotate=8.0, label_smoothing=0.1)

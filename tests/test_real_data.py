@@ -165,3 +165,14 @@ def test_fashion_scenes_is_a_dataset_name_built_from_the_fashion_files(tmp_path)
     assert any("sneaker" in p for p in source.prompts)
     with pytest.raises(DataError, match="Fashion-MNIST not found .*data.data_dir"):
         open_source("fashion_scenes", "test", data_dir=str(tmp_path / "empty"))
+
+
+def test_the_transfer_recipe_builds_the_fashion_recipes_model():
+    """`vit train --config mnist_transfer --init FASHION_RUN` needs the two recipes' models to
+    agree in every field but the classes (which the data sets)."""
+    from vit.recipes.load import load_config
+
+    fashion = load_config("fashion_mnist").model.to_dict()
+    transfer = load_config("mnist_transfer").model.to_dict()
+    assert fashion == transfer
+    assert fashion["width"] > 0 and fashion["patch_size"] == 4
