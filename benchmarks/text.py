@@ -8,9 +8,16 @@ on prompts of unknown words). For `fashion_scenes` the record also holds `pointi
 relevancy map of a question about a present item (what `vit rollout --prompt` draws) has its
 strongest patch on that item.
 
+`--ablation` records what makes promptshapes' held-out pairs answerable instead: the recipe
+changed one way at a time (`VARIANTS`: the ViT stage learning colour x shape pairs, the
+cross-attention opened, both), each trained and evaluated as above. A variant with the
+recipe's ViT-stage labels starts from `--init` (the recipe run's ViT stage) where given; the
+pairs variants share one pairs ViT stage.
+
     python -m benchmarks text                                   # promptshapes -> promptshapes
     python -m benchmarks text --config configs/fashion_scenes.py --record fashion_scenes
-    python -m benchmarks text --labels attributes --record promptshapes_attribute_labels
+    python -m benchmarks text --ablation --init runs/bench_promptshapes/stages/vit
+                                                                # -> promptshapes_ablation
 """
 
 from __future__ import annotations
@@ -27,7 +34,25 @@ from pathlib import Path
 from benchmarks import common
 
 ROOT = common.ROOT
-LABELS = ("pairs", "attributes")
+VIT = [sys.executable, "-m", "vit.cli"]
+# The cross-attention opened: trained in both text stages, its gates at 10x the learning rate
+# and without decay (the Flamingo recipe), as against the recipe's closed blocks.
+OPEN_TEXT_PARTS = "(text_path|xattn|prompt_head)/.*"
+OPEN = [f"stages.text.optim.trainable={OPEN_TEXT_PARTS}",
+        f"stages.tune.optim.trainable={OPEN_TEXT_PARTS}|blocks/[23]/.*|norm/.*",
+        "stages.text.optim.no_decay=.*_gate", "stages.tune.optim.no_decay=.*_gate",
+        r"stages.text.optim.lr_mults=[['xattn/\d+/\w+_gate', 10.0]]",
+        r"stages.tune.optim.lr_mults=[['xattn/\d+/\w+_gate', 10.0]]"]
+PAIRS = ["data.labels=pairs"]
+# name -> (what it changes, its --sets, the variant whose ViT stage it starts from, or None
+# for --init / its own).
+VARIANTS = {
+    "cross_attention_open": ("ViT stage on colours and shapes apart, cross-attention open",
+                             OPEN, None),
+    "pair_labels": ("ViT stage on colour x shape pairs, cross-attention closed", PAIRS, None),
+    "pair_labels_cross_attention_open": ("ViT stage on colour x shape pairs, cross-attention "
+                                         "open", PAIRS + OPEN, "pair_labels"),
+}
 
 
 def recipe_path(config: str) -> Path:
@@ -54,52 +79,38 @@ def stage_results(workdir: Path) -> dict:
     return out
 
 
-def open_source_with(labels: str):
-    """`vit.data.open_source` with promptshapes' ViT-stage labels set to `labels`, and
-    `fashion_scenes` opened where the installed `vit.data` does not name it yet."""
-    from vit.data import sources
-
-    plain = sources.open_source
-
-    def open_source(name, split, **kw):
-        if name == "promptshapes" and labels != "pairs":
-            from vit.data.promptshapes import PromptShapesSource
-
-            return PromptShapesSource(split, labels=labels)
-        if name == "fashion_scenes" and name not in sources.BUILT_IN:
-            from vit.data.fashion_scenes import FashionScenesSource
-
-            return FashionScenesSource(split, data_dir=kw.get("data_dir"))
-        return plain(name, split, **kw)
-
-    return open_source
-
-
-def vit_with_sources(argv: list[str]) -> int:
-    """`python -m benchmarks.text LABELS VIT_ARGS...`: the `vit` command with
-    `open_source_with(LABELS)` in place of `vit.data.open_source`, wherever training, the dry
-    run and evaluation look it up."""
-    import vit.data
-    import vit.data.sources
-    import vit.train.dry_run
-    import vit.train.loop
-
-    opener = open_source_with(argv[0])
-    for module in (vit.data, vit.data.sources, vit.train.loop, vit.train.dry_run):
-        module.open_source = opener
-    from vit.cli import main as vit_main
-
-    return vit_main(argv[1:])
+def train_and_eval(config: Path, workdir: Path, sets: list[str], init: str | None) -> dict:
+    """One fresh run of `config` into `workdir`, then `vit eval --json`: the commands, their
+    times, each stage's last validation and the evaluation."""
+    shutil.rmtree(workdir, ignore_errors=True)  # a fresh run: the timing covers every stage
+    env = {**os.environ, "JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS", "cpu")}
+    train = VIT + ["train", "--config", str(config), "--workdir", str(workdir)] + \
+        (["--init", str(init)] if init else []) + [f"--set={s}" for s in sets]
+    start = time.time()
+    subprocess.run(train, check=True, env=env, cwd=ROOT)
+    train_s = time.time() - start
+    start = time.time()
+    done = subprocess.run(VIT + ["eval", "--workdir", str(workdir), "--json"], check=True,
+                          env=env, cwd=ROOT, capture_output=True, text=True)
+    eval_s = time.time() - start
+    return {"run": {"train": " ".join(["vit", *train[train.index("train"):]]),
+                    "eval": f"vit eval --workdir {workdir} --json"},
+            "train_seconds": round(train_s, 1), "eval_seconds": round(eval_s, 1),
+            "stages": stage_results(workdir),
+            "eval": json.loads(done.stdout.strip().splitlines()[-1])}
 
 
-def vit_command(data: str, labels: str) -> list[str]:
-    """The `vit` command line for a run: the package's own CLI when it opens the data as the
-    recipe asks, else the CLI through `vit_with_sources`."""
-    from vit.data.sources import BUILT_IN
-
-    if labels == "pairs" and data in BUILT_IN:
-        return [sys.executable, "-m", "vit.cli"]
-    return [sys.executable, "-m", "benchmarks.text", labels]
+def ablation(config: Path, root: Path, init: str | None) -> dict:
+    """Every `VARIANTS` entry trained and evaluated, in order. A variant starts from its base
+    variant's ViT stage, else from `init` if it keeps the recipe's labels, else trains its
+    own."""
+    out = {}
+    for name, (what, sets, base) in VARIANTS.items():
+        start = (str(root / base / "stages" / "vit") if base else
+                 None if PAIRS[0] in sets else init)
+        out[name] = {"what": what, "sets": sets, "init": start,
+                     **train_and_eval(config, root / name, sets, start)}
+    return {"variants": out}
 
 
 def pointing_prompts(scenes: int) -> dict[str, list[tuple[int, str, object]]]:
@@ -158,10 +169,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--config", default="promptshapes",
                    help="the recipe: a path, or a name in configs/ (default promptshapes)")
     p.add_argument("--record", default=None,
-                   help="the record's name, benchmarks/records/NAME.json (default: the recipe's)")
-    p.add_argument("--labels", choices=LABELS, default="pairs",
-                   help="promptshapes' ViT-stage labels: colour-shape pairs (the recipe's), or "
-                        "colours and shapes apart (the ablation)")
+                   help="the record's name, benchmarks/records/NAME.json (default: the recipe's, "
+                        "or promptshapes_ablation with --ablation)")
+    p.add_argument("--ablation", action="store_true",
+                   help="promptshapes changed one way at a time (VARIANTS) instead of the recipe")
+    p.add_argument("--init", default=None,
+                   help="a ViT stage to start from, skipping the recipe's own (with --ablation: "
+                        "the recipe run's, for the variants that keep its labels)")
     p.add_argument("--pointing-scenes", type=int, default=200, metavar="N",
                    help="fashion_scenes: test scenes per pointing figure (0: none)")
     p.add_argument("--workdir", default=None, help="default runs/bench_RECORD")
@@ -173,43 +187,28 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str]) -> None:
     args = parser().parse_args(argv)
     config = recipe_path(args.config)
-    name = args.record or config.stem
+    name = args.record or (f"{config.stem}_ablation" if args.ablation else config.stem)
     workdir = Path(args.workdir or ROOT / "runs" / f"bench_{name}")
-    shutil.rmtree(workdir, ignore_errors=True)  # a fresh run: the timing covers every stage
-    env = {**os.environ, "JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS", "cpu")}
-    vit = vit_command(config.stem, args.labels)
-    train = vit + ["train", "--config", str(config), "--workdir", str(workdir)] + \
-        [f"--set={s}" for s in args.set]
-    start = time.time()
-    subprocess.run(train, check=True, env=env, cwd=ROOT)
-    train_s = time.time() - start
-    start = time.time()
-    done = subprocess.run(vit + ["eval", "--workdir", str(workdir), "--json"], check=True,
-                          env=env, cwd=ROOT, capture_output=True, text=True)
-    eval_s = time.time() - start
-    report = json.loads(done.stdout.strip().splitlines()[-1])
-    result = {
-        "run": {"train": " ".join(["vit", *train[train.index("train"):]]),
-                "eval": f"vit eval --workdir {workdir} --json",
-                **({"labels": args.labels} if args.labels != "pairs" else {})},
-        "train_seconds": round(train_s, 1),
-        "eval_seconds": round(eval_s, 1),
-        "stages": stage_results(workdir),
-        "eval": report,
-    }
-    if report.get("data") == "fashion_scenes" and args.pointing_scenes:
-        result["pointing"] = pointing(workdir, args.pointing_scenes)
+    if args.ablation:
+        result = ablation(config, workdir, args.init)
+    else:
+        result = train_and_eval(config, workdir, args.set, args.init)
+        report = result["eval"]
+        if report.get("data") == "fashion_scenes" and args.pointing_scenes:
+            result["pointing"] = pointing(workdir, args.pointing_scenes)
     common.write_record(name, result, argv=argv, mode="text", out=args.out,
                         extra_packages=("grain",))
-    questions = report.get("questions", {})
-    print(json.dumps({"train_seconds": result["train_seconds"], **{
-        k: report.get(k) for k in ("accuracy", "controls", "heldout_accuracy")},
-        **{group: {k: questions[group][k] for k in ("balanced_accuracy", "auc", "false_yes")}
-           for group in ("seen", "heldout", "wording") if group in questions},
-        **{f"{group}_yes_rate": questions[group]["yes_rate"]
-           for group in ("never", "unknown") if group in questions},
-        **({"pointing": result["pointing"]} if "pointing" in result else {})}))
+    runs = result["variants"] if args.ablation else {name: result}
+    for label, run in runs.items():
+        report, questions = run["eval"], run["eval"].get("questions", {})
+        print(label, json.dumps({"train_seconds": run["train_seconds"], **{
+            k: report.get(k) for k in ("accuracy", "controls", "heldout_accuracy")},
+            **{group: {k: questions[group][k] for k in ("balanced_accuracy", "auc", "false_yes")}
+               for group in ("seen", "heldout", "wording") if group in questions},
+            **{f"{group}_yes_rate": questions[group]["yes_rate"]
+               for group in ("never", "unknown") if group in questions},
+            **({"pointing": run["pointing"]} if "pointing" in run else {})}))
 
 
 if __name__ == "__main__":
-    sys.exit(vit_with_sources(sys.argv[1:]))
+    sys.exit(main(sys.argv[1:]))

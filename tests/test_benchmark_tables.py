@@ -227,39 +227,54 @@ def test_the_text_records_tables():
         assert f"{p['inside']} of {p['scenes']} ({p['inside'] / p['scenes']:.3f})" in page, key
     assert f"{fashion['stages']['vit']['last_validation']['label_accuracy']:.3f}" in page
 
-    for label, name in (("pairs (the recipe)", "promptshapes"),
-                        ("colours and shapes apart", "promptshapes_attribute_labels")):
-        q = record(name)["eval"]["questions"]
+    recipe = record("promptshapes")["eval"]["questions"]
+    ablation = record("promptshapes_ablation")["variants"]
+    rows = [("colours and shapes apart | closed (the recipe)", recipe, "`promptshapes.json`")]
+    rows += [(("colour x shape pairs" if "data.labels=pairs" in v["sets"] else
+               "colours and shapes apart") + " | " +
+              ("open" if any("xattn" in s for s in v["sets"]) else "closed"),
+              v["eval"]["questions"], f"`{name}`") for name, v in ablation.items()]
+    assert len({label for label, _, _ in rows}) == 4  # the four corners, each once
+    for label, q, where in rows:
         held = q["heldout"]
         assert (f"| {label} | {held['balanced_accuracy']:.3f} | {held['auc']:.3f} | "
-                f"{held['false_yes']['both_apart']:.3f} |") in page, name
-        assert f"| {q['unknown']['yes_rate']:.3f} | `{name}.json` |" in page, name
+                f"{held['false_yes']['both_apart']:.3f} |") in page, label
+        assert f"| {q['unknown']['yes_rate']:.3f} | {where} |" in page, label
 
 
 def test_a_compared_record_refreshes_the_table_that_shows_it(tree):
-    """The ablation's table is the attribute-labels record's, with a row read from the recipe's
-    record: a new recipe record makes both that table and the recipe's own stale."""
+    """The ablation's table is the ablation record's, with a row read from the recipe's record:
+    a new recipe record makes both that table and the recipe's own stale."""
     recipe = record("promptshapes")
     recipe["eval"]["questions"]["heldout"]["auc"] = 0.4321
     (tree / "benchmarks" / "records" / "promptshapes.json").write_text(json.dumps(recipe))
     assert tables.stale(tree) == ["README.md", "docs/text.md"]
     page = tables.regenerate((tree / "docs" / "text.md").read_text(), tables.records(tree))
-    ablation = tables.blocks(page)["promptshapes_attribute_labels"]
-    assert re.search(r"^\| pairs \(the recipe\) \| [\d.]+ \| 0\.432 \|", ablation, re.MULTILINE)
+    ablation = tables.blocks(page)["promptshapes_ablation"]
+    assert re.search(r"^\| colours and shapes apart \| closed \(the recipe\) \| [\d.]+ \| "
+                     r"0\.432 \|", ablation, re.MULTILINE)
 
 
 def test_the_text_records_commands_remake_them():
-    """Each text record's `command` is the text mode, naming that record and the ViT-stage
-    labels it was trained with, and the recipe its eval ran on."""
+    """Each text record's `command` is the text mode naming that record, and the recipe its
+    evaluations ran on; an ablation record holds every variant the mode trains."""
+    import shlex
+
     from benchmarks import text
 
+    seen = 0
     for path in RECORDS.glob("*.json"):
         r = json.loads(path.read_text())
-        words = r["command"].split()
+        words = shlex.split(r["command"])
         if words[3:4] != ["text"]:
             continue
+        seen += 1
         args = text.parser().parse_args(words[4:])
-        assert (args.record or text.recipe_path(args.config).stem) == path.stem
-        assert text.recipe_path(args.config).stem == r["eval"]["data"], path.name
-        assert args.labels == r["run"].get("labels", "pairs"), path.name
-        assert r["command_at_record_time"], path.name
+        recipe = text.recipe_path(args.config).stem
+        assert (args.record or (f"{recipe}_ablation" if args.ablation else recipe)) == path.stem
+        runs = r["variants"] if args.ablation else {path.stem: r}
+        if args.ablation:
+            assert list(runs) == list(text.VARIANTS), path.name
+        for run in runs.values():
+            assert run["eval"]["data"] == recipe, path.name
+    assert seen >= 3

@@ -49,6 +49,7 @@ def run(args) -> int:
     if args.workdir:
         config = _workdir_config(args.workdir)
         name, data_dir = config.data.name, config.data.data_dir
+        labels = config.data.get("labels")  # the labels the run trained on
         split = args.split or config.data.test_split or "test"
         out = check_output_dir(args.out or Path(args.workdir) / f"eval_{_safe(split)}",
                                "--out")  # before the evaluation, not after it
@@ -57,9 +58,10 @@ def run(args) -> int:
         if not args.data:
             raise ConfigError("--checkpoint needs --data NAME (digits, tfds:NAME or a folder)")
         name, data_dir, split = args.data, args.data_dir, args.split or "test"
+        labels = None
         out = check_output_dir(args.out or f"eval_{_safe(split)}", "--out")
         loaded = load_checkpoint(args.checkpoint, **inference_options.with_dtype(args, {}))
-    source = open_source(name, split, data_dir=data_dir)
+    source = open_source(name, split, data_dir=data_dir, labels=labels)
     if loaded.config.text is not None:  # a text model answers prompts: score its answers
         heldout = args.heldout_split if args.heldout_split is not None else (
             config.data.get("heldout_split") if args.workdir else None)

@@ -460,7 +460,7 @@ class PromptShapesSource:
     def __init__(self, split: str, num_images: int | None = None, seed: int = 0,
                  labels: str = "pairs"):
         if labels not in LABEL_KINDS:
-            raise SplitError(f"promptshapes labels={labels!r}; use one of "
+            raise SplitError(f"promptshapes: data.labels={labels!r}; use one of "
                              f"{', '.join(LABEL_KINDS)}")
         self.split = split
         self.data = generate(split, num_images, seed)

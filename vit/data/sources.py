@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from vit.errors import DataError
+from vit.errors import ConfigError, DataError
 from vit.images import IMAGE_SUFFIXES, image_files, not_regular, open_image, to_rgb
 
 log = logging.getLogger(__name__)
@@ -228,18 +228,22 @@ class TfdsSource:
 
 
 def open_source(name: str, split: str, *, data_dir: str | None = None, strict: bool = False,
-                val_fraction: float = 0.1):
+                val_fraction: float = 0.1, labels: str | None = None):
     """`"digits"`, `"promptshapes"`, `"fashion_scenes"`, `"fashion_mnist"`, `"mnist_5k"`,
     `"tfds:NAME"` (or a TFDS name), or a folder path -> a random-access source.
 
-    `split` is a split name; TFDS takes slicing such as `train[:90%]`.
+    `split` is a split name; TFDS takes slicing such as `train[:90%]`. `labels` (the recipe's
+    `data.labels`) picks promptshapes' class labels; other datasets have one kind and refuse it.
     """
+    if labels is not None and name != "promptshapes":
+        raise ConfigError(f"data.labels={labels!r} applies to promptshapes only; remove it for "
+                          f"{name!r}")
     if name == "digits":
         return digits(split)
     if name == "promptshapes":
         from vit.data.promptshapes import PromptShapesSource
 
-        return PromptShapesSource(split)
+        return PromptShapesSource(split, labels=labels or "pairs")
     if name == "fashion_scenes":
         from vit.data.fashion_scenes import FashionScenesSource
 

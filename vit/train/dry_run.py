@@ -58,7 +58,8 @@ def _batch_source(config, out) -> tuple[Any, str]:
     """(a source the recipe's pipeline can batch, where its images come from)."""
     data = config.data
     try:
-        return open_source(data.name, data.train_split, data_dir=data.data_dir), data.name
+        return open_source(data.name, data.train_split, data_dir=data.data_dir,
+                           labels=data.get("labels")), data.name
     except DataError as err:
         size = config.input.image_size
         out(f"note: {err}; the step is compiled on random {size}x{size} images and "

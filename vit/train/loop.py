@@ -200,9 +200,10 @@ def _open_sources(config, loss_name: str, sources: dict | None = None):
         val_src = val_src if data.val_split else None
     else:
         train_src = open_source(data.name, data.train_split, data_dir=data.data_dir,
-                                strict=data.strict)
+                                strict=data.strict, labels=data.get("labels"))
         val_src = (open_source(data.name, data.val_split, data_dir=data.data_dir,
-                               strict=data.strict) if data.val_split else None)
+                               strict=data.strict, labels=data.get("labels"))
+                   if data.val_split else None)
     class_names = train_src.class_names
     if getattr(train_src, "multi_label", False) and loss_name == "softmax_xent":
         raise ConfigError(f"{data.name} has multi-hot labels; set train.loss=sigmoid_xent (or "
