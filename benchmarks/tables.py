@@ -534,16 +534,20 @@ def kernel_resources(r: dict) -> list[str]:
 
 def fashion_mnist(r: dict) -> list[str]:
     """A real-data recipe run as a user runs it (`python -m benchmarks realdata fashion`)."""
-    rows = [[f"{v['step']:,}", pct(v["validation_accuracy"]), f"{v['seconds'] / 60:.0f}"]
+    rows = [[f"{v['step']:,}", pct(v["validation_accuracy"]), f"{v['seconds'] / 60:.1f}"]
             for v in r["validation_curve"]]
     load = r.get("load_average_1min") or {}
+    within = r.get("reached_within_15_min")
+    reached = (f" Within 15 minutes: {pct(within['validation_accuracy'])} validation accuracy "
+               f"(step {within['step']:,})." if within else "")
     return [f"`vit train --config {r['recipe']}`, {r['steps']:,} steps of {r['batch_size']} "
             f"(target: {r['target']}):", "",
             *table(["step", "validation accuracy", "minutes from the start"], rows), "",
             f"Test accuracy {pct(r['test_accuracy'])} on the {r['test_images']:,} test images; "
             f"{num(r['images_per_s_median'], 1)} images/s (median), the run "
             f"{r['wall_s'] / 60:.0f} minutes"
-            + (f", load average {load['median']:.1f} (median over the run)." if load else ".")]
+            + (f", load average {load['median']:.1f} (median over the run)." if load else ".")
+            + reached]
 
 
 def suite(r: dict) -> list[str]:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Text conditioning end to end on `promptshapes` (generated offline, nothing downloads):
-# train the three stages of configs/promptshapes.py (ViT on the scenes' labels, then the text
-# encoder + gated cross-attention + prompt head with the ViT frozen, then the top blocks too),
+# train the three stages of configs/promptshapes.py (ViT on the scenes' colours and shapes,
+# then the text encoder + patch prompt head with the ViT frozen, then the top blocks too),
 # evaluate answers with the shuffled/null-prompt and blank-image controls and the held-out
 # colour-shape pairs, ask a scene several questions, and export rollout maps for a prompt.
 # A run already in runs/demo_text is resumed (finished stages are skipped); delete it for a
@@ -40,7 +40,7 @@ vit predict "$RUN"/scenes/*.png --checkpoint "$RUN" \
   --prompt "is there a red circle?" --prompt "is there a purple cross?" \
   --prompt "is there a white cross?" --prompt "is there a red square?"
 
-echo "== demo_text: which patches and which words drove the answer"
+echo "== demo_text: which patches drove the answer"
 vit rollout "$RUN"/scenes/*.png --checkpoint "$RUN" --prompt "is there a red circle?" \
   --method relevancy --out "$RUN/rollout" --html
 
