@@ -24,7 +24,7 @@ MODES = {
     "explain": ("benchmarks.explain", "the compiled memory of explain, streaming and not"),
     "faithfulness": ("benchmarks.faithfulness", "deletion-curve faithfulness of explanations"),
     "scaling": ("benchmarks.scaling", "training step rate on 1 to 8 devices, data and fsdp meshes"),
-    "text": ("benchmarks.text", "text recipes: promptshapes, its label ablation, fashion_scenes"),
+    "text": ("benchmarks.text", "text recipes: promptshapes, its ablation, fashion_scenes"),
     "agreement": ("benchmarks.agreement", "bfloat16 predictions against float32's"),
     "gemm": ("benchmarks.gemm", "ViT-B/16's layer products: XLA against torch"),
     "realdata": ("benchmarks.realdata",

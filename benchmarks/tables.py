@@ -421,10 +421,10 @@ def fashion_scenes(r: dict) -> list[str]:
                     "false yes by kind of \"no\""], rows), *(["", " ".join(tail)] if tail else [])]
 
 
-def ablation_row(labels: str, cross: str, where: str, q: dict) -> list[str]:
+def ablation_row(run: dict, where: str, q: dict) -> list[str]:
     h = q["heldout"]
-    return [labels, cross, f3(h["balanced_accuracy"]), f3(h["auc"]),
-            f3(h["false_yes"]["both_apart"]), f3(h["false_yes"]["colour_only"]),
+    return [run["labels"], run["cross_attention"], run["tune"], f3(h["balanced_accuracy"]),
+            f3(h["auc"]), f3(h["false_yes"]["both_apart"]), f3(h["false_yes"]["colour_only"]),
             f3(h["false_yes"]["shape_only"]), f3(q["seen"]["balanced_accuracy"]),
             f3(q["seen"]["false_yes"]["both_apart"]), f3(q.get("unknown", {}).get("yes_rate")),
             where]
@@ -433,20 +433,19 @@ def ablation_row(labels: str, cross: str, where: str, q: dict) -> list[str]:
 def promptshapes_ablation(r: dict, recipe: dict) -> list[str]:
     """What makes promptshapes' held-out pairs answerable: the recipe's record
     (`promptshapes`) beside each variant of this record, on the same questions."""
-    rows = [ablation_row("colours and shapes apart", "closed (the recipe)",
-                         "`promptshapes.json`", recipe["eval"]["questions"])]
-    for name, v in r["variants"].items():
-        labels = ("colour x shape pairs" if "data.labels=pairs" in v["sets"]
-                  else "colours and shapes apart")
-        cross = "open" if any("xattn" in s for s in v["sets"]) else "closed"
-        rows.append(ablation_row(labels, cross, f"`{name}`", v["eval"]["questions"]))
+    from benchmarks.text import RECIPE
+
+    rows = [ablation_row(RECIPE, "the recipe, `promptshapes.json`",
+                         recipe["eval"]["questions"])]
+    rows += [ablation_row(v, f"`{name}`", v["eval"]["questions"])
+             for name, v in r["variants"].items()]
     return [f"Held-out pairs, each of {recipe['eval']['questions']['images']} test scenes asked "
             "every question (targets: held-out balanced accuracy at least 0.95, false yes on "
             "hard negatives at most 0.10):", "",
-            *table(["ViT-stage labels", "cross-attention", "held-out pairs: balanced accuracy",
-                    "AUC", "false yes, both apart (hard)", "colour only", "shape only",
-                    "seen pairs", "seen pairs, hard false yes", "unknown-word yes-rate",
-                    "run"], rows), "",
+            *table(["ViT-stage labels", "cross-attention", "tune stage",
+                    "held-out pairs: balanced accuracy", "AUC", "false yes, both apart (hard)",
+                    "colour only", "shape only", "seen pairs", "seen pairs, hard false yes",
+                    "unknown-word yes-rate", "run"], rows), "",
             f"The recipe's row: `{RECORDS}/promptshapes.json` ({host(recipe)}, "
             f"{recipe['date_utc'][:10]}), made by `{recipe['command']}`."]
 

@@ -10,9 +10,9 @@ strongest patch on that item.
 
 `--ablation` records what makes promptshapes' held-out pairs answerable instead: the recipe
 changed one way at a time (`VARIANTS`: the ViT stage learning colour x shape pairs, the
-cross-attention opened, both), each trained and evaluated as above. A variant with the
-recipe's ViT-stage labels starts from `--init` (the recipe run's ViT stage) where given; the
-pairs variants share one pairs ViT stage.
+cross-attention opened, both, a longer tune stage), each trained and evaluated as above. A
+variant with the recipe's ViT-stage labels starts from `--init` (the recipe run's ViT stage)
+where given; the pairs variants share one pairs ViT stage.
 
     python -m benchmarks text                                   # promptshapes -> promptshapes
     python -m benchmarks text --config configs/fashion_scenes.py --record fashion_scenes
@@ -44,14 +44,20 @@ OPEN = [f"stages.text.optim.trainable={OPEN_TEXT_PARTS}",
         r"stages.text.optim.lr_mults=[['xattn/\d+/\w+_gate', 10.0]]",
         r"stages.tune.optim.lr_mults=[['xattn/\d+/\w+_gate', 10.0]]"]
 PAIRS = ["data.labels=pairs"]
-# name -> (what it changes, its --sets, the variant whose ViT stage it starts from, or None
-# for --init / its own).
+# The tune stage longer, over one more block.
+LONGER_TUNE = ["stages.tune.train.steps=300",
+               "stages.tune.optim.trainable=(text_path|prompt_head)/.*|blocks/[123]/.*|norm/.*"]
+RECIPE = {"labels": "colours and shapes apart", "cross_attention": "closed",
+          "tune": "blocks 2-3, 100 steps"}
+# name -> how it differs from `RECIPE`, its --sets, and the variant whose ViT stage it starts
+# from (None: --init where it keeps the recipe's labels, else its own).
 VARIANTS = {
-    "cross_attention_open": ("ViT stage on colours and shapes apart, cross-attention open",
-                             OPEN, None),
-    "pair_labels": ("ViT stage on colour x shape pairs, cross-attention closed", PAIRS, None),
-    "pair_labels_cross_attention_open": ("ViT stage on colour x shape pairs, cross-attention "
-                                         "open", PAIRS + OPEN, "pair_labels"),
+    "cross_attention_open": ({"cross_attention": "open"}, OPEN, None),
+    "pair_labels": ({"labels": "colour x shape pairs"}, PAIRS, None),
+    "pair_labels_cross_attention_open": (
+        {"labels": "colour x shape pairs", "cross_attention": "open"}, PAIRS + OPEN,
+        "pair_labels"),
+    "longer_tune": ({"tune": "blocks 1-3, 300 steps"}, LONGER_TUNE, None),
 }
 
 
@@ -100,16 +106,16 @@ def train_and_eval(config: Path, workdir: Path, sets: list[str], init: str | Non
             "eval": json.loads(done.stdout.strip().splitlines()[-1])}
 
 
-def ablation(config: Path, root: Path, init: str | None) -> dict:
-    """Every `VARIANTS` entry trained and evaluated, in order. A variant starts from its base
-    variant's ViT stage, else from `init` if it keeps the recipe's labels, else trains its
-    own."""
+def ablation(config: Path, root: Path, init: str | None, extra: list[str]) -> dict:
+    """Every `VARIANTS` entry trained and evaluated, in order, each with `extra` --sets after
+    its own. A variant starts from its base variant's ViT stage, else from `init` if it keeps
+    the recipe's labels, else trains its own."""
     out = {}
-    for name, (what, sets, base) in VARIANTS.items():
+    for name, (change, sets, base) in VARIANTS.items():
         start = (str(root / base / "stages" / "vit") if base else
                  None if PAIRS[0] in sets else init)
-        out[name] = {"what": what, "sets": sets, "init": start,
-                     **train_and_eval(config, root / name, sets, start)}
+        out[name] = {**RECIPE, **change, "sets": sets + extra, "init": start,
+                     **train_and_eval(config, root / name, sets + extra, start)}
     return {"variants": out}
 
 
@@ -190,7 +196,9 @@ def main(argv: list[str]) -> None:
     name = args.record or (f"{config.stem}_ablation" if args.ablation else config.stem)
     workdir = Path(args.workdir or ROOT / "runs" / f"bench_{name}")
     if args.ablation:
-        result = ablation(config, workdir, args.init)
+        if config.stem != "promptshapes":
+            raise SystemExit(f"--ablation varies promptshapes' recipe, not {config.stem}'s")
+        result = ablation(config, workdir, args.init, args.set)
     else:
         result = train_and_eval(config, workdir, args.set, args.init)
         report = result["eval"]

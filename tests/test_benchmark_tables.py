@@ -227,19 +227,21 @@ def test_the_text_records_tables():
         assert f"{p['inside']} of {p['scenes']} ({p['inside'] / p['scenes']:.3f})" in page, key
     assert f"{fashion['stages']['vit']['last_validation']['label_accuracy']:.3f}" in page
 
+    from benchmarks.text import RECIPE, VARIANTS
+
     recipe = record("promptshapes")["eval"]["questions"]
     ablation = record("promptshapes_ablation")["variants"]
-    rows = [("colours and shapes apart | closed (the recipe)", recipe, "`promptshapes.json`")]
-    rows += [(("colour x shape pairs" if "data.labels=pairs" in v["sets"] else
-               "colours and shapes apart") + " | " +
-              ("open" if any("xattn" in s for s in v["sets"]) else "closed"),
-              v["eval"]["questions"], f"`{name}`") for name, v in ablation.items()]
-    assert len({label for label, _, _ in rows}) == 4  # the four corners, each once
-    for label, q, where in rows:
+    assert list(ablation) == list(VARIANTS)
+    rows = [(RECIPE, recipe, "the recipe, `promptshapes.json`")]
+    rows += [(v, v["eval"]["questions"], f"`{name}`") for name, v in ablation.items()]
+    cells = {(r["labels"], r["cross_attention"], r["tune"]) for r, _, _ in rows}
+    assert len(cells) == len(rows)  # each row changes something
+    for run, q, where in rows:
         held = q["heldout"]
-        assert (f"| {label} | {held['balanced_accuracy']:.3f} | {held['auc']:.3f} | "
-                f"{held['false_yes']['both_apart']:.3f} |") in page, label
-        assert f"| {q['unknown']['yes_rate']:.3f} | {where} |" in page, label
+        assert (f"| {run['labels']} | {run['cross_attention']} | {run['tune']} | "
+                f"{held['balanced_accuracy']:.3f} | {held['auc']:.3f} | "
+                f"{held['false_yes']['both_apart']:.3f} |") in page, where
+        assert f"| {q['unknown']['yes_rate']:.3f} | {where} |" in page, where
 
 
 def test_a_compared_record_refreshes_the_table_that_shows_it(tree):
@@ -251,8 +253,8 @@ def test_a_compared_record_refreshes_the_table_that_shows_it(tree):
     assert tables.stale(tree) == ["README.md", "docs/text.md"]
     page = tables.regenerate((tree / "docs" / "text.md").read_text(), tables.records(tree))
     ablation = tables.blocks(page)["promptshapes_ablation"]
-    assert re.search(r"^\| colours and shapes apart \| closed \(the recipe\) \| [\d.]+ \| "
-                     r"0\.432 \|", ablation, re.MULTILINE)
+    assert re.search(r"^\| colours and shapes apart \| closed \| blocks 2-3, 100 steps \| "
+                     r"[\d.]+ \| 0\.432 \|", ablation, re.MULTILINE)
 
 
 def test_the_text_records_commands_remake_them():

@@ -47,3 +47,33 @@ def test_labels_on_another_dataset_stop_vit_train_in_one_line(run_vit, tmp_path)
     assert code == 2 and len(err) == 1
     assert "data.labels='attributes' applies to promptshapes only" in err[0]
     assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+PAIRS_RECIPE = '''
+import ml_collections
+
+
+def get_config():
+    c = ml_collections.ConfigDict()
+    c.data = dict(name="promptshapes", labels="pairs", val_split="", num_threads=0)
+    c.model = dict(name="Ti/16", width=16, depth=1, mlp_dim=32, num_heads=2, patch_size=16,
+                   classifier="gap", class_token=False)
+    c.input = dict(image_size=64, inception_crop=False, flip=False)
+    c.train = dict(steps=1, batch_size=4, loss="sigmoid_xent", checkpoint_every=1)
+    return c
+'''
+
+
+def test_a_resume_on_the_other_labels_names_data_labels(run_vit, tmp_path):
+    """A run of the pairs labels resumed with the attribute labels: the same dataset with
+    another class count, refused naming the key that changed it, the workdir kept."""
+    recipe = tmp_path / "pairs.py"
+    recipe.write_text(PAIRS_RECIPE)
+    argv = ["train", "--config", str(recipe), "--workdir", str(tmp_path / "wd")]
+    code, err = run_vit(argv)
+    assert code == 0, err
+    code, err = run_vit(argv + ["--set", "train.steps=2", "--set", "data.labels=attributes"])
+    assert code == 2, err
+    assert "data.labels='attributes'" in err[-1] and "set data.labels to those" in err[-1]
+    assert "has 24" in err[-1] and "10 classes" in err[-1]
+    assert not (tmp_path / "wd" / "checkpoints" / "2").exists()

@@ -58,16 +58,17 @@ def run(args) -> int:
         if not args.data:
             raise ConfigError("--checkpoint needs --data NAME (digits, tfds:NAME or a folder)")
         name, data_dir, split = args.data, args.data_dir, args.split or "test"
-        labels = None
         out = check_output_dir(args.out or f"eval_{_safe(split)}", "--out")
         loaded = load_checkpoint(args.checkpoint, **inference_options.with_dtype(args, {}))
+        labels = _promptshapes_labels(name, loaded.labels)
     source = open_source(name, split, data_dir=data_dir, labels=labels)
     if loaded.config.text is not None:  # a text model answers prompts: score its answers
         heldout = args.heldout_split if args.heldout_split is not None else (
             config.data.get("heldout_split") if args.workdir else None)
         from vit.commands.eval_prompts import eval_prompts
 
-        return eval_prompts(args, loaded, source, name, data_dir, split, heldout, out)
+        return eval_prompts(args, loaded, source, name, data_dir, split, heldout, out,
+                            labels=labels)
     class_names = source.class_names
     if loaded.config.num_classes != len(class_names):
         raise ConfigError(f"the checkpoint has {loaded.config.num_classes} classes but "
@@ -143,6 +144,16 @@ def _per_class(shown: list[str], res: dict) -> dict:
     """{class: {precision, recall, f1, support}} in the dataset's class order."""
     keys = ("precision", "recall", "f1", "support")
     return {name: {k: res[k][i] for k in keys} for i, name in enumerate(shown)}
+
+
+def _promptshapes_labels(name: str, names) -> str | None:
+    """promptshapes' `data.labels` that a checkpoint's own class names are: "attributes" for a
+    ViT that learned colours and shapes apart, else None (pairs, or another dataset)."""
+    if name != "promptshapes" or not names:
+        return None
+    from vit.data.promptshapes import ATTRIBUTE_NAMES
+
+    return "attributes" if list(names) == list(ATTRIBUTE_NAMES) else None
 
 
 def _workdir_config(workdir):

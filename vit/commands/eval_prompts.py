@@ -9,9 +9,11 @@ from vit.commands.eval_shared import batch_size, save_report, scorer
 from vit.errors import DataError
 
 
-def eval_prompts(args, loaded, source, name, data_dir, split, heldout, out) -> int:
+def eval_prompts(args, loaded, source, name, data_dir, split, heldout, out, *,
+                 labels: str | None = None) -> int:
     """A text model: answer accuracy on the split, the same examples under each control
-    (shuffled prompt, null prompt, blank image), and on the held-out split when there is one."""
+    (shuffled prompt, null prompt, blank image), and on the held-out split when there is one
+    (opened with the same `labels`, the recipe's `data.labels`)."""
     import functools
 
     from vit.data import open_source
@@ -32,8 +34,8 @@ def eval_prompts(args, loaded, source, name, data_dir, split, heldout, out) -> i
                            for kind in CONTROLS}}
     if heldout:
         report["heldout_split"] = heldout
-        report["heldout_accuracy"] = score(open_source(name, heldout,
-                                                       data_dir=data_dir))["accuracy"]
+        report["heldout_accuracy"] = score(open_source(name, heldout, data_dir=data_dir,
+                                                       labels=labels))["accuracy"]
     if hasattr(source, "question_grid"):
         report["questions"] = every_question(loaded, source)
     if save_report(args, out, report):

@@ -449,9 +449,9 @@ def attribute_labels(labels: np.ndarray) -> np.ndarray:
 class PromptShapesSource:
     """Random access over a split's (image, prompt) examples, as grain expects.
 
-    `source[i]` is `{"image": uint8 [64, 64, 3], "label": float32 multi-hot over PAIRS,
-    "prompt": str, "answer": int32}`; examples 2i and 2i+1 share image i. `prompts` lists the
-    distinct prompt strings the split asks, sorted.
+    `source[i]` is `{"image": uint8 [64, 64, 3], "label": float32 multi-hot over PAIRS (over
+    ATTRIBUTE_NAMES with labels="attributes"), "prompt": str, "answer": int32}`; examples 2i
+    and 2i+1 share image i. `prompts` lists the distinct prompt strings the split asks, sorted.
     """
 
     name = "promptshapes"

@@ -85,9 +85,8 @@ DEFAULTS: dict[str, Key] = {
     "data.test_split": Key("test", "the split `vit eval --workdir` reports"),
     "data.heldout_split": Key(None, "a further split `vit eval --workdir` reports, e.g. "
                                     "prompts about unseen pairs", str | None),
-    "data.labels": Key(None, "promptshapes only: the class labels its images carry, 'pairs' "
-                             "(every colour x shape drawn) or 'attributes' (colours and shapes "
-                             "apart); None: pairs", str | None),
+    "data.labels": Key(None, "promptshapes only: 'pairs' (each colour x shape drawn; None) or "
+                             "'attributes' (colours and shapes apart)", str | None),
     "data.strict": Key(False, "an unreadable image stops the run (else it is skipped with a "
                               "warning)"),
     "data.num_threads": Key(4, "threads decoding images (0: the main thread)"),

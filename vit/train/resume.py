@@ -55,6 +55,12 @@ def check_resume(config, ckpts: TrainCheckpoints, step: int, num_classes: int,
         raise ConfigError(f"{_describe(changed)} since step {step} was saved in "
                           f"{ckpts.directory.parent}; {RESUME_FIX}")
     saved_classes = (meta.get("model_config") or {}).get("num_classes", num_classes)
+    if saved_classes != num_classes and meta.get("dataset") == dataset:
+        raise ConfigError(
+            f"data.name={dataset!r} has {num_classes} classes with data.labels="
+            f"{config.data.get('labels')!r}, but the checkpoint at step {step} in "
+            f"{ckpts.directory.parent} has {saved_classes}: it trained on other labels of the "
+            "same dataset; set data.labels to those, or give a new --workdir")
     if saved_classes != num_classes:
         raise ConfigError(
             f"data.name={dataset!r} has {num_classes} classes, but the checkpoint at step {step} "
