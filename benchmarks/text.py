@@ -35,7 +35,7 @@ from benchmarks import common
 
 ROOT = common.ROOT
 VIT = [sys.executable, "-m", "vit.cli"]
-# The cross-attention opened: trained in both text stages, its gates at 10x the learning rate
+# The cross-attention opened: trained in both text stages, its gates at ten times the rate
 # and without decay (the Flamingo recipe), as against the recipe's closed blocks.
 OPEN_TEXT_PARTS = "(text_path|xattn|prompt_head)/.*"
 OPEN = [f"stages.text.optim.trainable={OPEN_TEXT_PARTS}",

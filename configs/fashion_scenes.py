@@ -5,7 +5,9 @@ validation its validation slice, test and held-out scenes only its test photos.
 
 The recipe is `promptshapes`' (configs/promptshapes.py), staged the same way:
 - `vit`: the ViT learns the scenes' own labels, a multi-hot sigmoid over the classes present
-  (no region: where an item is reaches the prompt head through its patch alone);
+  (no region: where an item is reaches the prompt head through its patch alone). Recognising
+  the photos is what limits every answer, so this stage takes most of the quarter hour the
+  recipe is given on a 2-core CPU;
 - `text`: the ViT frozen, the text encoder, gated cross-attention and the patch prompt head
   learn to answer prompts; the gates get a 10x learning rate and no decay;
 - `tune`: the top two blocks unfrozen as well, at a lower learning rate.
@@ -38,7 +40,7 @@ def get_config():
                    eval_batch_size=250, loss="sigmoid_xent")
     c.stages = dict(
         vit=dict(order=0, text=False, skip_with_init=True,
-                 train=dict(steps=1000, loss="sigmoid_xent")),
+                 train=dict(steps=5000, loss="sigmoid_xent")),
         text=dict(order=1, train=dict(steps=1000, loss="prompt_xent"),
                   optim=dict(lr=2e-3, warmup_steps=50, trainable=TEXT_PARTS,
                              lr_mults=[[r"xattn/\d+/\w+_gate", 10.0]], no_decay=r".*_gate")),

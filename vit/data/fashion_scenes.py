@@ -80,7 +80,9 @@ DROP_MARK, RECASE, UNKNOWN = 0.3, 0.2, 0.5
 
 SPLITS = ("train", "validation", "test", "heldout")
 PHOTO_SPLIT = {"train": "train", "validation": "validation", "test": "test", "heldout": "test"}
-DEFAULT_SIZES = {"train": 6000, "validation": 500, "test": 500, "heldout": 500}
+# 30,000 training scenes place each of the 55,000 training photos more than once on average:
+# with a few thousand, the ViT stage memorises its scenes' photos and stops recognising new ones.
+DEFAULT_SIZES = {"train": 30000, "validation": 500, "test": 500, "heldout": 500}
 IMAGE_SIZE, CELL, PHOTO = 64, 32, 28
 NOISE = 12
 # cell index -> (row, col); cell regions
