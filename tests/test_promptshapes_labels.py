@@ -22,7 +22,9 @@ def test_attribute_labels_are_the_colours_and_shapes_drawn():
 
 
 def test_unknown_label_kind_is_refused():
-    with pytest.raises(ps.SplitError, match="data.labels=.classes."):
+    from vit.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="data.labels='classes'; promptshapes has 'pairs' or"):
         ps.PromptShapesSource("test", 2, labels="classes")
 
 

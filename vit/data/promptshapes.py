@@ -46,7 +46,7 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 import vit.data.prompt_words as prompt_words
-from vit.errors import DataError
+from vit.errors import ConfigError, DataError
 
 COLORS = ("red", "green", "blue", "yellow", "purple", "white")
 SHAPES = ("square", "circle", "triangle", "cross")
@@ -459,9 +459,9 @@ class PromptShapesSource:
 
     def __init__(self, split: str, num_images: int | None = None, seed: int = 0,
                  labels: str = "pairs"):
-        if labels not in LABEL_KINDS:
-            raise SplitError(f"promptshapes: data.labels={labels!r}; use one of "
-                             f"{', '.join(LABEL_KINDS)}")
+        if labels not in LABEL_KINDS:  # a recipe's value, so a config error (no fallback data)
+            raise ConfigError(f"data.labels={labels!r}; promptshapes has "
+                              f"{' or '.join(map(repr, LABEL_KINDS))}")
         self.split = split
         self.data = generate(split, num_images, seed)
         self.class_names = list(CLASS_NAMES) if labels == "pairs" else list(ATTRIBUTE_NAMES)

@@ -241,11 +241,8 @@ def open_source(name: str, split: str, *, data_dir: str | None = None, strict: b
     if name == "digits":
         return digits(split)
     if name == "promptshapes":
-        from vit.data.promptshapes import LABEL_KINDS, PromptShapesSource
+        from vit.data.promptshapes import PromptShapesSource
 
-        if labels is not None and labels not in LABEL_KINDS:
-            raise ConfigError(f"data.labels={labels!r}; promptshapes has "
-                              f"{' or '.join(map(repr, LABEL_KINDS))}")
         return PromptShapesSource(split, labels=labels or "pairs")
     if name == "fashion_scenes":
         from vit.data.fashion_scenes import FashionScenesSource
