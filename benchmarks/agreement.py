@@ -100,7 +100,7 @@ def measure(path, name: str) -> dict:
     out = {
         "name": name, "checkpoint": str(path),
         "layout": {k: getattr(cfg, k) for k in ("width", "depth", "num_heads", "mlp_dim",
-                                                "classifier", "class_token", "gelu")}
+                                                "classifier", "class_token", "act_layer")}
         | {"patch_size": list(cfg.patch_size), "image_size": list(cfg.image_size)},
         "images": len(y),
         "test_accuracy": {"float32": float(np.mean(f32.argmax(1) == y)),

@@ -98,9 +98,9 @@ def side_jax(iters: int, threads: int, forward: bool, peak_size: int) -> dict:
     import jax.numpy as jnp
     import numpy as np
 
-    from vit.models.blocks import gelu as model_gelu
+    from vit.models.blocks import activation
 
-    exact_gelu = model_gelu("exact")
+    exact_gelu = activation("gelu")
 
     variants = {"xla_default": ({}, jnp.float32),
                 "xla_ynn_off": ({"xla_cpu_experimental_ynn_fusion_type": ""}, jnp.float32),

@@ -109,7 +109,7 @@ def make_checkpoint(folder: str, model_name: str, image_size: int) -> None:
 
     import vit
 
-    cfg = vit.get_config(model_name, image_size=image_size)
+    cfg = vit.variant_config(model_name, image_size=image_size)
     torch.manual_seed(0)
     model = transformers.ViTForImageClassification(transformers.ViTConfig(
         hidden_size=cfg.width, num_hidden_layers=cfg.depth, num_attention_heads=cfg.num_heads,

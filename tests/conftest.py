@@ -199,7 +199,7 @@ def tiny_train_step(model_config=None, *, tx=None, batch_size: int = 8, seed: in
 # (eval, rollout --data, train --init). tanh GELU and LayerNorm eps 1e-6: the numerics every
 # format can hold (a vit_jax npz always reads back as tanh GELU), so each file is the same
 # function.
-TINY = dict(TINY_MODEL, image_size=8, num_classes=10, gelu="tanh")
+TINY = dict(TINY_MODEL, image_size=8, num_classes=10, act_layer="gelu_tanh")
 TINY_LABELS = [f"digit{i}" for i in range(10)]
 
 

@@ -255,12 +255,12 @@ def test_documented_keys_a_recipe_leaves_out_can_still_be_set():
     assert list(config.optim.lr_mults[0]) == ["head/.*", 2]
     assert tuple(config.input.crop_area) == (0.3, 1.0)
     # Model fields the recipe leaves out are typed by ViTConfig's annotations.
-    cifar = ROOT / "configs" / "cifar10_finetune.py"  # its model section has no depth or gelu
-    config = load_config(cifar, ["model.gelu=tanh", "model.depth=6", "model.qk_norm=1"],
+    cifar = ROOT / "configs" / "cifar10_finetune.py"  # its model section has no depth or act_layer
+    config = load_config(cifar, ["model.act_layer=gelu_tanh", "model.depth=6", "model.qk_norm=1"],
                          model_field_types=model_field_types)
-    assert (config.model.gelu, config.model.depth, config.model.qk_norm) == ("tanh", 6, True)
+    assert (config.model.act_layer, config.model.depth, config.model.qk_norm) == ("gelu_tanh", 6, True)
     for item, message in [("model.depth=2.5", "expected int"),
-                          ("model.gelus=tanh", "no such config key"),
+                          ("model.act_layers=gelu_tanh", "no such config key"),
                           ("model.num_classes=3", "no such config key"),
                           ("train.los=x", "did you mean train.loss")]:
         with pytest.raises(ConfigError, match=message):

@@ -165,7 +165,7 @@ def _hf_folder(tmp_path, change):
     from vit.models.config import ViTConfig
 
     src = load_checkpoint(_npz_file(tmp_path, lambda a: None))
-    src.config = ViTConfig(**{**src.config.to_dict(), "gelu": "exact"})
+    src.config = ViTConfig(**{**src.config.to_dict(), "act_layer": "gelu"})
     save_checkpoint(src, tmp_path / "hf", "hf")
     arrays = load_file(str(tmp_path / "hf" / "model.safetensors"))
     change(arrays)

@@ -99,7 +99,7 @@ def hf_tanh():
 def test_hf_folder_matches_transformers_at_native_size(hf_exact):
     folder, ref = hf_exact
     loaded = load_checkpoint(folder)
-    assert loaded.config.layer_norm_eps == 1e-12 and loaded.config.gelu == "exact"
+    assert loaded.config.layer_norm_eps == 1e-12 and loaded.config.act_layer == "gelu"
     assert loaded.config.posemb_resize == "bicubic"
     assert loaded.labels == [f"class {i}" for i in range(5)]
     x = images(3, 32)
@@ -192,7 +192,7 @@ def test_vit_jax_npz_matches_transformers(tmp_path, hf_tanh):
     path = tmp_path / "ViT-tiny.npz"
     np.savez(path, **vit_jax_arrays(tensors(hf_tanh), heads=4, prefix="opt/target/"))
     loaded = load_checkpoint(path)
-    assert loaded.config.gelu == "tanh" and loaded.config.layer_norm_eps == 1e-6
+    assert loaded.config.act_layer == "gelu_tanh" and loaded.config.layer_norm_eps == 1e-6
     assert loaded.config.num_heads == 4 and loaded.config.image_size == (32, 32)
     assert loaded.preprocessing.mean == (0.5, 0.5, 0.5)  # inputs in [-1, 1]
     x = images(3, 32, seed=2)
@@ -217,7 +217,7 @@ def test_npz_convention_only_differs_by_gelu_and_eps(tmp_path, hf_exact):
     np.savez(path, **vit_jax_arrays(tensors(ref), heads=4))
     loaded = load_checkpoint(path)
     x = images(2, 32, seed=4)
-    exact = vit.ViTConfig(**{**loaded.config.to_dict(), "gelu": "exact",
+    exact = vit.ViTConfig(**{**loaded.config.to_dict(), "act_layer": "gelu",
                              "layer_norm_eps": 1e-12})
     as_hf = LoadedCheckpoint(exact, loaded.params, loaded.preprocessing).build_model()
     np.testing.assert_allclose(_probs(as_hf, x), hf_probs(ref, x), atol=1e-4)
@@ -319,7 +319,7 @@ def test_timm_safetensors_matches_transformers(tmp_path):
 
 
 def test_timm_names_are_aliases_and_resolve_from_the_hub_cache(tmp_path, monkeypatch, hf_exact):
-    assert vit.get_config("vit_tiny_patch16_224") == vit.get_config("Ti/16")
+    assert vit.variant_config("vit_tiny_patch16_224") == vit.variant_config("Ti/16")
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
     model = vit.create_model("vit_tiny_patch16_224", width=32, depth=1, mlp_dim=64,
                              num_heads=4, image_size=32)
@@ -357,7 +357,7 @@ def featured(labels=None, **kw) -> LoadedCheckpoint:
 
     base = dict(width=32, depth=2, mlp_dim=64, num_heads=4, patch_size=8, image_size=32,
                 num_classes=5)
-    cfg = vit.get_config("Ti/16", **{**base, **kw})
+    cfg = vit.variant_config("Ti/16", **{**base, **kw})
     rng = np.random.RandomState(7)
     params = nest({path: rng.randn(*shape).astype(np.float32)
                    for path, shape in expected_shapes(cfg).items()})
@@ -365,13 +365,13 @@ def featured(labels=None, **kw) -> LoadedCheckpoint:
 
 
 @pytest.mark.parametrize("fmt,dst,refusal", [
-    ("npz", "a.npz", "cannot hold gelu GELU"), ("hf", "hf", None),
+    ("npz", "a.npz", "cannot hold gelu activation"), ("hf", "hf", None),
     ("timm", "timm", "LayerNorm eps 1e-12"), ("orbax", "orbax", None)])
 def test_round_trip_from_hf_is_bit_identical_or_refused(tmp_path, hf_exact, fmt, dst, refusal):
     # transformers' defaults (exact GELU, eps 1e-12): npz implies tanh and 1e-6, timm 1e-6.
     src = load_checkpoint(hf_exact[0])
     if refusal:
-        refusal = refusal.replace("gelu", src.config.gelu)
+        refusal = refusal.replace("gelu", src.config.act_layer)
         with pytest.raises(CheckpointError, match=refusal):
             save_checkpoint(src, tmp_path / dst, fmt)
         assert not (tmp_path / dst).exists()

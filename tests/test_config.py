@@ -132,3 +132,15 @@ def test_the_shared_parser_is_light():
             "print(sorted(m for m in ('ml_collections', 'jax') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_configs_saved_before_act_layer_keep_their_activation():
+    """Checkpoints and workdirs written when the field was `gelu: exact | tanh` still load,
+    with the activation they were trained with."""
+    from vit.models.config import ViTConfig
+
+    old = {**ViTConfig(width=32, depth=1, mlp_dim=64, num_heads=2).to_dict()}
+    del old["act_layer"]
+    for saved, meant in (("exact", "gelu"), ("tanh", "gelu_tanh")):
+        assert ViTConfig.from_dict({**old, "gelu": saved}).act_layer == meant
+    assert ViTConfig.from_dict({**old, "gelu": "tanh", "unknown_later_field": 1}).depth == 1

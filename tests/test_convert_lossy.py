@@ -73,7 +73,7 @@ def test_what_lossy_cannot_approximate_is_still_refused(tmp_path, make_tiny):
 
 
 def test_hf_eps_to_timm_and_npz_list_each_change(tmp_path, make_tiny, run_vit):
-    hf_like = make_tiny(layer_norm_eps=1e-12, gelu="exact", labels=None)
+    hf_like = make_tiny(layer_norm_eps=1e-12, act_layer="gelu", labels=None)
     save_checkpoint(hf_like, tmp_path / "hf", "hf")
     code, err = run_vit(["convert", tmp_path / "hf", tmp_path / "timm", "--format", "timm"])
     assert code == 2 and "LayerNorm eps 1e-12" in err[0] and "pass --lossy" in err[0]
@@ -85,8 +85,8 @@ def test_hf_eps_to_timm_and_npz_list_each_change(tmp_path, make_tiny, run_vit):
     code, err = run_vit(["convert", tmp_path / "hf", tmp_path / "m.npz", "--lossy"])
     assert code == 0, err
     lossy = [line for line in err if "--lossy:" in line]
-    assert len(lossy) == 2 and "exact GELU becomes the tanh approximation" in lossy[0]
-    assert load_checkpoint(tmp_path / "m.npz").config.gelu == "tanh"
+    assert len(lossy) == 2 and "exact GELU becomes its tanh approximation" in lossy[0]
+    assert load_checkpoint(tmp_path / "m.npz").config.act_layer == "gelu_tanh"
 
 
 def test_layer_scale_and_sincos_become_what_the_formats_hold(tmp_path, make_tiny):

@@ -33,11 +33,11 @@ RESIZE = {"npz": "linear", "hf": "bicubic", "timm": "bicubic"}
 INCEPTION = Preprocessing(size=(32, 32), resample="bilinear", crop_pct=None,
                           mean=(0.5,) * 3, std=(0.5,) * 3)
 BASE = dict(width=32, depth=2, mlp_dim=64, num_heads=4, patch_size=8, image_size=32,
-            num_classes=5, gelu="tanh", layer_norm_eps=1e-6)
+            num_classes=5, act_layer="gelu_tanh", layer_norm_eps=1e-6)
 
 
 def model(config=None, preprocessing=INCEPTION, labels=None, seed=7) -> LoadedCheckpoint:
-    cfg = vit.get_config("Ti/16", **{**BASE, **(config or {})})
+    cfg = vit.variant_config("Ti/16", **{**BASE, **(config or {})})
     rng = np.random.RandomState(seed)
     params = nest({path: rng.randn(*shape).astype(np.float32)
                    for path, shape in expected_shapes(cfg).items()})
@@ -102,7 +102,7 @@ CASES = {
     "registers_layer_scale": (dict(num_registers=4, layer_scale=0.1),
                               {"npz": "4 register tokens", "hf": "layer scale"}),
     "no_qkv_bias": (dict(qkv_bias=False), {}),
-    "exact_gelu_eps_1e-12": (dict(gelu="exact", layer_norm_eps=1e-12),
+    "exact_gelu_eps_1e-12": (dict(act_layer="gelu", layer_norm_eps=1e-12),
                              {"npz": "exact GELU", "timm": "LayerNorm eps 1e-12"}),
     "sincos": (dict(posemb="sincos2d"),
                {"npz": "sin-cos position embeddings at image size (32, 32)",
@@ -136,7 +136,7 @@ def test_each_format_holds_the_model_or_refuses_it(tmp_path, name):
     ("npz", "preprocessing (bicubic resize to 32x32, crop_pct 0.9"),
     ("hf", "crop_pct 0.9"), ("timm", None), ("orbax", None)])
 def test_preprocessing_is_kept_or_refused(tmp_path, fmt, words):
-    src = model(dict(gelu="exact"), preprocessing=TIMM_PRE) if fmt != "npz" else model(
+    src = model(dict(act_layer="gelu"), preprocessing=TIMM_PRE) if fmt != "npz" else model(
         preprocessing=TIMM_PRE)
     dst = dst_path(tmp_path, fmt, "out")
     if words:

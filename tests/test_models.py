@@ -37,18 +37,18 @@ grad_of_sum = nnx.jit(nnx.grad(lambda m, x: m(x).sum()))
 
 @pytest.mark.parametrize("name,expected", sorted(STANDARD_PARAMS.items()))
 def test_parameter_counts_match_standard_architecture(name, expected):
-    assert count_params(vit.get_config(name)) == expected
+    assert count_params(vit.variant_config(name)) == expected
 
 
 def test_big_vision_and_timm_names_are_aliases():
-    assert vit.get_config("B/16") == vit.get_config("vit_b16")
-    assert vit.get_config("vit_base_patch16_224") == vit.get_config("vit_b16")
-    assert vit.get_config("vit_large_patch16_384").image_size == (384, 384)
+    assert vit.variant_config("B/16") == vit.variant_config("vit_b16")
+    assert vit.variant_config("vit_base_patch16_224") == vit.variant_config("vit_b16")
+    assert vit.variant_config("vit_large_patch16_384").image_size == (384, 384)
 
 
 @pytest.mark.parametrize("name", list(vit.VARIANTS))
 def test_every_variant_shapes_at_small_image_size(name):
-    cfg = vit.get_config(name)
+    cfg = vit.variant_config(name)
     size = 2 * cfg.patch_size[0]
     model = nnx.eval_shape(lambda: vit.create_model(name, num_classes=7, image_size=size))
     images = jax.ShapeDtypeStruct((2, size, size, 3), jnp.float32)
@@ -60,8 +60,8 @@ def test_every_variant_shapes_at_small_image_size(name):
 
 def test_gmacs_match_timm_figures():
     # timm's published GMACs (fvcore count of matmuls) for B/16 and Ti/16 at 224 px.
-    assert count_macs(vit.get_config("vit_b16")) / 1e9 == pytest.approx(17.58, abs=0.03)
-    assert count_macs(vit.get_config("vit_ti16")) / 1e9 == pytest.approx(1.26, abs=0.01)
+    assert count_macs(vit.variant_config("vit_b16")) / 1e9 == pytest.approx(17.58, abs=0.03)
+    assert count_macs(vit.variant_config("vit_ti16")) / 1e9 == pytest.approx(1.26, abs=0.01)
     info = model_info("vit_s16")
     assert info["tokens"] == 197 and info["params"] == STANDARD_PARAMS["vit_s16"]
 
@@ -113,7 +113,7 @@ def test_classifiers_registers_and_headless_backbone():
     x = jnp.ones((3, 16, 16, 3))
     for kw in (dict(classifier="gap", class_token=False), dict(classifier="map"),
                dict(num_registers=4), dict(posemb="sincos2d"),
-               dict(qk_norm=True, layer_scale=1e-5, gelu="tanh", layer_norm_eps=1e-12)):
+               dict(qk_norm=True, layer_scale=1e-5, act_layer="gelu_tanh", layer_norm_eps=1e-12)):
         assert forward(tiny_model(**kw), x).shape == (3, 5)
     backbone = tiny_model(num_classes=0, num_registers=4)
     assert forward(backbone, x).shape == (3, 32)
@@ -207,16 +207,16 @@ def test_class_token_head_computes_the_last_block_for_the_class_token_only():
 def test_exact_gelu_matches_the_erf_formula_in_float64():
     from scipy.special import erf
 
-    from vit.models.blocks import gelu
+    from vit.models.blocks import activation
 
     x = np.concatenate([np.linspace(-12, 12, 20001), [-80.0, -6.5, 0.0, 1e-8, 6.5, 80.0]])
     want = 0.5 * x * (1 + erf(x / np.sqrt(2)))
-    got = np.asarray(gelu("exact")(jnp.asarray(x, jnp.float32)), np.float64)
+    got = np.asarray(activation("gelu")(jnp.asarray(x, jnp.float32)), np.float64)
     assert np.all(np.isfinite(got))
     # float32 rounding of values up to 80 in size, and no more
     np.testing.assert_allclose(got, want, rtol=2e-7, atol=2e-6)
     assert np.abs(got - want)[np.abs(x) < 3].max() < 5e-7
-    half = gelu("exact")(jnp.asarray(x, jnp.bfloat16))
+    half = activation("gelu")(jnp.asarray(x, jnp.bfloat16))
     assert half.dtype == jnp.bfloat16
     np.testing.assert_allclose(np.asarray(half, np.float64), want, rtol=1e-2, atol=1e-1)
 
@@ -225,18 +225,18 @@ def test_exact_gelu_derivative_is_gelus_own_in_both_modes():
     # d/dx [x Phi(x)] = Phi(x) + x phi(x), in float64 from scipy; reverse and forward mode.
     from scipy.special import erf
 
-    from vit.models.blocks import gelu
+    from vit.models.blocks import activation
 
     x = np.concatenate([np.linspace(-12, 12, 20001), [-80.0, 0.0, 80.0]])
     want = 0.5 * (1 + erf(x / np.sqrt(2))) + x * np.exp(-0.5 * x * x) / np.sqrt(2 * np.pi)
     xs = jnp.asarray(x, jnp.float32)
-    reverse = np.asarray(jax.vmap(jax.grad(gelu("exact")))(xs), np.float64)
-    _, forward = jax.jvp(gelu("exact"), (xs,), (jnp.ones_like(xs),))
+    reverse = np.asarray(jax.vmap(jax.grad(activation("gelu")))(xs), np.float64)
+    _, forward = jax.jvp(activation("gelu"), (xs,), (jnp.ones_like(xs),))
     for got in (reverse, np.asarray(forward, np.float64)):
         assert np.all(np.isfinite(got))
         assert np.abs(got - want).max() < 1e-6
         assert np.abs(got - want)[np.abs(x) < 3].max() < 5e-7
-    half = jax.grad(lambda v: gelu("exact")(v).astype(jnp.float32).sum())(
+    half = jax.grad(lambda v: activation("gelu")(v).astype(jnp.float32).sum())(
         jnp.asarray(x, jnp.bfloat16))
     assert half.dtype == jnp.bfloat16
     np.testing.assert_allclose(np.asarray(half, np.float64), want, atol=2e-2)

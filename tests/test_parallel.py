@@ -119,7 +119,7 @@ import jax, jax.numpy as jnp, numpy as np, optax
 from flax import nnx
 from vit.recipes.load import load_config
 from vit.errors import ConfigError
-from vit.models.config import get_config
+from vit.models.config import variant_config
 from vit import device_mesh
 from vit.train import parallel
 from vit.train.checkpointing import TrainCheckpoints
@@ -135,7 +135,7 @@ assert jax.device_count() == 8, jax.devices()
 config = load_config("configs/digits.py", ["model.width=32", "model.mlp_dim=64",
                      "model.depth=1", "model.num_heads=2", "model.drop_path=0.0",
                      "model.dropout=0.0"])
-cfg = get_config("Ti/16", num_classes=10, image_size=8, **model_fields(config))
+cfg = variant_config("Ti/16", num_classes=10, image_size=8, **model_fields(config))
 graphdef, params = fresh_params(cfg, 0)
 params = jax.tree.map(np.asarray, params)
 rng = np.random.default_rng(0)

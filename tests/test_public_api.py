@@ -27,7 +27,7 @@ OLD_SETS = ["train.steps=40", "train.eval_every=20", "train.checkpoint_every=20"
             "train.batch_size=32", "train.log_every=20", "optim.warmup_steps=5", "optim.lr=0.01"]
 
 EXPORTS = ["TextConfig", "VARIANTS", "ViTConfig", "VisionTransformer", "create_model",
-           "dot_product_attention", "get_config", "load_checkpoint", "load_pretrained",
+           "dot_product_attention", "load_checkpoint", "load_pretrained",
            "model_info", "tokenize", "train"]
 
 # command -> (positional arguments, long flags)
@@ -78,7 +78,7 @@ def test_the_added_names_are_the_real_things_and_listed():
         assert getattr(vit, name) is getattr(importlib.import_module(module), attribute), name
         assert name in vit.__all__, name
     assert vit.__version__ == "0.2.0"
-    assert vit.get_config is vit.variant_config  # the compatibility name of the same function
+    assert not hasattr(vit, "get_config")  # no compatibility names before 1.0
     errors = importlib.import_module("vit.errors")
     assert all(issubclass(getattr(vit, n), errors.VitError) for n in ADDED_0_2_0
                if n[0].isupper())

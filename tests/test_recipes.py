@@ -296,12 +296,11 @@ def test_a_recipe_value_is_typed_as_its_default_types_it(tmp_path):
     assert type(load_config(path).optim.lr) is float
 
 
-def test_both_names_of_the_variant_config_work():
+def test_the_variant_config_is_one_function():
     import vit
     import vit.models
 
-    assert vit.get_config is vit.variant_config
-    assert vit.models.get_config is vit.models.variant_config is vit.variant_config
+    assert vit.models.variant_config is vit.variant_config
     cfg = vit.variant_config("B/16")  # ViT-B/16 as the paper's table gives it
     assert (cfg.width, cfg.depth, cfg.mlp_dim, cfg.num_heads, cfg.patch_size) == (
         768, 12, 3072, 12, (16, 16))

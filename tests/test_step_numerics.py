@@ -11,7 +11,7 @@ from flax import nnx
 
 from vit import device_mesh
 from vit.cpu import xla_options
-from vit.models.config import get_config
+from vit.models.config import variant_config
 from vit.train.losses import softmax_xent
 from vit.train.model import fresh_params
 from vit.train.placement import Placement
@@ -27,7 +27,7 @@ KEEP_GRADS = optax.GradientTransformation(
 
 
 def _setup(dtype="float32", smoothing=0.1):
-    cfg = get_config("Ti/16", num_classes=10, image_size=16, width=48, depth=2, num_heads=3,
+    cfg = variant_config("Ti/16", num_classes=10, image_size=16, width=48, depth=2, num_heads=3,
                      mlp_dim=96, dtype=dtype)
     graphdef, params = fresh_params(cfg, 0)
     rng = np.random.default_rng(0)

@@ -177,7 +177,7 @@ def logits(loaded, images):
 VARIANTS = {  # timm model_args -> what our config must read
     "map_qk_norm": (dict(class_token=False, global_pool="map", qk_norm=True,
                          act_layer="gelu_tanh"),
-                    dict(classifier="map", class_token=False, qk_norm=True, gelu="tanh")),
+                    dict(classifier="map", class_token=False, qk_norm=True, act_layer="gelu_tanh")),
     "map_with_prefix": (dict(global_pool="map", reg_tokens=2, pool_include_prefix=True),
                         dict(classifier="map", class_token=True, num_registers=2)),
     "registers_layer_scale": (dict(reg_tokens=4, init_values=0.1),
@@ -290,8 +290,8 @@ def test_big_vision_map_head_npz_under_params_img(tmp_path):
     loaded = load_checkpoint(tmp_path / "siglip.npz")
     cfg = loaded.config
     assert loaded.family == "big_vision" and cfg.classifier == "map" and not cfg.class_token
-    assert (cfg.width, cfg.depth, cfg.num_heads, cfg.mlp_dim, cfg.gelu) == (D, DEPTH, HEADS,
-                                                                            MLP, "tanh")
+    assert (cfg.width, cfg.depth, cfg.num_heads, cfg.mlp_dim, cfg.act_layer) == (D, DEPTH, HEADS,
+                                                                            MLP, "gelu_tanh")
     images = np.random.RandomState(4).randn(2, SIZE, SIZE, 3).astype(np.float32)
     ref = timm_forward(sd, args, images)
     assert np.ptp(ref, axis=-1).min() > 0.01

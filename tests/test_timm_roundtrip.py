@@ -114,7 +114,7 @@ def test_timms_npz_reader_opens_what_we_write(tmp_path):
     loaded = load_checkpoint(tmp_path / "src")
     from vit.models.config import ViTConfig
 
-    loaded.config = ViTConfig(**{**loaded.config.to_dict(), "gelu": "tanh"})  # npz implies it
+    loaded.config = ViTConfig(**{**loaded.config.to_dict(), "act_layer": "gelu_tanh"})  # npz implies it
     loaded.preprocessing = loaded.preprocessing.__class__(size=(32, 32), resample="bilinear")
     save_checkpoint(loaded, tmp_path / "m.npz", "npz", lossy=True)
     theirs = timm.create_model("vit_base_patch16_224", pretrained=False, num_classes=5,
@@ -170,5 +170,5 @@ def test_the_table_resolves_each_architecture_as_timm_builds_it():
             assert got == want, (arch, extra)
             if not ta.unsupported(args):  # then its blocks are timm's plain Block and Mlp
                 act = type(m.blocks[0].mlp.act).__name__
-                assert ta.gelu(args) == {"GELU": "exact", "GELUTanh": "tanh"}[act], arch
+                assert ta.gelu(args) == {"GELU": "gelu", "GELUTanh": "gelu_tanh"}[act], arch
                 assert m.norm.eps == ta.layer_norm_eps(args), arch

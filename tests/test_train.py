@@ -171,10 +171,10 @@ def test_init_replaces_head_and_resizes_posemb(straight_run, tmp_path):
 def test_adapt_params_zero_head_and_shape_errors():
     from vit.checkpoints.fit import adapt_params
     from vit.errors import CheckpointError
-    from vit.models.config import get_config
+    from vit.models.config import variant_config
     from vit.train.model import abstract_params
 
-    src_cfg = get_config("Ti/16", width=16, depth=1, mlp_dim=32, num_heads=2, patch_size=4,
+    src_cfg = variant_config("Ti/16", width=16, depth=1, mlp_dim=32, num_heads=2, patch_size=4,
                          image_size=16, num_classes=5, representation_size=8)
     dst_cfg = src_cfg.replace(num_classes=3, representation_size=None, image_size=(24, 24))
     _, src = abstract_params(src_cfg)
@@ -185,7 +185,7 @@ def test_adapt_params_zero_head_and_shape_errors():
     assert not out["head"]["kernel"].any()
     assert out["pos_embed"].shape == (1, 1 + 36, 16)
     np.testing.assert_allclose(out["pos_embed"], 1.0, rtol=1e-5)  # constant stays constant
-    wrong = get_config("Ti/16", width=32, depth=1, mlp_dim=32, num_heads=2, patch_size=4,
+    wrong = variant_config("Ti/16", width=32, depth=1, mlp_dim=32, num_heads=2, patch_size=4,
                        image_size=16, num_classes=5)
     _, wrong_tpl = abstract_params(wrong)
     with pytest.raises(CheckpointError, match="has shape"):
@@ -320,7 +320,7 @@ def test_trainable_mask_freezes_in_the_step_and_losses_are_chosen_by_name():
 TWO_DEVICE_SCRIPT = r"""
 import jax, jax.numpy as jnp, numpy as np
 from vit.recipes.load import load_config
-from vit.models.config import get_config
+from vit.models.config import variant_config
 from vit import device_mesh
 from vit.train.from_recipe import model_fields
 from vit.train.model import fresh_params
@@ -329,7 +329,7 @@ from vit.train.optim import make_optimizer
 from vit.train.placement import Placement
 assert jax.device_count() == 2, jax.devices()
 config = load_config("configs/digits.py", %r)
-cfg = get_config("Ti/16", num_classes=10, image_size=8, **model_fields(config))
+cfg = variant_config("Ti/16", num_classes=10, image_size=8, **model_fields(config))
 graphdef, params = fresh_params(cfg, 0)
 tx, _ = make_optimizer(config.optim, params, cfg.depth, 8)
 rng = np.random.default_rng(0)

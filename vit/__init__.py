@@ -11,7 +11,7 @@ installed, and nothing from the data, training or CLI stacks is imported until a
 
 A user mistake raises a `vit.VitError` (`ConfigError`, `CheckpointError`, `DataError`,
 `OutOfSpace`, `OutOfMemory`): one line saying what to fix. `vit.variant_config(name)` is a
-model variant's `ViTConfig`; `vit.get_config` is its compatibility name (CHANGELOG.md).
+model variant's `ViTConfig`.
 """
 
 import importlib
@@ -26,7 +26,6 @@ _LAZY = {
     "TextConfig": "vit.models.config",
     "tokenize": "vit.models.text",
     "variant_config": "vit.models.config",
-    "get_config": "vit.models.config",  # compatibility name of variant_config
     "VARIANTS": "vit.models.config",
     "dot_product_attention": "vit.ops.attention",
     "model_info": "vit.models.info",

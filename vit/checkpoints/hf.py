@@ -35,9 +35,9 @@ from vit.models.config import ViTConfig
 from vit.models.posemb import METHOD_OF_SOURCE
 from vit.preprocess import Preprocessing
 
-# hidden_act -> our gelu
-ACTS = {"gelu": "exact", "gelu_python": "exact", "gelu_pytorch_tanh": "tanh", "gelu_new": "tanh",
-        "gelu_fast": "tanh"}
+# hidden_act -> our act_layer
+ACTS = {"gelu": "gelu", "gelu_python": "gelu", "gelu_pytorch_tanh": "gelu_tanh",
+        "gelu_new": "gelu_tanh", "gelu_fast": "gelu_tanh"}
 # PIL's resampling enum, as preprocessor_config.json stores it.
 PIL_RESAMPLE = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic", 4: "box", 5: "hamming"}
 
@@ -115,7 +115,7 @@ def _config_fields(hc: dict, config_file: Path) -> dict:
         "image_size": json_size(config_file, "image_size", hc.get("image_size", 224)),
         "layer_norm_eps": json_number(config_file, "layer_norm_eps",
                                       hc.get("layer_norm_eps", 1e-12), positive=True),
-        "gelu": ACTS[act]}
+        "act_layer": ACTS[act]}
 
 
 def _encoder(get: NamedArrays, depth: int, qkv_bias: bool) -> dict:
@@ -323,7 +323,7 @@ def write(loaded: LoadedCheckpoint, dst) -> list[str]:
         "architectures": ["ViTForImageClassification" if classify else "ViTModel"],
         "model_type": "vit", "hidden_size": cfg.width, "num_hidden_layers": cfg.depth,
         "num_attention_heads": cfg.num_heads, "intermediate_size": cfg.mlp_dim,
-        "hidden_act": "gelu" if cfg.gelu == "exact" else "gelu_pytorch_tanh",
+        "hidden_act": "gelu" if cfg.act_layer == "gelu" else "gelu_pytorch_tanh",
         "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0,
         "layer_norm_eps": cfg.layer_norm_eps, "image_size": cfg.image_size[0]
         if cfg.image_size[0] == cfg.image_size[1] else list(cfg.image_size),

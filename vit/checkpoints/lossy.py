@@ -39,10 +39,10 @@ def _eps(loaded: LoadedCheckpoint, eps: float, who: str) -> tuple[LoadedCheckpoi
 
 def _tanh_gelu(loaded: LoadedCheckpoint) -> tuple[LoadedCheckpoint, str] | None:
     cfg = loaded.config
-    if cfg.gelu == "tanh":
+    if cfg.act_layer != "gelu":  # quick_gelu or SiLU are other functions, not approximations
         return None
-    return (dataclasses.replace(loaded, config=cfg.replace(gelu="tanh")),
-            f"{cfg.gelu} GELU becomes the tanh approximation (npz files imply it)")
+    return (dataclasses.replace(loaded, config=cfg.replace(act_layer="gelu_tanh")),
+            "exact GELU becomes its tanh approximation (npz files imply it)")
 
 
 def _inception(loaded: LoadedCheckpoint) -> tuple[LoadedCheckpoint, str] | None:

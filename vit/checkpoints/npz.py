@@ -206,7 +206,7 @@ def read(path: Path) -> LoadedCheckpoint:
         width=d, patch_size=(ph, pw), image_size=(grid[0] * ph, grid[1] * pw),
         in_channels=channels, num_classes=num_classes, class_token=class_token,
         classifier=classifier, representation_size=representation, posemb=posemb,
-        layer_norm_eps=1e-6, gelu="tanh", posemb_resize=METHOD_OF_SOURCE[family], **block_fields)
+        layer_norm_eps=1e-6, act_layer="gelu_tanh", posemb_resize=METHOD_OF_SOURCE[family], **block_fields)
     warning = zero_head_warning(params)
     return LoadedCheckpoint(
         config=config, params=params, preprocessing=INCEPTION.with_size(config.image_size),
@@ -322,8 +322,8 @@ def cannot_hold(loaded: LoadedCheckpoint) -> list[str]:
         problems.append("layer scale")
     if cfg.qk_norm:
         problems.append("qk-norm")
-    if cfg.gelu != "tanh":
-        problems.append(f"{cfg.gelu} GELU (npz files imply tanh)")
+    if cfg.act_layer != "gelu_tanh":
+        problems.append(f"{cfg.act_layer} activation (npz files imply gelu_tanh)")
     if cfg.layer_norm_eps != 1e-6:
         problems.append(f"LayerNorm eps {cfg.layer_norm_eps:g} (npz files imply 1e-6)")
     sincos_size = (224 // cfg.patch_size[0] * cfg.patch_size[0],

@@ -28,7 +28,7 @@ from vit.checkpoints.files import check_destination
 from vit.checkpoints.loaded import LoadedCheckpoint, zero_head_warning
 from vit.checkpoints.tree import flatten, nest, path_name
 from vit.errors import CheckpointError, ConfigError, DataError
-from vit.models.config import FIELDS, ViTConfig
+from vit.models.config import ViTConfig
 from vit.preprocess import Preprocessing
 
 # A finished step has one definition, shared with training.
@@ -215,9 +215,8 @@ def _read_step(step_dir: Path, source: str) -> LoadedCheckpoint:
             meta.get("preprocessing"), dict):
         raise CheckpointError(f"{step_dir}: checkpoint metadata lacks model_config or "
                               "preprocessing; the checkpoint is damaged")
-    model_config = {k: v for k, v in meta["model_config"].items() if k in FIELDS}
     try:
-        config = ViTConfig(**model_config)
+        config = ViTConfig.from_dict(meta["model_config"])
         preprocessing = Preprocessing.from_dict(meta["preprocessing"])
     except (ConfigError, DataError, TypeError, ValueError) as err:
         raise CheckpointError(f"{step_dir}: checkpoint metadata does not describe a model "

@@ -231,7 +231,7 @@ def read(path: Path) -> LoadedCheckpoint:
             classifier=classifier, num_registers=registers,
             posemb="learn",
             layer_norm_eps=timm_architectures.layer_norm_eps(args),
-            gelu=timm_architectures.gelu(args),
+            act_layer=timm_architectures.gelu(args),
             dynamic_image_size=bool(args.get("dynamic_img_size", False)),
             layer_scale=layer_scale, posemb_resize=METHOD_OF_SOURCE["timm"], **block_fields)
     except ConfigError as err:  # the weights and config.json disagree
@@ -472,7 +472,7 @@ def _as_timm(cfg: ViTConfig) -> dict:
             # our MAP head attends to every token; our 'gap' averages the patches only
             "pool_include_prefix": (cfg.classifier == "map" if pool != "token"
                                     and cfg.num_prefix_tokens else None),
-            "act_layer": "gelu_tanh" if cfg.gelu == "tanh" else "gelu",
+            "act_layer": cfg.act_layer,
             "dynamic_img_size": cfg.dynamic_image_size}
 
 
@@ -492,8 +492,7 @@ def _canonical(args: dict, width: int | None = None) -> dict:
             "fc_norm": bool(args["fc_norm"]),
             "pool_include_prefix": (bool(args["pool_include_prefix"])
                                     if args["global_pool"] != "token" and prefix else None),
-            "act_layer": "gelu_tanh" if timm_architectures.GELUS.get(args["act_layer"]) == "tanh"
-            else "gelu" if args["act_layer"] in timm_architectures.GELUS else args["act_layer"],
+            "act_layer": timm_architectures.GELUS.get(args["act_layer"], args["act_layer"]),
             "dynamic_img_size": bool(args["dynamic_img_size"])}
 
 

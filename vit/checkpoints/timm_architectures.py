@@ -33,8 +33,8 @@ DEFAULTS = {
 CUSTOM = "vit_custom"
 # For a name neither the table nor timm knows, the model_args that settle what it means.
 SETTLING = ("num_heads", "global_pool", "act_layer", "no_embed_class", "fc_norm")
-GELUS = {None: "exact", "gelu": "exact", "GELU": "exact", "gelu_tanh": "tanh",
-         "GELUTanh": "tanh"}
+GELUS = {None: "gelu", "gelu": "gelu", "GELU": "gelu", "gelu_tanh": "gelu_tanh",
+         "GELUTanh": "gelu_tanh"}
 
 
 def arguments(arch: str, model_args: dict, where) -> dict:

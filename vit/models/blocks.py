@@ -58,9 +58,14 @@ def _gelu_exact_jvp(primals, tangents):
     return x * cdf, dx * (cdf + x * pdf)
 
 
-def gelu(kind: str) -> Callable[[jax.Array], jax.Array]:
-    if kind == "tanh":
+def activation(kind: str) -> Callable[[jax.Array], jax.Array]:
+    """The MLP's activation by timm's `act_layer` name (vit.models.config.ACT_LAYERS)."""
+    if kind == "gelu_tanh":
         return lambda x: jax.nn.gelu(x, approximate=True)
+    if kind == "quick_gelu":  # OpenAI CLIP's
+        return lambda x: x * jax.nn.sigmoid(1.702 * x)
+    if kind == "silu":
+        return jax.nn.silu
     # Exact GELU, x (1 + erf(x / sqrt 2)) / 2, with erf as one rational function: no exp and no
     # branches, so XLA fuses it into the fc1 bias pass more cheaply than jax.nn.gelu or ndtr;
     # within 1.1e-6 of float64. bfloat16/float16 activations go through float32 and back in the
@@ -132,7 +137,7 @@ class Mlp(nnx.Module):
                           bias_init=bias_init, rngs=rngs)
         self.fc2 = Linear(hidden, width, dtype=jnp.dtype(cfg.dtype), kernel_init=xavier,
                           bias_init=bias_init, rngs=rngs)
-        self.act = gelu(cfg.gelu)
+        self.act = activation(cfg.act_layer)
         self.rate = cfg.dropout
 
     def __call__(self, x: jax.Array, keys: Keys) -> jax.Array:

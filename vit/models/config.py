@@ -39,9 +39,22 @@ VARIANTS = {
 _TIMM_SIZES = {"tiny": "Ti", "small": "S", "medium": "M", "base": "B", "large": "L", "huge": "H",
                "giant": "g", "gigantic": "G"}
 
-CLASSIFIERS = ("token", "gap", "map")
+# token: the class token; gap: the mean of the patch tokens; map: attention pooling;
+# token_gap: the class token and the patch mean side by side (transformers' DINOv2 classifier).
+CLASSIFIERS = ("token", "gap", "map", "token_gap")
 POSEMBS = ("learn", "sincos2d")
-GELUS = ("exact", "tanh")
+# timm's `act_layer` names: exact GELU, its tanh approximation, CLIP's x * sigmoid(1.702 x), SiLU.
+ACT_LAYERS = ("gelu", "gelu_tanh", "quick_gelu", "silu")
+NORM_LAYERS = ("layernorm", "rmsnorm")
+# mlp: fc1 -> act -> fc2; swiglu: act(fc1_g x) * fc1_x x -> fc2 (timm's SwiGLU); glu: one fc1
+# whose output halves are (x1, x2), act(x1) * x2 -> fc2 (timm's GluMlp with gate_last=False).
+MLP_LAYERS = ("mlp", "swiglu", "glu")
+# block: pre-norm; res_post: post-norm (norm after each branch, Swin-v2 style, timm's
+# ResPostBlock); parallel: `num_parallel` pre-norm attention and MLP branches summed (timm's
+# ParallelThingsBlock).
+BLOCK_FNS = ("block", "res_post", "parallel")
+# Relative position bias (BEiT): none, one table per block, or one table shared by all blocks.
+REL_POS_BIASES = ("none", "layer", "shared")
 DTYPES = ("float32", "bfloat16", "float16")
 ATTENTION_IMPLS = ("auto", "pallas", "cudnn", "xla")
 POSEMB_RESIZES = ("linear", "bicubic")  # the methods of vit.models.posemb.resize_posemb
@@ -126,7 +139,27 @@ class ViTConfig:
     qk_norm: bool = False
     layer_scale: float | None = None  # initial value of LayerScale, None for none
     layer_norm_eps: float = 1e-6
-    gelu: str = "exact"  # exact | tanh (vit_jax and big_vision checkpoints were trained with tanh)
+    # exact GELU | gelu_tanh (vit_jax and big_vision checkpoints) | quick_gelu (OpenAI CLIP) | silu
+    act_layer: str = "gelu"
+    # The options below are timm's VisionTransformer arguments of the same names; each default
+    # leaves the standard ViT's graph unchanged.
+    norm_layer: str = "layernorm"  # layernorm | rmsnorm, both with layer_norm_eps
+    mlp_layer: str = "mlp"  # mlp | swiglu | glu (mlp_dim: fc1's output width)
+    block_fn: str = "block"  # block | res_post | parallel
+    num_parallel: int = 2  # branches of a 'parallel' block
+    proj_bias: bool = True  # biases of attn.proj and the MLP's linears
+    patch_bias: bool = True  # the patch embedding's bias (CLIP's has none)
+    embed_norm: bool = False  # a norm on the patch embeddings, before positions (aimv2)
+    pre_norm: bool = False  # a norm after the embedding, before the blocks (CLIP's ln_pre)
+    final_norm: bool = True  # the norm after the blocks (off: RADIO, transformers' CLIP head)
+    fc_norm: bool = False  # the final norm after the pooling instead of before it (MAE, BEiT)
+    scale_attn_norm: bool = False  # a norm before attn.proj (NormFormer, BEiT3)
+    scale_mlp_norm: bool = False  # a norm before mlp.fc2 (NormFormer, BEiT3)
+    rel_pos_bias: str = "none"  # none | layer | shared: BEiT's relative position bias
+    dist_token: bool = False  # DeiT's distillation token (after the class token)
+    # With dist_token: a second head on the distillation token, averaged with the class head
+    # (timm's and transformers' DeiT ...WithTeacher); off: the class head alone reads it.
+    dist_head: bool = True
     dtype: str = "float32"  # compute dtype; parameters stay float32
     remat: bool = False  # rematerialise each block in the backward pass
     attention_impl: str = "auto"  # auto | pallas | cudnn | xla
@@ -144,7 +177,11 @@ class ViTConfig:
         _check_numbers(self)
         _check_choice("classifier", self.classifier, CLASSIFIERS)
         _check_choice("posemb", self.posemb, POSEMBS)
-        _check_choice("gelu", self.gelu, GELUS)
+        _check_choice("act_layer", self.act_layer, ACT_LAYERS)
+        _check_choice("norm_layer", self.norm_layer, NORM_LAYERS)
+        _check_choice("mlp_layer", self.mlp_layer, MLP_LAYERS)
+        _check_choice("block_fn", self.block_fn, BLOCK_FNS)
+        _check_choice("rel_pos_bias", self.rel_pos_bias, REL_POS_BIASES)
         _check_choice("dtype", self.dtype, DTYPES)
         _check_choice("attention_impl", self.attention_impl, ATTENTION_IMPLS)
         _check_choice("posemb_resize", self.posemb_resize, POSEMB_RESIZES)
@@ -166,8 +203,22 @@ class ViTConfig:
                     f"image_size {self.image_size} is not a multiple of patch_size "
                     f"{self.patch_size}; pick an image size divisible by the patch size"
                 )
-        if self.classifier == "token" and not self.class_token:
-            raise ConfigError("classifier='token' needs class_token=True; use 'gap' or 'map'")
+        if self.classifier in ("token", "token_gap") and not self.class_token:
+            raise ConfigError(f"classifier={self.classifier!r} needs class_token=True; use "
+                              "'gap' or 'map'")
+        if self.fc_norm and not self.final_norm:
+            raise ConfigError("fc_norm=True moves the final norm after the pooling; it needs "
+                              "final_norm=True")
+        if self.dist_token and self.classifier != "token":
+            raise ConfigError("dist_token=True (DeiT) needs classifier='token'")
+        if self.mlp_layer == "glu" and self.mlp_dim % 2:
+            raise ConfigError(f"mlp_layer='glu' splits fc1's {self.mlp_dim} outputs in two "
+                              "halves: mlp_dim must be even")
+        if self.block_fn == "parallel" and self.num_parallel < 1:
+            raise ConfigError(f"num_parallel={self.num_parallel}: must be at least 1")
+        if self.rel_pos_bias != "none" and self.posemb == "sincos2d":
+            raise ConfigError("rel_pos_bias with posemb='sincos2d' is not a model any "
+                              "checkpoint has; use posemb='learn'")
         if self.posemb == "sincos2d" and self.width % 4:
             raise ConfigError(f"posemb='sincos2d' needs width divisible by 4, got {self.width}")
 
@@ -177,7 +228,7 @@ class ViTConfig:
 
     @property
     def num_prefix_tokens(self) -> int:
-        return int(self.class_token) + self.num_registers
+        return int(self.class_token) + int(self.dist_token) + self.num_registers
 
     @property
     def num_tokens(self) -> int:
@@ -193,6 +244,16 @@ class ViTConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, fields: dict[str, Any]) -> ViTConfig:
+        """A config saved on disk (a checkpoint's or workdir's metadata). Checkpoints written
+        before `act_layer` replaced `gelu` say `gelu: exact | tanh`; they keep loading."""
+        fields = dict(fields)
+        if "gelu" in fields and "act_layer" not in fields:
+            old = fields.pop("gelu")
+            fields["act_layer"] = {"exact": "gelu", "tanh": "gelu_tanh"}.get(old, old)
+        return cls(**{k: v for k, v in fields.items() if k in FIELDS})
 
 
 FIELDS = tuple(f.name for f in dataclasses.fields(ViTConfig))
@@ -277,6 +338,3 @@ def variant_config(name: str, **overrides: Any) -> ViTConfig:
     return ViTConfig(**{**fields, **overrides})
 
 
-# A compatibility name of `variant_config` (CHANGELOG.md): the documented name cannot be
-# confused with a recipe's `get_config()`, which returns a training ConfigDict.
-get_config = variant_config

@@ -39,8 +39,8 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = (), *
     or the name of a shipped recipe (`digits`, `vit.recipes.shipped`).
 
     `model_field_types()` gives ViTConfig's fields with the type each expects (the caller
-    passes it: this module may not import the model package). With it, `--set model.gelu=tanh`
-    works on a recipe whose `model` section leaves `gelu` out, and a misspelt field in that
+    passes it: this module may not import the model package). With it, `--set model.act_layer=gelu_tanh`
+    works on a recipe whose `model` section leaves `act_layer` out, and a misspelt field in that
     section is refused here (the last check: it imports jax).
     """
     path = resolve(path)

@@ -81,7 +81,7 @@ def build_model(config, num_classes: int, *, resume_meta: dict | None = None,
     """(model, params). On resume (`resume_meta`, a checkpoint's meta) the params are
     placeholders for `restore_state` to fill; otherwise host arrays for `new_state`."""
     if resume_meta is not None:
-        model_config = ViTConfig(**resume_meta["model_config"])
+        model_config = ViTConfig.from_dict(resume_meta["model_config"])
         pre = Preprocessing.from_dict(resume_meta["preprocessing"])
         graphdef, params = abstract_params(model_config)
     elif init:
