@@ -1,7 +1,7 @@
 """Records the explain memory figures: XLA's compiled memory (temporaries + outputs, from
 `memory.compiled_bytes`; nothing is run, no weights are allocated) of `explain` for
 `rollout` and `relevancy` on ViT-L/14 at 518 px, against the keep-every-layer capture
-(`vit.explain.capture.attention_grads`, every layer's attention and its gradient), at several
+(`vit.explanations.capture.attention_grads`, every layer's attention and its gradient), at several
 batch sizes, so the per-image cost and the batch-independent part can be told apart. The
 record is `explain_memory`.
 
@@ -23,8 +23,8 @@ def compiled_bytes(model, batch: int, size: int, what: str) -> dict:
     import jax.numpy as jnp
     from flax import nnx
 
-    from vit.explain import capture
-    from vit.explain.maps import explain_core
+    from vit.explanations import capture
+    from vit.explanations.maps import explain_core
 
     graphdef, state = nnx.split(model)
     x = jax.ShapeDtypeStruct((batch, size, size, 3), jnp.float32)

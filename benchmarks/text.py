@@ -149,13 +149,13 @@ POINTING_PROMPTS = {"seen_class_questions": "a present item's class question",
 
 
 def pointing(workdir: Path, scenes: int) -> dict:
-    """`pointing` of a trained fashion_scenes workdir (`vit.explain.text.pointing_rate`)."""
+    """`pointing` of a trained fashion_scenes workdir (`vit.explanations.text.pointing_rate`)."""
     import numpy as np
     from PIL import Image
 
     from vit.checkpoints import load_checkpoint
     from vit.data import fashion_scenes as fs
-    from vit.explain.text import pointing_rate
+    from vit.explanations.text import pointing_rate
 
     loaded = load_checkpoint(str(workdir))
     model = loaded.build_model()

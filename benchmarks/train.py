@@ -224,8 +224,9 @@ def environment(kind: str) -> dict:
     XLA's scratch memory), transformers' and the plain-malloc variant as it is."""
     from vit.cpu import huge_pages, xla_options
 
-    env = {**(huge_pages.environment() if kind in ("vit", DEFAULTS) else os.environ),
-           "JAX_PLATFORMS": "cpu"}
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    if kind in ("vit", DEFAULTS):
+        env = huge_pages.environment(env)
     if kind == DEFAULTS:
         env[xla_options.OPT_OUT] = "0"
     return env
@@ -361,7 +362,7 @@ def main(argv: list[str]) -> None:
                 "weights (cast with .to(torch.bfloat16) for bfloat16), torch.optim.AdamW, "
                 "clip_grad_norm_, threads = cores",
         "environment": {
-            "vit": huge_pages.environment().get("GLIBC_TUNABLES", "(none)"),
+            "vit": environment("vit").get("GLIBC_TUNABLES", "(none)"),
             "transformers": os.environ.get("GLIBC_TUNABLES", "(none)"),
             "transparent_hugepage": (huge_pages.THP_MODE.read_text().strip()
                                      if huge_pages.THP_MODE.exists() else "(none)")},

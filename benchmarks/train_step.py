@@ -47,7 +47,7 @@ class TrainStep:
     """The step and the state it carries; calling it runs one training step."""
 
     config: Any
-    model: Any  # vit.train.state.Model: its config, preprocessing and graphdef
+    model: Any  # vit.train.model.Model: its config, preprocessing and graphdef
     num_classes: int
     mesh: Any
     step_fn: Any

@@ -351,7 +351,7 @@ def test_repeated_method_flags_accumulate(flags):
 
 
 def test_explain_eval_scores_every_repeated_method(fx, monkeypatch, capsys):
-    from vit.explain import faithfulness
+    from vit.explanations import faithfulness
 
     asked = []
 
@@ -434,7 +434,7 @@ def test_rollout_gallery_takes_a_file_name_that_is_not_utf8(fx, tmp_path, capsys
 def test_rollout_that_fails_part_way_leaves_nothing(fx, tmp_path, monkeypatch, run_vit):
     """A write that fails after maps exist (here the gallery: a full disk) takes the new output
     folder away again and is one line naming the file."""
-    from vit.explain import render
+    from vit.explanations import render
 
     def disk_full(out, *args, **kwargs):
         raise OSError(28, "No space left on device", str(out / "index.html"))

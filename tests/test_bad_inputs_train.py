@@ -258,7 +258,8 @@ def test_documented_keys_a_recipe_leaves_out_can_still_be_set():
     cifar = ROOT / "configs" / "cifar10_finetune.py"  # its model section has no depth or act_layer
     config = load_config(cifar, ["model.act_layer=gelu_tanh", "model.depth=6", "model.qk_norm=1"],
                          model_field_types=model_field_types)
-    assert (config.model.act_layer, config.model.depth, config.model.qk_norm) == ("gelu_tanh", 6, True)
+    assert (config.model.act_layer, config.model.depth, config.model.qk_norm) == (
+        "gelu_tanh", 6, True)
     for item, message in [("model.depth=2.5", "expected int"),
                           ("model.act_layers=gelu_tanh", "no such config key"),
                           ("model.num_classes=3", "no such config key"),
@@ -287,3 +288,49 @@ def test_sigmoid_xent_on_a_one_label_dataset_is_scored_against_one_hot_targets()
     one_hot = np.eye(3)[labels]
     want = np.mean(np.sum(np.logaddexp(0.0, logits) - logits * one_hot, axis=-1))
     assert res["loss"] == pytest.approx(want, rel=1e-5)
+
+
+def test_a_misspelt_set_key_suggests_each_near_key_once():
+    """`model.dtype` is both in the recipe and among ViTConfig's fields: one suggestion."""
+    from vit.commands.train import model_field_types
+
+    with pytest.raises(ConfigError) as err:
+        load_config(ROOT / "configs" / "fashion_mnist.py", ["model.dtyp=float32"],
+                    model_field_types=model_field_types)
+    hint = str(err.value).split("did you mean ", 1)[1].rstrip("?").split(", ")
+    assert hint[0] == "model.dtype" and len(hint) == len(set(hint)), err.value
+
+
+@pytest.mark.parametrize("given", ["--init", "init"])
+def test_init_from_a_run_without_a_finished_step_names_the_flag_given(tmp_path, refused,
+                                                                      given):
+    """A workdir whose first save is still in flight: the error names `--init` (or the
+    recipe's `init` key), never the readers' `--checkpoint`, and the new workdir goes."""
+    early = tmp_path / "early"
+    (early / "checkpoints" / "3.orbax-checkpoint-tmp-1700000000").mkdir(parents=True)
+    argv = _argv(tmp_path / "wd", *([f"init={early}"] if given == "init" else []))
+    if given == "--init":
+        argv += ["--init", str(early)]
+    last = refused(argv, f"{given} {early}", "no finished checkpoint",
+                   "step 3 is being saved now", f"point {given} at")
+    assert "--checkpoint" not in last
+    assert not (tmp_path / "wd").exists()
+
+
+def test_a_run_saved_with_a_concrete_dtype_resumes_under_auto(run, tmp_path, run_vit):
+    """`auto` chooses a new run's dtype; a resume keeps the saved one, on any host."""
+    workdir = _copy(run, tmp_path)
+    code, err = run_vit(_argv(workdir, "train.steps=3", "model.dtype=auto"))
+    assert code == 0, err
+    assert (workdir / "checkpoints" / "3").is_dir()
+
+
+def test_a_dtype_named_again_fits_the_auto_it_was_saved_with():
+    from vit.train.resume import _same_dtype
+
+    meta = {"model_config": {"dtype": "bfloat16"}}
+    assert _same_dtype(("model.dtype", "auto", "bfloat16"), meta)
+    assert _same_dtype(("model.dtype", "float32", "auto"), meta)
+    assert not _same_dtype(("model.dtype", "auto", "float32"), meta)
+    assert not _same_dtype(("model.dtype", "bfloat16", "float32"), meta)
+    assert not _same_dtype(("model.depth", 1, 2), meta)

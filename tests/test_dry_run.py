@@ -78,3 +78,64 @@ def test_every_shipped_recipe_compiles_at_full_size(name):
         forward = 2 * weights * 577 + 12 * 2 * 2 * 577 * 577 * 768
         ratio = results[0]["flops_per_step"] / (3 * forward * 512)
         assert 0.85 < ratio < 1.15, ratio
+
+
+def test_the_whole_run_estimate_adds_every_part_from_injected_timings():
+    """Start-up and compile as given, the steps at the median of the timed ones (the first, a
+    warm-up, left out) within their fastest and slowest, each validation a forward pass per
+    image at a third of a step's per-image time plus one forward compile at a third of the
+    step's, and the last save waited for."""
+    from vit.train.dry_run import describe_estimate, estimate_run
+
+    e = estimate_run(steps=100, step_times=[0.5, 0.1, 0.12, 0.08, 0.1], startup_s=3.0,
+                     compile_s=3.0, batch_size=10, evaluations=(2, 60), saves=4, save_s=1.5,
+                     load=(1.0, 2))
+    parts = e["parts"]
+    assert parts["steps_s"] == pytest.approx(10.0)  # 100 x the median 0.1
+    # 2 x 60 images at 0.1 s / 10 images / 3, and a compile of 3 s / 3.
+    assert parts["evaluations_s"] == pytest.approx(0.4 + 1.0)
+    assert parts["checkpoints_s"] == 1.5 and parts["startup_s"] == parts["compile_s"] == 3.0
+    assert e["total_s"] == pytest.approx(3 + 3 + 10 + 1.4 + 1.5)
+    # The range scales what the steps' speed sets (steps and evaluations) by 0.08 / 0.1 and
+    # 0.12 / 0.1; the measured parts stay.
+    assert e["low_s"] == pytest.approx(7.5 + 11.4 * 0.8)
+    assert e["high_s"] == pytest.approx(7.5 + 11.4 * 1.2)
+    assert e["spread"] == pytest.approx(0.4) and e["timed_steps"] == 4 and not e["busy"]
+    line = describe_estimate(e)
+    assert line.startswith("whole run: about 19 s (17 s to 21 s; range from the spread of 4 "
+                           "timed steps (40%)): "), line
+    assert ("start-up 3 s, compile 3 s, 100 steps 10 s at 0.100 s, 2 validations of 60 "
+            "images 1 s (estimated), 4 checkpoints 2 s (one timed; the last is waited for)"
+            ) in line, line
+
+
+def test_the_estimate_says_what_it_could_not_count_and_a_busy_host():
+    from vit.train.dry_run import describe_estimate, estimate_run
+
+    e = estimate_run(steps=10, step_times=[2.0], startup_s=1.0, compile_s=4.0, batch_size=8,
+                     evaluations=(3, None), saves=2, save_s=None, load=(5.0, 2))
+    assert e["total_s"] == pytest.approx(1 + 4 + 20) == e["low_s"] == e["high_s"]
+    line = describe_estimate(e)
+    assert "one timed step: no spread to judge by" in line
+    assert "busy while they ran (load 5.0 on 2 CPUs)" in line
+    assert "3 validations not counted (the split is not on this machine)" in line
+    assert "2 checkpoints not counted (no save could be timed)" in line
+    none = estimate_run(steps=10, step_times=[0.3, 0.2], startup_s=0.0, compile_s=1.0,
+                        batch_size=8, evaluations=(0, 0), saves=0, save_s=0.5)
+    assert none["parts"]["evaluations_s"] == 0 and none["parts"]["checkpoints_s"] == 0
+    assert "no validation" in describe_estimate(none)
+
+
+def test_the_dry_run_prints_the_whole_run_estimate(capsys):
+    """The estimate's line from the real timings of a tiny step; its figures are checked
+    above, with injected timings, never here."""
+    from conftest import tiny_recipe
+
+    from vit.train.dry_run import dry_run
+
+    lines = []
+    (result,) = dry_run(tiny_recipe("train.steps=40", "train.eval_every=20"), out=lines.append)
+    whole = next(line for line in lines if line.startswith("whole run: about "))
+    assert "40 steps" in whole and "2 validations of 144 images" in whole, whole
+    assert "40 checkpoints" in whole and "one timed" in whole, whole
+    assert result["estimate"]["timed_steps"] >= 1 and result["estimate"]["save_measured"]

@@ -165,3 +165,36 @@ def test_vit_eval_scores_a_sigmoid_trained_workdir_label_by_label(make_tiny, tmp
     assert report["task"] == "multi_label" and len(report["per_class"]) == len(names)
     assert 0 <= report["accuracy"] <= report["label_accuracy"] <= 1
     assert sum(v["support"] for v in report["per_class"].values()) > report["num_examples"]
+
+
+def test_the_reliability_legend_shows_the_colours_the_bars_are_drawn_in():
+    """Each legend swatch has its bars' face colour and alpha, and the gap bars are opaque and
+    above the accuracy bars, so over a bar (an underconfident bin) and over the white (an
+    overconfident one) they show the swatch's colour, not a blend."""
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import to_rgba
+
+    from vit.inference.evaluate import reliability_figure
+
+    calibration = {"bins": 4, "ece": 0.1, "count": [0, 5, 10, 20],
+                   "accuracy": [None, 0.5, 0.55, 0.95],  # underconfident, then over
+                   "confidence": [None, 0.35, 0.65, 0.9]}
+    fig = reliability_figure(calibration)
+    try:
+        top = fig.axes[0]
+        bars = {c.get_label(): list(c) for c in top.containers if not c.get_label().startswith("_")}
+        assert set(bars) == {"accuracy", "gap to confidence"}
+        legend = top.get_legend()
+        swatches = dict(zip([t.get_text() for t in legend.get_texts()], legend.legend_handles,
+                            strict=True))
+        for label, patches in bars.items():
+            swatch = swatches[label]
+            for patch in patches:
+                assert patch.get_facecolor() == swatch.get_facecolor(), label
+                assert patch.get_alpha() == swatch.get_alpha(), label
+        gap = bars["gap to confidence"]
+        assert len(gap) == 3 and all(to_rgba(p.get_facecolor())[3] == 1.0 for p in gap)
+        assert all(p.get_alpha() in (None, 1.0) for p in gap)
+        assert min(p.zorder for p in gap) > max(p.zorder for p in bars["accuracy"])
+    finally:
+        plt.close(fig)

@@ -7,9 +7,9 @@ import pytest
 from conftest import tiny_model
 from flax import nnx
 
-from vit.explain import capture, rules
-from vit.explain.maps import METHODS, explain, explain_core, rollout_of
-from vit.explain.tokens import TokenLayout
+from vit.explanations import capture, rules
+from vit.explanations.maps import METHODS, explain, explain_core, rollout_of
+from vit.explanations.tokens import TokenLayout
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -136,7 +136,7 @@ def reference_rows(model, x, method, classes, fusion="mean"):
                 product = np.einsum("bqk,bkn->bqn", np_rollout_layer(pos, fusion), product)
     if cfg.classifier == "map":
         tokens = nnx.jit(lambda m, x: m.features(x))(model, x)
-        from vit.explain.tokens import map_readout
+        from vit.explanations.tokens import map_readout
         readout = np.asarray(map_readout(model.map_head, tokens), np.float64)
     else:
         readout = np.asarray(layout.fixed_readout(x.shape[0]), np.float64)

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from vit.explain import faithfulness as fa
+from vit.explanations import faithfulness as fa
 
 pytestmark = pytest.mark.timeout(300)
 

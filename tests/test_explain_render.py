@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from vit.explain import render
+from vit.explanations import render
 from vit.preprocess import Preprocessing
 
 pytestmark = pytest.mark.timeout(60)

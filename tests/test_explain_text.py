@@ -16,8 +16,8 @@ from PIL import Image
 
 import vit
 from vit.cli import main
-from vit.explain import explain_prompt, text_relevance
-from vit.explain.tokens import map_readout
+from vit.explanations import explain_prompt, text_relevance
+from vit.explanations.tokens import map_readout
 from vit.models.blocks import Block
 
 pytestmark = pytest.mark.timeout(600)

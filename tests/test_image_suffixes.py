@@ -5,7 +5,7 @@ import pytest
 from PIL import Image
 
 from vit.data import open_source
-from vit.explain.inputs import gather
+from vit.explanations.inputs import gather
 from vit.images import IMAGE_SUFFIXES, list_images
 
 pytestmark = pytest.mark.timeout(120)

@@ -1,13 +1,12 @@
 """Import layering: dependencies point one way, and packages hold no import cycles.
 
-    cli -> commands -> train -> inference / explain -> checkpoints, data -> models -> ops
+    cli -> commands -> train -> inference / explanations -> checkpoints, data -> models -> ops
 
-(`errors`, `paths`, `step_folders` and the CPU backend `cpu` are below everything, and
-`host_allocator` names `cpu`'s huge pages for older callers; `images` lists and opens image
-files, `preprocess` turns them into model inputs; `device_mesh` is the one mesh helper of
-training and inference; `recipes` loads training configurations.) Every module under `vit/` is
-parsed, not imported, and every import of `vit.*` counts, whether at module level or inside a
-function: a local import is a dependency all the same.
+(`errors`, `paths`, `step_folders` and the CPU backend `cpu` are below everything; `images`
+lists and opens image files, `preprocess` turns them into model inputs; `device_mesh` is the
+one mesh helper of training and inference; `recipes` loads training configurations.) Every
+module under `vit/` is parsed, not imported, and every import of `vit.*` counts, whether at
+module level or inside a function: a local import is a dependency all the same.
 """
 
 import ast
@@ -24,19 +23,18 @@ pytestmark = pytest.mark.timeout(300)
 ROOT = Path(__file__).resolve().parents[1]
 VIT = ROOT / "vit"
 
-_BASE = {"errors", "paths", "step_folders", "cpu", "host_allocator"}
+_BASE = {"errors", "paths", "step_folders", "cpu"}
 _MODEL = _BASE | {"ops", "models"}
 _IMAGES = _BASE | {"images", "preprocess"}
 _CHECKPOINTS = _MODEL | _IMAGES | {"checkpoints"}
-_APPS = _CHECKPOINTS | {"data", "device_mesh"}  # what inference and explain stand on
-_ABOVE_APPS = _APPS | {"inference", "explain", "recipes", "train"}
+_APPS = _CHECKPOINTS | {"data", "device_mesh"}  # what inference and explanations stand on
+_ABOVE_APPS = _APPS | {"inference", "explanations", "recipes", "train"}
 # The part of vit (`vit.<unit>...`) each part may import: itself and the layers below it.
 ALLOWED = {
     "errors": {"errors"},
     "paths": {"paths"},
     "step_folders": {"step_folders"},
     "cpu": {"cpu"},
-    "host_allocator": {"host_allocator", "cpu"},
     "ops": _BASE | {"ops"},
     "models": _MODEL,
     "images": _BASE | {"images"},
@@ -46,11 +44,12 @@ ALLOWED = {
     "checkpoints": _CHECKPOINTS,
     "recipes": _MODEL | {"recipes"},
     "inference": _APPS | {"inference"},
-    "explain": _APPS | {"explain"},
+    "explanations": _APPS | {"explanations"},
     "train": _ABOVE_APPS,
     "commands": _ABOVE_APPS | {"commands"},
     "cli": _ABOVE_APPS | {"commands", "cli"},
-    # vit/__init__.py names its lazy attributes by string; it imports nothing of its own.
+    # vit/__init__.py names its lazy attributes by string; it imports the modules that define
+    # them only for type checkers (`if TYPE_CHECKING:`).
     "vit": _ABOVE_APPS,
 }
 

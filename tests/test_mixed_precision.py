@@ -86,6 +86,7 @@ def test_training_in_bfloat16_prints_one_note_where_it_cannot_pay(monkeypatch, c
     model._note_dtype("float32")
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("vit train: note: bfloat16 is no faster")
+    assert "--set model.dtype=float32" in err[0]  # how to choose what it recommends
     monkeypatch.setattr(cpu_features, "cpu_bfloat16_features", lambda: ("amx_bf16",))
     model._note_dtype("bfloat16")
     assert capsys.readouterr().err == ""

@@ -242,3 +242,32 @@ def test_recorded_losses_and_the_flags_that_override_them(multilabel, tiny_files
                                                 "problem_type": "multi_label_classification"}))
     code, out, _ = run(["predict", img, "--checkpoint", str(hf), "--json", "--no-cache"], capsys)
     assert code == 0 and len(json.loads(out)["probs"]) == 10
+
+
+class _OneImage:
+    """What `_print_results` asks of a predictor: one classified image, the bar advanced."""
+
+    mode, threshold = "classes", None
+
+    def predict_files(self, paths, progress=None):
+        for path in paths:
+            progress.update(1)
+            yield {"image": str(path), "top_k": [{"index": 0, "label": "cat", "prob": 0.9}]}
+
+
+@pytest.mark.parametrize("terminal", [False, True])
+def test_the_progress_bar_is_drawn_on_a_terminal_only(terminal, capsys, monkeypatch):
+    """Redirected (a file, a pipe), stderr holds the results' summary and no bar redraws; on a
+    terminal the bar is drawn."""
+    import sys
+
+    from vit.commands.predict import _print_results
+
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: terminal)
+    _print_results("jsonl", _OneImage(), ["a.png", "b.png"])
+    out, err = capsys.readouterr()
+    assert [json.loads(line)["image"] for line in out.splitlines()] == ["a.png", "b.png"]
+    drawn = "2/2" in err
+    assert drawn == terminal, err
+    if not terminal:
+        assert err.splitlines() == [err.strip()] and err.startswith("vit predict: 2 images"), err

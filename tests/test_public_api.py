@@ -1,6 +1,6 @@
 """What users hold on to keeps working when the code is moved: the names `import vit` exports,
-the CLI's commands and flags, the names of moved modules, and a workdir written by release
-0.1.0.
+the CLI's commands and flags, and a workdir written by release 0.1.0. (A module or name inside
+the package moves without an alias before 1.0: CHANGELOG.md says where it went.)
 
 The expected names and flags below are the public surface as released in 0.1.0, written out
 here (not read from the code) so that a rename or a dropped flag fails this test.
@@ -84,85 +84,41 @@ def test_the_added_names_are_the_real_things_and_listed():
                if n[0].isupper())
 
 
-def test_vit_explain_is_both_the_function_and_the_package(make_tiny):
-    """`vit.explain(model, images)` runs `vit.explain.maps.explain`, and `vit.explain.maps` is
-    still the module, whichever is touched first."""
+def test_vit_explain_is_the_function_whatever_is_imported(make_tiny):
+    """`vit.explain` is `vit.explanations.maps.explain`, a plain function, before and after the
+    package's modules are imported; `vit.train` is callable and `vit.train.loop` imports."""
     import jax.numpy as jnp
 
     import vit
-    import vit.explain.maps as maps
 
-    assert "explain" in vit.__all__ and vit.explain.maps is maps
+    first = vit.explain
+    import vit.explanations.maps as maps
+    import vit.train.loop
+
+    assert vit.explain is first is maps.explain and "explain" in vit.__all__
+    assert callable(vit.train)
     model = make_tiny().build_model()
     images = jnp.asarray(np.random.default_rng(0).normal(size=(2, 8, 8, 3)), jnp.float32)
-    ours, direct = vit.explain(model, images, "rollout"), maps.explain(model, images, "rollout")
+    ours = vit.explain(model, images, "rollout")
     assert ours.maps.shape == (2, 2, 2) and float(jnp.ptp(ours.maps)) > 0
-    np.testing.assert_array_equal(ours.maps, direct.maps)
 
 
-# Where a moved name now lives: old module and name -> new module and name. CHANGELOG.md lists
-# the same pairs; a user's import of the old one keeps working and gives the same object.
-COMPATIBILITY = {
-    ("vit.train.state", "build_model"): ("vit.train.model", "build_model"),
-    ("vit.train.state", "fresh_params"): ("vit.train.model", "fresh_params"),
-    ("vit.train.state", "abstract_params"): ("vit.train.model", "abstract_params"),
-    ("vit.train.state", "start_from_init"): ("vit.train.model", "start_from_init"),
-    ("vit.train.state", "Model"): ("vit.train.model", "Model"),
-    ("vit.train.state", "TRAINING_FIELDS"): ("vit.train.model", "TRAINING_FIELDS"),
-    ("vit.train.state", "model_fields"): ("vit.train.from_recipe", "model_fields"),
-    ("vit.train.state", "augment_of"): ("vit.train.from_recipe", "augment_of"),
-    ("vit.train.state", "preprocessing_of"): ("vit.train.from_recipe", "preprocessing_of"),
-    ("vit.train.state", "check_resume"): ("vit.train.resume", "check_resume"),
-    ("vit.train.state", "changed_keys"): ("vit.train.resume", "changed_keys"),
-    ("vit.train.state", "FIXED_ON_RESUME"): ("vit.train.resume", "FIXED_ON_RESUME"),
-    ("vit.train.state", "SHAPE_STATE"): ("vit.train.resume", "SHAPE_STATE"),
-    ("vit.train.state", "iterator_states"): ("vit.train.iterator_records", "iterator_states"),
-    ("vit.train.state", "iterator_state_of_process"): ("vit.train.iterator_records",
-                                                        "iterator_state_of_process"),
-    ("vit.train.loop", "write_config"): ("vit.train.workdir", "write_config"),
-    ("vit.train.loop", "has_finished_step"): ("vit.train.workdir", "has_finished_step"),
-    ("vit.host_allocator", "reexec"): ("vit.cpu.huge_pages", "reexec"),
-    ("vit.host_allocator", "environment"): ("vit.cpu.huge_pages", "environment"),
-    ("vit.host_allocator", "wanted"): ("vit.cpu.huge_pages", "wanted"),
-    ("vit.host_allocator", "TUNABLE"): ("vit.cpu.huge_pages", "TUNABLE"),
-    ("vit.host_allocator", "THP_MODE"): ("vit.cpu.huge_pages", "THP_MODE"),
-    ("vit.host_allocator", "MIN_GLIBC"): ("vit.cpu.huge_pages", "MIN_GLIBC"),
-    ("vit.host_allocator", "glibc_version"): ("vit.cpu.huge_pages", "glibc_version"),
-    ("vit.host_allocator", "huge_pages_on_request"): ("vit.cpu.huge_pages",
-                                                      "huge_pages_on_request"),
-    ("vit.inference.xla_cpu", "OPTIONS"): ("vit.cpu.xla_options", "INFERENCE"),
-    ("vit.inference.xla_cpu", "INFERENCE"): ("vit.cpu.xla_options", "INFERENCE"),
-    ("vit.inference.xla_cpu", "TRAINING"): ("vit.cpu.xla_options", "TRAINING"),
-    ("vit.inference.xla_cpu", "SCHEDULE"): ("vit.cpu.xla_options", "SCHEDULE"),
-    ("vit.inference.xla_cpu", "OPT_OUT"): ("vit.cpu.xla_options", "OPT_OUT"),
-    ("vit.inference.xla_cpu", "compile_for_inference"): ("vit.cpu.xla_options",
-                                                         "compile_for_inference"),
-    ("vit.inference.xla_cpu", "jit_options"): ("vit.cpu.xla_options", "jit_options"),
-    ("vit.inference.xla_cpu", "inference_options"): ("vit.cpu.xla_options",
-                                                     "inference_options"),
-    ("vit.inference.xla_cpu", "training_options"): ("vit.cpu.xla_options", "training_options"),
-    ("vit.ops.matmul", "bfloat16_note"): ("vit.cpu.features", "bfloat16_note"),
-    ("vit.ops.matmul", "cpu_bfloat16_features"): ("vit.cpu.features",
-                                                  "cpu_bfloat16_features"),
-    ("vit.ops.matmul", "narrow_on_bfloat16_cpu"): ("vit.cpu.features",
-                                                   "narrow_on_bfloat16_cpu"),
-    ("vit.ops.matmul", "BF16_FLAGS"): ("vit.cpu.features", "BF16_FLAGS"),
-}
-
-
-def test_every_moved_name_is_importable_from_where_it_was():
+def test_type_checkers_see_every_lazy_name_where_it_loads_from():
+    """vit/__init__.py's `if TYPE_CHECKING:` imports (what an IDE follows) name the same
+    modules as the lazy table that loads them at run time."""
+    import ast
     import importlib
 
-    for (old, name), (new, new_name) in COMPATIBILITY.items():
-        assert getattr(importlib.import_module(old), name) is getattr(
-            importlib.import_module(new), new_name), f"{old}.{name}"
+    import vit
 
-
-def test_the_changelog_lists_every_compatibility_name():
-    changelog = (Path(__file__).resolve().parents[1] / "CHANGELOG.md").read_text()
-    missing = [f"{old}.{name}" for old, name in COMPATIBILITY
-               if f"`{old}.{name}`" not in changelog]
-    assert not missing, f"CHANGELOG.md does not list: {missing}"
+    tree = ast.parse(Path(vit.__file__).read_text())
+    block = next(node for node in tree.body if isinstance(node, ast.If)
+                 and getattr(node.test, "id", None) == "TYPE_CHECKING")
+    typed = {alias.name: node.module for node in block.body if isinstance(node, ast.ImportFrom)
+             for alias in node.names}
+    assert typed == vit._LAZY
+    for name, module in typed.items():
+        assert getattr(importlib.import_module(module), name) is getattr(vit, name), name
 
 
 def test_every_released_command_keeps_its_arguments_and_flags():

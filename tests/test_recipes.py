@@ -27,7 +27,7 @@ SPELT_OUT = {
         data=dict(name="tfds:cifar10", data_dir=None, train_split="train[:98%]",
                   val_split="train[98%:]", test_split="test", strict=False, num_threads=8),
         model=dict(name="B/16", dropout=0.0, drop_path=0.0, attention_impl="auto",
-                   dtype="bfloat16", remat=False),
+                   dtype="auto", remat=False),  # since spelt out: bfloat16 where it pays
         input=dict(image_size=384, resample="bilinear", crop_pct=None, mean=None, std=None,
                    inception_crop=True, crop_area=[0.05, 1.0], flip=True, shift=0.0, rotate=0.0,
                    scale=0.0, mixup=0.0, cutmix=0.0, label_smoothing=0.0),
@@ -61,7 +61,7 @@ SPELT_OUT = {
         data=dict(name="/path/to/images", data_dir=None, train_split="train",
                   val_split="validation", test_split="test", strict=False, num_threads=4),
         model=dict(name="B/16", dropout=0.0, drop_path=0.0, attention_impl="auto",
-                   dtype="bfloat16", remat=False),
+                   dtype="auto", remat=False),  # since spelt out: bfloat16 where it pays
         input=dict(image_size=224, resample="bilinear", crop_pct=None, mean=None, std=None,
                    inception_crop=True, crop_area=[0.25, 1.0], flip=True, shift=0.0, rotate=0.0,
                    scale=0.0, mixup=0.0, cutmix=0.0, label_smoothing=0.1),
@@ -77,7 +77,7 @@ SPELT_OUT = {
         data=dict(name="tfds:oxford_iiit_pet", data_dir=None, train_split="train[:90%]",
                   val_split="train[90%:]", test_split="test", strict=False, num_threads=8),
         model=dict(name="B/16", dropout=0.0, drop_path=0.0, attention_impl="auto",
-                   dtype="bfloat16", remat=False),
+                   dtype="auto", remat=False),  # since spelt out: bfloat16 where it pays
         input=dict(image_size=224, resample="bilinear", crop_pct=None, mean=None, std=None,
                    inception_crop=True, crop_area=[0.05, 1.0], flip=True, shift=0.0, rotate=0.0,
                    scale=0.0, mixup=0.0, cutmix=0.0, label_smoothing=0.0),

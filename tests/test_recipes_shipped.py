@@ -113,3 +113,16 @@ def test_the_installed_wheel_trains_a_recipe_by_name_outside_the_repository(whee
     assert "done: 20 steps" in run.stdout
     assert (work / "run" / "checkpoints" / "20").is_dir()
     assert any((work / "run" / "tb").glob("*tfevents*"))
+
+
+def test_the_training_guide_lists_every_recipe_as_list_configs_does():
+    """docs/training.md shows `vit train --list-configs`' output: it must be that output, so a
+    new recipe cannot be left out of the guide."""
+    from vit.recipes.shipped import listing
+
+    guide = (ROOT / "docs" / "training.md").read_text()
+    block = guide.split("$ vit train --list-configs\n", 1)[1].split("```", 1)[0]
+    assert block.rstrip("\n") == listing(), (
+        "docs/training.md's --list-configs block differs from `vit train --list-configs`; "
+        "paste its output there")
+    assert [line.split()[0] for line in block.splitlines()] == RECIPES

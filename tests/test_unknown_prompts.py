@@ -124,7 +124,7 @@ def test_unknown_prompt_never_uses_a_known_word(seed):
 
 
 def test_points_inside_reads_the_strongest_patch_centre():
-    from vit.explain.text import points_inside
+    from vit.explanations.text import points_inside
 
     maps = np.zeros((3, 4, 4))
     maps[0, 1, 2] = 1.0  # centre (24, 40) in a 64 px input: inside the right half's box

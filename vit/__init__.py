@@ -6,7 +6,7 @@ installed, and nothing from the data, training or CLI stacks is imported until a
     model = vit.create_model("S/16", num_classes=10)
     loaded = vit.load_checkpoint("vit_base_patch16_224")       # any format we read
     vit.save_checkpoint(loaded, "exported", "hf")                # any format we write
-    maps = vit.explain(model, images, "rollout")                 # vit.explain.Explanation
+    maps = vit.explain(model, images, "rollout")                 # an Explanation
     vit.train("digits", "runs/digits")                           # as `vit train` runs it
 
 A user mistake raises a `vit.VitError` (`ConfigError`, `CheckpointError`, `DataError`,
@@ -15,6 +15,7 @@ model variant's `ViTConfig`.
 """
 
 import importlib
+from typing import TYPE_CHECKING
 
 __version__ = "0.2.0"
 
@@ -38,14 +39,34 @@ _LAZY = {
     "DataError": "vit.errors",
     "OutOfSpace": "vit.errors",
     "OutOfMemory": "vit.errors",
+    "explain": "vit.explanations.maps",  # the package is vit.explanations
 }
 
-# `train` and `explain` are subpackages that are callable themselves:
-# `vit.train(config, workdir, ...)` (vit/train/api.py) and `vit.explain(model, images, ...)`
-# (vit/explain/maps.py). As subpackages, importing `vit.train.loop` or `vit.explain.maps`
-# binds the same object here.
-_CALLABLE_PACKAGES = ("train", "explain")
+# `train` is still a subpackage that is callable itself: `vit.train(config, workdir, ...)` runs
+# vit/train/api.py, and importing `vit.train.loop` binds the same object here.
+_CALLABLE_PACKAGES = ("train",)
 __all__ = sorted([*_LAZY, *_CALLABLE_PACKAGES])
+
+if TYPE_CHECKING:  # what type checkers and IDEs follow; at run time `_LAZY` loads each on use
+    from vit.checkpoints import load_checkpoint as load_checkpoint
+    from vit.checkpoints import save_checkpoint as save_checkpoint
+    from vit.errors import CheckpointError as CheckpointError
+    from vit.errors import ConfigError as ConfigError
+    from vit.errors import DataError as DataError
+    from vit.errors import OutOfMemory as OutOfMemory
+    from vit.errors import OutOfSpace as OutOfSpace
+    from vit.errors import VitError as VitError
+    from vit.explanations.maps import explain as explain
+    from vit.inference.predictor import load_pretrained as load_pretrained
+    from vit.models.config import VARIANTS as VARIANTS
+    from vit.models.config import TextConfig as TextConfig
+    from vit.models.config import ViTConfig as ViTConfig
+    from vit.models.config import variant_config as variant_config
+    from vit.models.info import model_info as model_info
+    from vit.models.text import tokenize as tokenize
+    from vit.models.vit import VisionTransformer as VisionTransformer
+    from vit.models.vit import create_model as create_model
+    from vit.ops.attention import dot_product_attention as dot_product_attention
 
 
 def __getattr__(name):

@@ -6,8 +6,9 @@ Each subcommand lives in `vit/commands/<name>.py` with `add_arguments(parser)` a
 an OSError about a named file (permissions), a full disk or quota however a library reports it,
 and running out of memory (a MemoryError, XLA's RESOURCE_EXHAUSTED), named with what to lower.
 A closed pipe on stdout (`| head`) ends the run quietly with 141, as SIGPIPE would.
-Run as the `vit` command, it first starts itself again with glibc asking for huge pages
-(vit/cpu/huge_pages.py: XLA:CPU's per-step scratch memory then faults in 2 MiB pages).
+Run as the `vit` command where jax will compute on the CPU, it first starts itself again with
+glibc asking for huge pages (vit/cpu/huge_pages.py: XLA:CPU's per-step scratch memory then
+faults in 2 MiB pages).
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    if argv is None:  # run as the `vit` command: start again with huge pages for XLA's scratch
+    if argv is None:  # the `vit` command: on the CPU, start again with huge pages for XLA
         huge_pages.reexec()
     args = build_parser().parse_args(argv)
     try:

@@ -52,7 +52,7 @@ def adapt_params(src_params: dict, src_config: ViTConfig, dst_config: ViTConfig,
     _fit_head(params, src_config, dst_config, said)
     if "pos_embed" in params and src_config.grid != dst_config.grid:
         params["pos_embed"] = resize_posemb(np.asarray(params["pos_embed"]), src_config.grid,
-                                            dst_config.grid, int(src_config.class_token),
+                                            dst_config.grid, src_config.num_posemb_prefix,
                                             src_config.posemb_resize)  # the source's convention
     fresh = dst_template if dst_template is not None and _has_values(dst_template) else None
     params, text_notes = fit_text(params, dst_config, fresh=fresh, seed=seed)
@@ -67,21 +67,35 @@ def adapt_params(src_params: dict, src_config: ViTConfig, dst_config: ViTConfig,
 
 def _fit_head(params: dict, src: ViTConfig, dst: ViTConfig, notes: list[str]) -> None:
     """Keeps a head that fits `dst`; otherwise drops it and builds a zero one for `dst`'s
-    classes (if it has any), zero-initialised as the model itself would be."""
-    width = dst.representation_size or dst.width
-    head = params.get("head")
+    classes (if it has any), zero-initialised as the model itself would be. DeiT's second head
+    (`head_dist`) is fitted the same way."""
+    width = dst.representation_size or (2 * dst.width if dst.classifier == "token_gap"
+                                         else dst.width)
+    _fit_one_head(params, "head", width, src, dst, notes)
+    if "head_dist" in params or (dst.dist_token and dst.dist_head):
+        wanted = dst.dist_token and dst.dist_head and dst.num_classes
+        if not wanted:
+            params.pop("head_dist", None)
+        else:
+            _fit_one_head(params, "head_dist", dst.width, src, dst, notes)
+
+
+def _fit_one_head(params: dict, name: str, width: int, src: ViTConfig, dst: ViTConfig,
+                  notes: list[str]) -> None:
+    head = params.get(name)
     if head is not None and np.shape(head.get("kernel")) == (width, dst.num_classes):
         return
-    if params.pop("head", None) is not None:
-        notes.append(f"head of {src.num_classes} classes dropped" + (
-            f"; a new zero head of {dst.num_classes} classes is built" if dst.num_classes
+    what = "head" if name == "head" else "distillation head"
+    if params.pop(name, None) is not None:
+        notes.append(f"{what} of {src.num_classes} classes dropped" + (
+            f"; a new zero {what} of {dst.num_classes} classes is built" if dst.num_classes
             else ": this model has no head"))
     elif dst.num_classes:
-        notes.append(f"a zero head of {dst.num_classes} classes is built: the checkpoint has "
-                     "none")
+        notes.append(f"a zero {what} of {dst.num_classes} classes is built: the checkpoint "
+                     "has none")
     if dst.num_classes:
-        params["head"] = {"kernel": np.zeros((width, dst.num_classes), np.float32),
-                          "bias": np.zeros((dst.num_classes,), np.float32)}
+        params[name] = {"kernel": np.zeros((width, dst.num_classes), np.float32),
+                        "bias": np.zeros((dst.num_classes,), np.float32)}
 
 
 def _has_values(template: dict) -> bool:

@@ -14,7 +14,7 @@ from vit.checkpoints.tree import as_jax, flatten, nest
 from vit.errors import CheckpointError
 from vit.models.config import ViTConfig
 from vit.models.vit import VisionTransformer
-from vit.preprocess import Preprocessing
+from vit.preprocess import RESCALE, Preprocessing
 
 
 @dataclasses.dataclass
@@ -81,10 +81,15 @@ def refuse_text(config: ViTConfig, what: str) -> None:
 def describe(pre: Preprocessing) -> str:
     """`bicubic resize to 224x224, crop 0.9, mean (0.5, ...), std (...)`, for refusals."""
     crop = f", crop_pct {pre.crop_pct:g}" if pre.crop_pct is not None else ", no crop"
+    if pre.crop_pct is not None and pre.crop_mode != "center":
+        crop += f" ({pre.crop_mode})"
+    elif pre.shortest_edge is not None or pre.resize_to is not None:
+        crop = f", {pre.describe_geometry()}"
     mean = ", ".join(f"{m:.4g}" for m in pre.mean)
     std = ", ".join(f"{s:.4g}" for s in pre.std)
+    scale = "" if pre.rescale_factor == RESCALE else f", rescale {pre.rescale_factor:g}"
     return (f"({pre.resample} resize to {pre.size[0]}x{pre.size[1]}{crop}, mean ({mean}), "
-            f"std ({std}))")
+            f"std ({std}){scale})")
 
 
 def zero_head_warning(params: dict) -> str | None:

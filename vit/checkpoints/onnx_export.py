@@ -33,11 +33,10 @@ def cannot_hold(loaded: LoadedCheckpoint) -> list[str]:
 def preprocessing_metadata(loaded: LoadedCheckpoint) -> dict:
     """What a user of the ONNX file must do to an image before the graph sees it."""
     pre = loaded.preprocessing
-    return {"layout": "NCHW", "size": list(pre.size), "resample": pre.resample,
-            "crop_pct": pre.crop_pct, "mean": list(pre.mean), "std": list(pre.std),
-            "scale": "pixels / 255, then (x - mean) / std per channel",
-            "crop": ("resize the shorter side to size / crop_pct, centre-crop size"
-                     if pre.crop_pct else "resize straight to size")}
+    return {"layout": "NCHW", **pre.to_dict(), "size": list(pre.size),
+            "mean": list(pre.mean), "std": list(pre.std),
+            "scale": "pixels * rescale_factor, then (x - mean) / std per channel",
+            "crop": pre.describe_geometry()}
 
 
 def write(loaded: LoadedCheckpoint, dst) -> list[str]:

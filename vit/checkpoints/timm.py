@@ -1,11 +1,14 @@
 """timm's ViT weights: its state-dict layout in safetensors, and its model names.
 
-Keys: `patch_embed.proj` (OIHW), `cls_token`, `reg_token`, `pos_embed`, `blocks.{i}.norm1`,
-`attn.qkv` (fused, output rows laid out (3, heads, head_dim) like ours), `attn.q_norm/k_norm`,
-`attn.proj`, `ls1.gamma`, `norm2`, `mlp.fc1/fc2`, `ls2.gamma`, `norm`, `attn_pool.*` (a MAP
-head), `head`. The hub's timm repos carry a `config.json` with `architecture`, `model_args` and
-`pretrained_cfg` (input size, interpolation, mean/std, crop_pct). timm uses exact GELU and
-LayerNorm eps 1e-6.
+Keys are our parameter paths in timm's module names (`timm_key`; vit/models/vit.py states the
+tree): `patch_embed.proj` (OIHW), `patch_embed.norm`, `cls_token`, `reg_token`, `pos_embed`,
+`norm_pre`, `blocks.{i}.norm1`, `attn.qkv` (fused, output rows laid out (3, heads, head_dim)
+like ours), `attn.q_norm/k_norm`, `attn.norm`, `attn.proj`, `ls1.gamma`, `norm2`,
+`mlp.fc1/fc2` (`mlp.fc1_g/fc1_x/fc2` for SwiGLU, `mlp.norm`), `ls2.gamma`, parallel blocks'
+`attns.{j}.*`/`ffns.{j}.*`, `norm`, `fc_norm`, `attn_pool.*` (a MAP head), `head`. The hub's
+timm repos carry a `config.json` with `architecture`, `model_args` and `pretrained_cfg`
+(input size, interpolation, mean/std, crop_pct); the architecture decides the rest
+(`timm_architectures`: norms, activation, MLP, block family, pooling).
 
 `pos_embed` holds rows for the prefix tokens unless timm's `no_embed_class` is set; our model
 gives registers no position, so register rows are folded into the register tokens (one float
@@ -14,6 +17,7 @@ addition either way, so the outputs stay bit-identical).
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
@@ -26,21 +30,23 @@ from vit.checkpoints.files import (
     field_error,
     json_int,
     json_number,
-    json_numbers,
     json_size,
     read_json_object,
     staged,
 )
+from vit.checkpoints.fit import expected_shapes
 from vit.checkpoints.labels import default_labels
 from vit.checkpoints.loaded import LoadedCheckpoint, refuse_text, zero_head_warning
 from vit.checkpoints.lossy import lossy_hint
 from vit.checkpoints.named_arrays import NamedArrays
 from vit.checkpoints.safetensors_io import read_safetensors, write_safetensors
-from vit.checkpoints.torch_tensors import conv_of, patch_kernel_of, torch_readers, torch_writers
-from vit.errors import CheckpointError, ConfigError, DataError
+from vit.checkpoints.timm_architectures import NORM_EPS
+from vit.checkpoints.torch_tensors import conv_of, patch_kernel_of, transposed
+from vit.checkpoints.tree import flatten, nest
+from vit.errors import CheckpointError, ConfigError
 from vit.models.config import WIDTHS, ViTConfig
 from vit.models.posemb import METHOD_OF_SOURCE
-from vit.preprocess import RESAMPLE, Preprocessing
+from vit.preprocess import Preprocessing
 
 TIMM_SIZE_NAMES = {"Ti": "tiny", "S": "small", "M": "medium", "B": "base", "L": "large",
                    "H": "huge", "g": "giant", "G": "gigantic"}
@@ -99,9 +105,50 @@ def _heads_guess(width: int, warnings: list[str], why: str) -> int:
     return max(width // 64, 1)
 
 
-# Arrays of timm's ViT that this model has no place for, and the option that makes them.
-_OPTION_OF_ARRAY = {"fc_norm.": "fc_norm", "norm_pre.": "pre_norm", "attn_pool.q_norm":
-                    "attn_pool with qk-norm", "patch_embed.norm.": "embed_norm_layer"}
+def _inferred_arguments(arrays: dict, model_args: dict, width: int) -> dict:
+    """timm's arguments for a file that names no architecture: what its arrays show, then
+    its `model_args` (a key the arrays cannot show, such as the activation, from those
+    alone). The activation defaults to timm's (exact GELU)."""
+    parallel = "blocks.0.attns.0.norm.weight" in arrays
+    block = "blocks.0.attns.0." if parallel else "blocks.0."
+    attn, mlp = f"{block}attn.", f"{'blocks.0.ffns.0.' if parallel else block}mlp."
+    depth = 0
+    while any(k.startswith(f"blocks.{depth}.") for k in arrays):
+        depth += 1
+    class_token = "cls_token" in arrays
+    rms = f"{block}norm{'' if parallel else '1'}.weight" in arrays and \
+        f"{block}norm{'' if parallel else '1'}.bias" not in arrays
+    norm = "rmsnorm" if rms else None
+    args = {**timm_architectures.DEFAULTS, "embed_dim": width, "depth": depth,
+            "patch_size": list(arrays["patch_embed.proj.weight"].shape[2:]),
+            "class_token": class_token,
+            "reg_tokens": arrays["reg_token"].shape[1] if "reg_token" in arrays else 0,
+            "qkv_bias": f"{attn}qkv.bias" in arrays,
+            "qk_norm": f"{attn}q_norm.weight" in arrays,
+            "scale_attn_norm": f"{attn}norm.weight" in arrays,
+            "scale_mlp_norm": f"{mlp}norm.weight" in arrays,
+            "proj_bias": f"{attn}proj.bias" in arrays or not depth,
+            "init_values": (LAYER_SCALE_INIT if f"{block}ls1.gamma" in arrays
+                            or f"{block}ls.gamma" in arrays else None),
+            "pre_norm": "norm_pre.weight" in arrays,
+            "final_norm": "norm.weight" in arrays or "fc_norm.weight" in arrays,
+            "fc_norm": "fc_norm.weight" in arrays,
+            "embed_norm_layer": norm or "layernorm" if "patch_embed.norm.weight" in arrays
+            else None,
+            "norm_layer": norm,
+            "block_fn": "ParallelThingsBlock" if parallel else "Block",
+            "mlp_layer": "SwiGLU" if f"{mlp}fc1_g.weight" in arrays else "Mlp",
+            "global_pool": ("map" if "attn_pool.latent" in arrays
+                            else "token" if class_token else "avg"),
+            "num_heads": None}
+    fc1, fc2 = arrays.get(f"{mlp}fc1.weight"), arrays.get(f"{mlp}fc2.weight")
+    if fc1 is not None and fc2 is not None and fc1.ndim == fc2.ndim == 2 and \
+            fc2.shape[1] * 2 == fc1.shape[0] != fc2.shape[1]:
+        args["mlp_layer"] = "GatedMlp"  # halves of fc1 meet: which half gates, no array says
+    args.update(model_args)
+    if "pool_include_prefix" not in model_args:  # unstated: pooled as this ViT pools
+        args["pool_include_prefix"] = args["global_pool"] == "map"
+    return args
 
 
 def _arguments(tc: dict, arrays: dict, file: Path, config_file: Path,
@@ -123,48 +170,74 @@ def _arguments(tc: dict, arrays: dict, file: Path, config_file: Path,
         bad = timm_architectures.unsupported(args)
         if bad:
             raise CheckpointError(f"{config_file}: timm architecture {arch} has "
-                                  f"{'; '.join(bad)}, which this ViT does not have; it cannot "
-                                  "be read exactly")
+                                  f"{'; '.join(bad)}; no option of this ViT builds it, so it "
+                                  "cannot be read exactly: run it in timm itself")
         return args, arch
-    depth = 0
-    while f"blocks.{depth}.norm1.weight" in arrays:
-        depth += 1
-    class_token = "cls_token" in arrays
-    args = {**timm_architectures.DEFAULTS, "embed_dim": width, "depth": depth,
-            "patch_size": list(arrays["patch_embed.proj.weight"].shape[2:]),
-            "class_token": class_token,
-            "reg_tokens": arrays["reg_token"].shape[1] if "reg_token" in arrays else 0,
-            "qkv_bias": "blocks.0.attn.qkv.bias" in arrays,
-            "qk_norm": "blocks.0.attn.q_norm.weight" in arrays,
-            "init_values": LAYER_SCALE_INIT if "blocks.0.ls1.gamma" in arrays else None,
-            "global_pool": ("map" if "attn_pool.latent" in arrays
-                            else "token" if class_token else "avg"),
-            "num_heads": None}
-    args.update(model_args)
-    args["fc_norm"] = bool(model_args.get("fc_norm", "fc_norm.weight" in arrays))
-    if "pool_include_prefix" not in model_args:  # unstated: pooled as this ViT pools
-        args["pool_include_prefix"] = args["global_pool"] == "map"
+    args = _inferred_arguments(arrays, model_args, width)
     if args["num_heads"] is None:
-        if "blocks.0.attn.q_norm.weight" in arrays:
-            args["num_heads"] = width // arrays["blocks.0.attn.q_norm.weight"].shape[0]
+        q_norm = next((v for k, v in arrays.items() if k.endswith("attn.q_norm.weight")), None)
+        if q_norm is not None:
+            args["num_heads"] = width // q_norm.shape[0]
         else:
             why = ("no config.json beside the weights" if not config_file.exists() else
                    f"{config_file.name} names no architecture and no model_args.num_heads")
             args["num_heads"] = _heads_guess(width, warnings, why)
-    bad = [b for b in timm_architectures.unsupported(args) if not b.startswith("fc_norm")]
+    bad = timm_architectures.unsupported(args)
     if bad:
-        raise CheckpointError(f"{config_file}: model_args {'; '.join(bad)} build a model this "
-                              "ViT does not have; it cannot be read exactly")
+        raise CheckpointError(f"{config_file}: model_args and arrays {'; '.join(bad)} build a "
+                              "model this ViT does not have; it cannot be read exactly (name "
+                              "the timm architecture in config.json if it is one)")
     return args, None
 
 
-def _unused_error(file: Path, unused: list[str]) -> CheckpointError:
-    options = sorted({option for key in unused for prefix, option in _OPTION_OF_ARRAY.items()
-                      if key.startswith(prefix)})
-    what = f" (timm's {', '.join(options)}, which this ViT does not have)" if options else ""
+# -- our parameter names <-> timm's state-dict keys -------------------------------------------
+# Our tree follows timm's module names (vit/models/vit.py), but for these top-level names and
+# the leaves (`kernel`/`scale` are torch's `weight`).
+_TOP = {"patch_kernel": "patch_embed.proj.weight", "patch_bias": "patch_embed.proj.bias",
+        "patch_norm": "patch_embed.norm", "reg_tokens": "reg_token", "map_head": "attn_pool"}
+_LEAF = {"kernel": "weight", "scale": "weight", "probe": "latent"}
+
+
+def timm_key(path: tuple) -> str:
+    """timm's state-dict key of one of our parameter paths (`("blocks", 0, "attn", "qkv",
+    "kernel")` -> `blocks.0.attn.qkv.weight`)."""
+    parts = [str(p) for p in path]
+    if len(parts) == 1:
+        return _TOP.get(parts[0], parts[0])
+    return ".".join([_TOP.get(parts[0], parts[0]), *parts[1:-1], _LEAF.get(parts[-1],
+                                                                            parts[-1])])
+
+
+def _from_torch(path: tuple, value: np.ndarray) -> np.ndarray:
+    if path == ("patch_kernel",):
+        return patch_kernel_of(value)
+    return transposed(value) if path[-1] == "kernel" and value.ndim == 2 else value
+
+
+def _to_torch(path: tuple, value) -> np.ndarray:
+    value = np.asarray(value)
+    if path == ("patch_kernel",):
+        return conv_of(value)
+    return value.T if path[-1] == "kernel" else value
+
+
+def _torch_shape(path: tuple, shape: tuple) -> tuple:
+    if path == ("patch_kernel",):
+        return (shape[3], shape[2], shape[0], shape[1])
+    return shape[::-1] if path[-1] == "kernel" else shape
+
+
+# Our paths whose arrays come from timm's position embedding and prefix tokens together.
+_TOKENS = {("pos_embed",), ("cls_token",), ("reg_tokens",)}
+
+
+def _unused_error(file: Path, config_file: Path, arch: str | None,
+                  unused: list[str]) -> CheckpointError:
     more = f" and {len(unused) - 6} more" if len(unused) > 6 else ""
-    return CheckpointError(f"{file}: arrays this ViT has no place for{what}: "
-                           f"{', '.join(unused[:6])}{more}; the file cannot be read exactly")
+    built = f"timm's {arch} as {config_file.name} states it" if arch else "the arrays' model"
+    return CheckpointError(f"{file}: arrays {built} has no place for: {', '.join(unused[:6])}"
+                           f"{more}; the file cannot be read exactly (does config.json name "
+                           "the architecture and model_args the weights were saved from?)")
 
 
 def read(path: Path) -> LoadedCheckpoint:
@@ -173,12 +246,17 @@ def read(path: Path) -> LoadedCheckpoint:
     arrays = read_safetensors(file)
     tc, config_file = _timm_config(path), _config_file(path)
     get, warnings = NamedArrays(arrays), []
-    linear, norm = torch_readers(get)
     if not get.has("patch_embed.proj.weight"):
         raise CheckpointError(f"{file}: unknown timm layout: expected keys missing: "
                               f"patch_embed.proj.weight, blocks.0.attn.qkv.weight")
     args, arch = _arguments(tc, arrays, file, config_file, warnings)
-    proj = get("patch_embed.proj.weight")  # (D, C, ph, pw)
+    for key, least in (("depth", 1), ("num_heads", 1), ("reg_tokens", 0), ("embed_dim", 1)):
+        json_int(config_file, f"model_args.{key}", args[key], minimum=least)
+    json_number(config_file, "model_args.mlp_ratio", args["mlp_ratio"], positive=True)
+    if args["init_values"]:
+        json_number(config_file, "model_args.init_values", args["init_values"])
+    fields, _ = timm_architectures.config_fields(args)
+    proj = arrays["patch_embed.proj.weight"]  # (D, C, ph, pw)
     width, patch = proj.shape[0], tuple(proj.shape[2:])
     if arch:
         stated = {"embed_dim": width, "patch_size": patch, "in_chans": proj.shape[1]}
@@ -191,53 +269,28 @@ def read(path: Path) -> LoadedCheckpoint:
                 raise CheckpointError(f"{file}: the weights have {key} {found}, timm's {arch} "
                                       f"{want}; model_args.{key} in {config_file.name} would "
                                       "settle it, or the architecture is the wrong one")
-    params = {"patch_kernel": patch_kernel_of(proj), "patch_bias": get("patch_embed.proj.bias")}
-    class_token = bool(args["class_token"])
-    if class_token:
-        params["cls_token"] = get("cls_token")
-    registers = json_int(config_file, "model_args.reg_tokens", args["reg_tokens"], minimum=0)
-    if registers:
-        params["reg_tokens"] = get("reg_token")
-    depth = json_int(config_file, "model_args.depth", args["depth"])
-    params["blocks"], block_fields = _blocks(get, depth, args)
-    params["norm"] = norm("norm")
+    else:
+        fields.update(width=width, patch_size=patch, in_channels=proj.shape[1])
+        fc1 = next((v for k, v in arrays.items()
+                    if re.fullmatch(r"blocks\.0\.(ffns\.0\.)?mlp\.fc1(_g)?\.weight", k)), None)
+        if fc1 is not None and fc1.ndim == 2:
+            fields["mlp_dim"] = fc1.shape[0]
+    class_token, registers = fields["class_token"], fields["num_registers"]
     no_embed_class = bool(args["no_embed_class"]) if arch else None
     arch_size = timm_architectures.ARCHITECTURES.get(arch, {}).get("img_size")
     grid = _grid(tc, arrays, patch, int(class_token) + registers, str(file), config_file,
                  no_embed_class, arch_size)
-    # timm's ViT always learns a position embedding (pos_embed='none' is refused above).
-    pos_embed = get("pos_embed")
-    if pos_embed.size:
-        params.update(_split_posemb(pos_embed, grid, class_token, registers,
-                                    params.get("reg_tokens")))
-    classifier = _pooling(get, params, args, class_token, registers, file)
-    num_classes = 0
-    if get.has("head.weight"):
-        params["head"] = linear("head")
-        num_classes = params["head"]["kernel"].shape[1]
-    get.check(str(file), "timm")
-    if get.unused():
-        raise _unused_error(file, get.unused())
-    layer_scale = None
-    if args["init_values"] is not None:
-        layer_scale = json_number(config_file, "model_args.init_values",
-                                  args["init_values"] or LAYER_SCALE_INIT)
+    head = arrays.get("head.weight")
+    num_classes = head.shape[0] if head is not None and head.ndim == 2 else 0
     try:
-        config = ViTConfig(
-            width=width, num_heads=json_int(config_file, "model_args.num_heads",
-                                            args["num_heads"]),
-            patch_size=patch, image_size=(grid[0] * patch[0], grid[1] * patch[1]),
-            in_channels=proj.shape[1], num_classes=num_classes, class_token=class_token,
-            classifier=classifier, num_registers=registers,
-            posemb="learn",
-            layer_norm_eps=timm_architectures.layer_norm_eps(args),
-            act_layer=timm_architectures.gelu(args),
-            dynamic_image_size=bool(args.get("dynamic_img_size", False)),
-            layer_scale=layer_scale, posemb_resize=METHOD_OF_SOURCE["timm"], **block_fields)
+        config = ViTConfig(**fields, image_size=(grid[0] * patch[0], grid[1] * patch[1]),
+                           num_classes=num_classes, posemb="learn",
+                           posemb_resize=METHOD_OF_SOURCE["timm"])
     except ConfigError as err:  # the weights and config.json disagree
         raise CheckpointError(f"{file}: does not fit {config_file}"
                               f"{f' ({arch})' if arch else ''}: {err}; fix config.json"
                               ) from None
+    params = _read_params(get, config, grid, file, arch)
     warning = zero_head_warning(params)
     labels = _label_names(tc, num_classes, file) or default_labels(num_classes)
     named = f"timm {arch}" if arch else "timm safetensors"
@@ -248,52 +301,38 @@ def read(path: Path) -> LoadedCheckpoint:
         warnings=warnings + ([warning] if warning else []), family="timm")
 
 
-def _blocks(get: NamedArrays, depth: int, args: dict) -> tuple[dict, dict]:
-    """(the blocks in our names, the ViTConfig fields they decide)."""
-    linear, norm = torch_readers(get)
-    qkv_bias, qk_norm = bool(args["qkv_bias"]), bool(args["qk_norm"])
-    layer_scale = args["init_values"] is not None
-    blocks = {}
-    for i in range(depth):
-        b = f"blocks.{i}"
-        attn = {"qkv": linear(f"{b}.attn.qkv", qkv_bias), "proj": linear(f"{b}.attn.proj")}
-        if qk_norm:
-            attn["q_norm"], attn["k_norm"] = norm(f"{b}.attn.q_norm"), norm(f"{b}.attn.k_norm")
-        blocks[i] = {"norm1": norm(f"{b}.norm1"), "attn": attn, "norm2": norm(f"{b}.norm2"),
-                     "mlp": {"fc1": linear(f"{b}.mlp.fc1"), "fc2": linear(f"{b}.mlp.fc2")}}
-        if layer_scale:
-            blocks[i]["ls1"] = {"gamma": get(f"{b}.ls1.gamma")}
-            blocks[i]["ls2"] = {"gamma": get(f"{b}.ls2.gamma")}
-    fc1 = blocks[0]["mlp"]["fc1"]["kernel"] if depth else np.zeros((0,))
-    mlp_dim = fc1.shape[1] if fc1.ndim == 2 else 1
-    return blocks, {"depth": depth, "mlp_dim": mlp_dim, "qkv_bias": qkv_bias, "qk_norm": qk_norm}
-
-
-def _pooling(get: NamedArrays, params: dict, args: dict, class_token: bool, registers: int,
-             file: Path) -> str:
-    """The classifier (`token`, `gap` or `map`, whose attention-pool head joins `params`)."""
-    linear, norm = torch_readers(get)
-    classifier = {"token": "token", "avg": "gap", "map": "map"}[args["global_pool"]]
-    if classifier == "map":
-        probe = get("attn_pool.latent")
-        if probe.ndim == 3 and probe.shape[1] != 1:
-            raise CheckpointError(f"{file}: attn_pool with {probe.shape[1]} latents is not "
-                                  "supported (only 1)")
-        params["map_head"] = {"probe": probe, "q": linear("attn_pool.q"),
-                              "kv": linear("attn_pool.kv"), "proj": linear("attn_pool.proj"),
-                              "norm": norm("attn_pool.norm"),
-                              "mlp": {"fc1": linear("attn_pool.mlp.fc1"),
-                                      "fc2": linear("attn_pool.mlp.fc2")}}
-    # timm pools the patch tokens only unless `pool_include_prefix`; our MAP head attends to
-    # every token and our 'gap' averages the patches only.
-    include_prefix = bool(args["pool_include_prefix"])
-    if (classifier != "token" and int(class_token) + registers
-            and include_prefix != (classifier == "map")):
-        raise CheckpointError(f"{file}: pool_include_prefix={include_prefix} pools "
-                              f"differently from this ViT's '{classifier}' head (its 'map' "
-                              "attends to the class and register tokens too, its 'gap' "
-                              "averages the patches only)")
-    return classifier
+def _read_params(get: NamedArrays, config: ViTConfig, grid: tuple[int, int], file: Path,
+                 arch: str | None) -> dict:
+    """Every parameter a model of `config` has, from timm's key of it; refuses a file with
+    keys missing, arrays of other shapes, or arrays left over, naming them."""
+    shapes = expected_shapes(config)
+    flat = {path: _from_torch(path, get(timm_key(path))) for path in shapes
+            if path not in _TOKENS}
+    if config.class_token:
+        flat[("cls_token",)] = get("cls_token")
+    reg_tokens = get("reg_token") if config.num_registers else None
+    pos_embed = get("pos_embed")
+    get.check(str(file), "timm")
+    prefix = int(config.class_token) + config.num_registers
+    if pos_embed.ndim != 3 or pos_embed.shape[1] - grid[0] * grid[1] not in (0, prefix):
+        raise CheckpointError(f"{file}: pos_embed has shape {pos_embed.shape}, not the rows of "
+                              f"{prefix} prefix tokens and a {grid[0]}x{grid[1]} grid")
+    tokens = _split_posemb(pos_embed, grid, config.class_token, config.num_registers,
+                           reg_tokens)
+    flat.update({(name,): value for name, value in tokens.items()})
+    if reg_tokens is not None and "reg_tokens" not in tokens:
+        flat[("reg_tokens",)] = reg_tokens
+    wrong = [f"{timm_key(p)} has shape {tuple(np.shape(flat[p]))}, the model "
+             f"{_torch_shape(p, s)}" for p, s in shapes.items()
+             if p not in _TOKENS and tuple(np.shape(flat[p])) != s]
+    if wrong:
+        more = f" and {len(wrong) - 4} more" if len(wrong) > 4 else ""
+        raise CheckpointError(f"{file}: {'; '.join(wrong[:4])}{more}: the weights are not "
+                              f"{'timm ' + arch if arch else 'the model their arrays state'}"
+                              "; fix model_args in config.json")
+    if get.unused():
+        raise _unused_error(file, _config_file(file), arch, get.unused())
+    return nest(flat)
 
 
 def _label_names(tc: dict, num_classes: int, where) -> list[str] | None:
@@ -355,24 +394,14 @@ def _split_posemb(pe: np.ndarray, grid: tuple[int, int], class_token: bool, regi
 
 
 def _preprocessing(tc: dict, image: tuple[int, int], file: Path) -> Preprocessing:
-    # As timm's resolve_data_config: a null field takes its default.
-    pc = {k: v for k, v in tc.get("pretrained_cfg", {}).items() if v is not None}
-    if not pc:  # timm's default for ViTs: [-1, 1], bicubic, crop 0.9
+    """timm's eval transform of the file's `pretrained_cfg`; without one, timm's default for
+    ViTs ([-1, 1], bicubic, crop 0.9)."""
+    pc = tc.get("pretrained_cfg", {})
+    if not pc:
         return Preprocessing(size=image, resample="bicubic", crop_pct=0.9)
-    field = "pretrained_cfg."
-    size = json_size(file, field + "input_size", pc.get("input_size", [3, *image]))
-    # crop_mode "squash" resizes straight to the size: our crop_pct=None.
-    crop_pct = None
-    if pc.get("crop_mode") != "squash":
-        crop_pct = json_number(file, field + "crop_pct", pc.get("crop_pct", 0.9), positive=True)
-    resample = pc.get("interpolation", "bicubic")
-    if not isinstance(resample, str) or resample not in RESAMPLE:
-        raise field_error(file, field + "interpolation", resample, f"one of {', '.join(RESAMPLE)}")
-    mean = json_numbers(file, field + "mean", pc.get("mean", [0.5] * 3))
-    std = json_numbers(file, field + "std", pc.get("std", [0.5] * 3))
     try:
-        return Preprocessing(size=size, resample=resample, crop_pct=crop_pct, mean=mean, std=std)
-    except (ConfigError, DataError) as err:
+        return Preprocessing.from_timm(pc, image)
+    except ConfigError as err:
         raise CheckpointError(f"{file}: {err}; fix or replace the file") from None
 
 
@@ -390,8 +419,21 @@ def cannot_hold(loaded: LoadedCheckpoint) -> list[str]:
         problems.append("a pre-logits (representation) layer")
     if cfg.posemb != "learn":
         problems.append(f"{cfg.posemb} position embeddings (timm's ViT learns them)")
-    if cfg.layer_norm_eps != 1e-6:
-        problems.append(f"LayerNorm eps {cfg.layer_norm_eps:g} (timm's ViT uses 1e-6)")
+    if cfg.rel_pos_bias != "none":
+        problems.append("a relative position bias (BEiT's; timm's beit module, not its ViT)")
+    if cfg.dist_token:
+        problems.append("a distillation token (DeiT's; timm's deit module, not its ViT)")
+    if cfg.classifier == "token_gap":
+        problems.append("the class token and patch mean side by side (token_gap pooling)")
+    if cfg.block_fn == "parallel" and cfg.num_parallel != 2:
+        problems.append(f"{cfg.num_parallel} parallel branches (timm's ParallelThingsBlock "
+                        "has 2 in its ViT)")
+    if cfg.pre_norm and cfg.patch_bias and np.any(loaded.params.get("patch_bias", 0)):
+        problems.append("a patch-embedding bias beside pre_norm (timm's pre_norm has none)")
+    if not problems:
+        reason = _search(cfg, False)[2]
+        if reason:
+            problems.append(reason)
     return problems
 
 
@@ -407,16 +449,17 @@ def write(loaded: LoadedCheckpoint, dst) -> list[str]:
         raise CheckpointError(f"timm's ViT cannot hold {'; '.join(problems)}: use --format "
                               "orbax, which keeps everything"
                               + lossy_hint(loaded, "timm", cannot_hold))
-    out = {}
-    put_linear, put_norm = torch_writers(out)
-    out["patch_embed.proj.weight"] = conv_of(p["patch_kernel"])
-    out["patch_embed.proj.bias"] = p["patch_bias"]
+    pe, n_cls = np.asarray(p["pos_embed"], np.float32), int(cfg.class_token)
+    arch, args = architecture_of(cfg, class_row=bool(n_cls and pe[:, :1].any()))
+    out = {timm_key(path): _to_torch(path, value) for path, value in flatten(p).items()
+           if path not in _TOKENS and path != ("patch_bias",)}
+    if not cfg.pre_norm:  # timm's patch embedding has a bias exactly when there is no pre_norm
+        out["patch_embed.proj.bias"] = (np.asarray(p["patch_bias"]) if cfg.patch_bias
+                                        else np.zeros((cfg.width,), np.float32))
     if cfg.class_token:
         out["cls_token"] = p["cls_token"]
     if cfg.num_registers:
         out["reg_token"] = p["reg_tokens"]
-    pe, n_cls = np.asarray(p["pos_embed"], np.float32), int(cfg.class_token)
-    arch, args = architecture_of(cfg, class_row=bool(n_cls and pe[:, :1].any()))
     if timm_architectures.arguments(arch, args, "")["no_embed_class"]:
         # The architecture gives the prefix tokens no position: the class row joins the class
         # token (one float addition either way, so the outputs stay bit-identical).
@@ -427,31 +470,6 @@ def write(loaded: LoadedCheckpoint, dst) -> list[str]:
         zeros = np.zeros((1, cfg.num_registers, cfg.width), np.float32)
         pe = np.concatenate([pe[:, :n_cls], zeros, pe[:, n_cls:]], 1)
     out["pos_embed"] = pe
-    for i in range(cfg.depth):
-        b, name = p["blocks"][i], f"blocks.{i}"
-        put_norm(f"{name}.norm1", b["norm1"])
-        put_linear(f"{name}.attn.qkv", b["attn"]["qkv"])
-        put_linear(f"{name}.attn.proj", b["attn"]["proj"])
-        if cfg.qk_norm:
-            put_norm(f"{name}.attn.q_norm", b["attn"]["q_norm"])
-            put_norm(f"{name}.attn.k_norm", b["attn"]["k_norm"])
-        put_norm(f"{name}.norm2", b["norm2"])
-        put_linear(f"{name}.mlp.fc1", b["mlp"]["fc1"])
-        put_linear(f"{name}.mlp.fc2", b["mlp"]["fc2"])
-        if cfg.layer_scale is not None:
-            out[f"{name}.ls1.gamma"] = b["ls1"]["gamma"]
-            out[f"{name}.ls2.gamma"] = b["ls2"]["gamma"]
-    put_norm("norm", p["norm"])
-    if cfg.classifier == "map":
-        m = p["map_head"]
-        out["attn_pool.latent"] = m["probe"]
-        for part in ("q", "kv", "proj"):
-            put_linear(f"attn_pool.{part}", m[part])
-        put_norm("attn_pool.norm", m["norm"])
-        put_linear("attn_pool.mlp.fc1", m["mlp"]["fc1"])
-        put_linear("attn_pool.mlp.fc2", m["mlp"]["fc2"])
-    if cfg.num_classes:
-        put_linear("head", p["head"])
     with staged(dst) as tmp:
         tmp.mkdir()
         write_safetensors(out, tmp / "model.safetensors")
@@ -460,40 +478,95 @@ def write(loaded: LoadedCheckpoint, dst) -> list[str]:
     return []
 
 
-def _as_timm(cfg: ViTConfig) -> dict:
-    """Our config as the VisionTransformer arguments that decide its outputs."""
-    patch = cfg.patch_size[0] if cfg.patch_size[0] == cfg.patch_size[1] else list(cfg.patch_size)
-    pool = {"token": "token", "gap": "avg", "map": "map"}[cfg.classifier]
-    return {"embed_dim": cfg.width, "depth": cfg.depth, "num_heads": cfg.num_heads,
-            "patch_size": patch, "in_chans": cfg.in_channels, "mlp_dim": cfg.mlp_dim,
-            "qkv_bias": cfg.qkv_bias, "qk_norm": cfg.qk_norm, "init_values": cfg.layer_scale,
-            "class_token": cfg.class_token, "reg_tokens": cfg.num_registers,
-            "global_pool": pool, "fc_norm": False,
-            # our MAP head attends to every token; our 'gap' averages the patches only
-            "pool_include_prefix": (cfg.classifier == "map" if pool != "token"
-                                    and cfg.num_prefix_tokens else None),
-            "act_layer": cfg.act_layer,
-            "dynamic_img_size": cfg.dynamic_image_size}
+# The config fields timm's arguments decide (timm_architectures.config_fields), compared
+# when looking for the architecture that builds a config; `patch_bias` follows `pre_norm` there
+# and the writer makes it so.
+_COMPARED = ("width", "depth", "num_heads", "mlp_dim", "patch_size", "in_channels",
+             "class_token", "num_registers", "qkv_bias", "qk_norm", "layer_scale", "act_layer",
+             "norm_layer", "layer_norm_eps", "mlp_layer", "block_fn", "num_parallel",
+             "proj_bias", "embed_norm", "pre_norm", "final_norm", "fc_norm", "scale_attn_norm",
+             "scale_mlp_norm", "classifier", "pool_include_prefix", "dynamic_image_size")
+_POOL_NAMES = {ours: theirs for theirs, ours in timm_architectures.POOLS.items()}
+# What no model_args value can set (timm takes classes for these, or eps inside a partial).
+_FIXED = {"mlp_layer": "the MLP", "block_fn": "the block", "num_parallel": "the parallel "
+          "branches", "norm_layer": "the norm", "layer_norm_eps": "the norm's eps"}
 
 
-def _canonical(args: dict, width: int | None = None) -> dict:
-    """timm's arguments in `_as_timm`'s terms (None where timm ignores the argument); the MLP
-    width as its `mlp_ratio` makes it at `width` (by default its own embed_dim)."""
-    ratio = args["mlp_ratio"]
-    prefix = int(bool(args["class_token"])) + args["reg_tokens"]
-    patch = args["patch_size"]
-    return {"embed_dim": args["embed_dim"], "depth": args["depth"],
-            "num_heads": args["num_heads"],
-            "patch_size": patch[0] if isinstance(patch, list) and patch[0] == patch[1] else patch,
-            "in_chans": args["in_chans"], "mlp_dim": int((width or args["embed_dim"]) * ratio),
-            "qkv_bias": bool(args["qkv_bias"]), "qk_norm": bool(args["qk_norm"]),
-            "init_values": args["init_values"], "class_token": bool(args["class_token"]),
-            "reg_tokens": args["reg_tokens"], "global_pool": args["global_pool"],
-            "fc_norm": bool(args["fc_norm"]),
-            "pool_include_prefix": (bool(args["pool_include_prefix"])
-                                    if args["global_pool"] != "token" and prefix else None),
-            "act_layer": timm_architectures.GELUS.get(args["act_layer"], args["act_layer"]),
-            "dynamic_img_size": bool(args["dynamic_img_size"])}
+def _ours(cfg: ViTConfig) -> dict:
+    """`cfg`'s values of the compared fields, as `config_fields` states them."""
+    out = {k: getattr(cfg, k) for k in _COMPARED}
+    prefix = cfg.num_prefix_tokens
+    out["pool_include_prefix"] = (cfg.pools_prefix if cfg.classifier != "token" and prefix
+                                  else None)
+    out["layer_scale"] = float(cfg.layer_scale) if cfg.layer_scale else None
+    out["fc_norm"] = cfg.fc_norm and cfg.final_norm
+    return out
+
+
+def _model_arg(field: str, cfg: ViTConfig) -> tuple[str, object] | None:
+    """(timm's argument, its JSON value) that makes `field` what `cfg` has; None when no
+    model_args value can (`_FIXED`)."""
+    if field in ("norm_layer", "layer_norm_eps"):
+        return ("norm_layer", cfg.norm_layer) if cfg.layer_norm_eps == NORM_EPS else None
+    if field == "embed_norm":
+        if not cfg.embed_norm:
+            return "embed_norm_layer", None
+        return ("embed_norm_layer", cfg.norm_layer) if cfg.layer_norm_eps == NORM_EPS else None
+    if field in _FIXED:
+        return None
+    if field == "mlp_dim":  # timm's MLP is int(embed_dim * mlp_ratio) wide
+        ratio = cfg.mlp_dim / cfg.width
+        if int(cfg.width * ratio) != cfg.mlp_dim:
+            ratio = (cfg.mlp_dim + 0.5) / cfg.width
+        return "mlp_ratio", ratio
+    if field == "patch_size":
+        ph, pw = cfg.patch_size
+        return "patch_size", ph if ph == pw else [ph, pw]
+    if field == "classifier":
+        return "global_pool", _POOL_NAMES[cfg.classifier]
+    if field == "pool_include_prefix":
+        return "pool_include_prefix", bool(cfg.pools_prefix)
+    names = {"width": "embed_dim", "in_channels": "in_chans", "num_registers": "reg_tokens",
+             "layer_scale": "init_values", "dynamic_image_size": "dynamic_img_size"}
+    value = _ours(cfg)[field]
+    return names.get(field, field), value
+
+
+@functools.lru_cache(maxsize=64)
+def _search(cfg: ViTConfig, class_row: bool) -> tuple[str | None, dict, str | None]:
+    """(the timm architecture nearest to `cfg`, the model_args that make it `cfg`, None), or
+    (None, {}, why none can) when no architecture of the table builds `cfg`."""
+    ours, preferred = _ours(cfg), timm_name(cfg)
+    best, closest = None, None
+    for arch in timm_architectures.ARCHITECTURES:
+        if arch.startswith("test_"):
+            continue
+        args, fixed = {}, []
+        for _ in range(4):  # a field set may move another (mlp_ratio is per embed_dim)
+            fields, bad = timm_architectures.config_fields(
+                timm_architectures.arguments(arch, args, arch))
+            differ = [k for k in _COMPARED if fields[k] != ours[k]]
+            fixed = [k for k in differ if _model_arg(k, cfg) is None]
+            if bad or fixed or not differ:
+                break
+            args.update(_model_arg(k, cfg) for k in differ)
+        if bad or differ:
+            if not bad and (closest is None or len(fixed) < len(closest[1])):
+                closest = (arch, fixed, fields)
+            continue
+        folds = class_row and cfg.class_token and timm_architectures.arguments(
+            arch, args, arch)["no_embed_class"]
+        rank = (len(args) + folds, arch != preferred, arch)
+        if best is None or rank < best[0]:
+            best = (rank, arch, args)
+    if best is None:
+        arch, fixed, fields = closest
+        what = "; ".join(f"{_FIXED.get(k, k)} ({k}={ours[k]!r}, timm's nearest, {arch}, has "
+                         f"{fields[k]!r})" for k in fixed)
+        return None, {}, (f"what no timm {timm_architectures.TIMM_VERSION} ViT architecture "
+                          f"builds, nor its model_args can set: {what}")
+    _, arch, args = best
+    return arch, {**args, "img_size": list(cfg.image_size)}, None
 
 
 def architecture_of(cfg: ViTConfig, class_row: bool = False) -> tuple[str, dict]:
@@ -501,40 +574,12 @@ def architecture_of(cfg: ViTConfig, class_row: bool = False) -> tuple[str, dict]
     needing the fewest model_args among those this ViT can be, so that
     `timm.create_model(architecture, **model_args)` builds this model. With `class_row` (the
     class token's position row is not zero), one that gives the class token a position row
-    counts one argument more: the other layout keeps the outputs but not the arrays."""
-    ours = _as_timm(cfg)
-    preferred = timm_name(cfg)
-    best = None
-    for arch in timm_architectures.ARCHITECTURES:
-        if arch.startswith("test_"):
-            continue
-        theirs = timm_architectures.arguments(arch, {}, arch)
-        if (timm_architectures.unsupported(theirs)
-                or timm_architectures.layer_norm_eps(theirs) != cfg.layer_norm_eps):
-            continue
-        differ = [k for k, v in _canonical(theirs, cfg.width).items() if ours[k] != v]
-        folds = class_row and cfg.class_token and theirs["no_embed_class"]
-        rank = (len(differ) + folds, arch != preferred, arch)
-        if best is None or rank < best[0]:
-            best = (rank, arch, differ)
-    _, arch, differ = best
-    args = {}
-    for key in differ:
-        if key == "mlp_dim":  # timm's Mlp is int(embed_dim * mlp_ratio) wide
-            ratio = cfg.mlp_dim / cfg.width
-            if int(cfg.width * ratio) != cfg.mlp_dim:
-                ratio = (cfg.mlp_dim + 0.5) / cfg.width
-            args["mlp_ratio"] = ratio
-        elif key == "pool_include_prefix":
-            args[key] = bool(ours[key])
-        else:
-            args[key] = ours[key]
-    args["img_size"] = list(cfg.image_size)
-    resolved = _canonical(timm_architectures.arguments(arch, args, arch))
-    if resolved != ours:  # a key whose meaning depends on another, e.g. fc_norm on pooling
-        args.update({k: (bool(v) if k == "pool_include_prefix" else v)
-                     for k, v in ours.items() if resolved[k] != v and k != "mlp_dim"})
-    return arch, args
+    counts one argument more: the other layout keeps the outputs but not the arrays.
+    CheckpointError when no architecture builds it (`cannot_hold` says why first)."""
+    arch, args, why = _search(cfg, class_row)
+    if arch is None:
+        raise CheckpointError(f"timm's ViT cannot hold {why}: use --format orbax")
+    return arch, dict(args)
 
 
 def _timm_config_json(loaded: LoadedCheckpoint, arch: str, args: dict) -> dict:
@@ -542,14 +587,14 @@ def _timm_config_json(loaded: LoadedCheckpoint, arch: str, args: dict) -> dict:
     it, so `timm.create_model(architecture, **model_args)` (and `local-dir:`/`hf-hub:`) builds
     this model; `pretrained_cfg` holds the eval transform."""
     cfg, pre = loaded.config, loaded.preprocessing
-    pool = {"token": "token", "gap": "avg", "map": "map"}[cfg.classifier]
+    try:
+        transform = pre.to_timm_pretrained_cfg()
+    except ConfigError as err:
+        raise CheckpointError(f"timm's config.json cannot hold the {err}") from None
     out = {"architecture": arch, "num_classes": cfg.num_classes,
-           "num_features": cfg.width, "global_pool": pool, "model_args": args,
-           "pretrained_cfg": {"input_size": [cfg.in_channels, *pre.size],
-                              "fixed_input_size": not cfg.dynamic_image_size,
-                              "interpolation": pre.resample, "mean": list(pre.mean),
-                              "std": list(pre.std), "crop_pct": pre.crop_pct or 1.0,
-                              "crop_mode": "squash" if pre.crop_pct is None else "center",
+           "num_features": cfg.width, "global_pool": _POOL_NAMES[cfg.classifier],
+           "model_args": args,
+           "pretrained_cfg": {**transform, "fixed_input_size": not cfg.dynamic_image_size,
                               "num_classes": cfg.num_classes, "pool_size": None,
                               "first_conv": "patch_embed.proj",
                               "classifier": "head" if cfg.num_classes else None}}

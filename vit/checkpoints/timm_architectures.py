@@ -33,8 +33,6 @@ DEFAULTS = {
 CUSTOM = "vit_custom"
 # For a name neither the table nor timm knows, the model_args that settle what it means.
 SETTLING = ("num_heads", "global_pool", "act_layer", "no_embed_class", "fc_norm")
-GELUS = {None: "gelu", "gelu": "gelu", "GELU": "gelu", "gelu_tanh": "gelu_tanh",
-         "GELUTanh": "gelu_tanh"}
 
 
 def arguments(arch: str, model_args: dict, where) -> dict:
@@ -99,41 +97,135 @@ def _as_text(value):
     return list(value) if isinstance(value, tuple) else value
 
 
-def unsupported(args: dict) -> list[str]:
-    """The arguments (`name=value`) that build a model this ViT does not have."""
-    out = []
-    for key in ("pre_norm", "scale_attn_norm", "scale_mlp_norm", "dynamic_img_pad"):
+# timm's names for the layers a ViT option builds (`act_layer`, `norm_layer`, `mlp_layer`,
+# `block_fn`), lower-cased without underscores, and ours.
+ACTIVATIONS = {None: "gelu", "gelu": "gelu", "gelutanh": "gelu_tanh", "quickgelu": "quick_gelu",
+               "silu": "silu", "swish": "silu"}
+NORMS = {"layernorm": "layernorm", "rmsnorm": "rmsnorm"}
+NORM_EPS = 1e-6  # timm's LayerNorm and RmsNorm default
+BLOCKS = {"Block": "block", "ResPostBlock": "res_post", "ParallelThingsBlock": "parallel"}
+# What each block family timm has and this ViT lacks is, for refusals.
+NOT_BUILT = {
+    "ParallelScalingBlock": "ViT-22B's parallel block (one fused input projection for "
+                            "attention and MLP)",
+    "DiffParallelScalingBlock": "a parallel block with differential attention",
+    "diff": "differential attention (two softmax maps subtracted)",
+}
+POOLS = {"token": "token", "avg": "gap", "map": "map"}
+
+
+def _layer(value) -> tuple[str | None, dict]:
+    """timm's table text (`Name(k=v,...)`) or a model_args string -> (lower-case name without
+    underscores, keyword arguments)."""
+    if value is None:
+        return None, {}
+    found = re.fullmatch(r"(\w+)(?:\((.*)\))?", str(value).strip())
+    if not found:
+        return str(value), {}
+    kwargs = {}
+    for item in filter(None, (found.group(2) or "").split(",")):
+        key, _, text = item.partition("=")
+        kwargs[key.strip()] = text.strip()
+    return found.group(1).replace("_", "").lower(), kwargs
+
+
+def norm_of(value) -> tuple[str, float] | None:
+    """(our norm_layer, eps) of timm's `norm_layer` (None: timm's LayerNorm), or None when it
+    is a norm this ViT does not have."""
+    name, kwargs = _layer(value)
+    kind = NORMS.get(name or "layernorm")
+    if kind is None or set(kwargs) - {"eps"}:
+        return None
+    try:
+        return kind, float(kwargs.get("eps", NORM_EPS))
+    except ValueError:
+        return None
+
+
+def activation_of(value) -> str | None:
+    """Our act_layer for timm's `act_layer`, or None when this ViT has no such activation."""
+    name, kwargs = _layer(value)
+    return None if kwargs else ACTIVATIONS.get(name)
+
+
+def mlp_of(value) -> str | None:
+    """Our mlp_layer for timm's `mlp_layer`: its Mlp, SwiGLU and GluMlp with gate_last=False
+    (whose act_layer the block's own replaces, as timm passes it); None for any other."""
+    name, kwargs = _layer(value)
+    if name == "mlp" and not kwargs:
+        return "mlp"
+    if name == "swiglu" and not set(kwargs) - {"act_layer"}:
+        return "swiglu"
+    if name == "glumlp" and kwargs.get("gate_last") == "False" and not set(kwargs) - {
+            "act_layer", "gate_last"}:
+        return "glu"
+    return None
+
+
+def config_fields(args: dict) -> tuple[dict, list[str]]:
+    """(the ViTConfig fields timm's `VisionTransformer(**args)` has, the arguments that build
+    what this ViT does not have, as `name=value` with the reason). The image size, classes
+    and head come from the file; `args` are `arguments()`' (every key present)."""
+    problems = []
+    for key in ("dynamic_img_pad",):
         if args[key]:
-            out.append(f"{key}=True")
-    for key in ("final_norm", "proj_bias"):
-        if not args[key]:
-            out.append(f"{key}=False")
-    if args["fc_norm"]:
-        out.append("fc_norm (a LayerNorm after the pooling, as MAE and BEiT fine-tunes have)")
-    for key in ("block_fn", "mlp_layer", "attn_layer"):
-        if args[key] not in (DEFAULTS[key], None):
-            out.append(f"{key}={args[key]}")
-    if args["embed_norm_layer"] is not None:
-        out.append(f"embed_norm_layer={args['embed_norm_layer']}")
+            problems.append(f"{key}=True (images padded to whole patches)")
+    block = args["block_fn"]
+    if block not in BLOCKS:
+        problems.append(f"block_fn={block} ({NOT_BUILT.get(block, 'a block family')}, which "
+                        "this ViT does not build)")
+    if args["attn_layer"] not in ("Attention", "attn", "", None):
+        what = NOT_BUILT.get(args["attn_layer"], "an attention this ViT does not build")
+        problems.append(f"attn_layer={args['attn_layer']} ({what})")
+    mlp = mlp_of(args["mlp_layer"]) if block in ("Block", "ResPostBlock",
+                                                  "ParallelThingsBlock") else "mlp"
+    if mlp is None:
+        problems.append(f"mlp_layer={args['mlp_layer']} (an MLP this ViT does not build)")
+    act = activation_of(args["act_layer"])
+    if act is None:
+        problems.append(f"act_layer={args['act_layer']} (an activation this ViT does not have)")
+    norm = norm_of(args["norm_layer"])
+    if norm is None:
+        problems.append(f"norm_layer={args['norm_layer']} (a norm this ViT does not have)")
+    embed_norm = args["embed_norm_layer"] is not None
+    if embed_norm and norm_of(args["embed_norm_layer"]) != norm:
+        problems.append(f"embed_norm_layer={args['embed_norm_layer']} beside norm_layer="
+                        f"{args['norm_layer']} (this ViT's norms are all one kind)")
     if args["pos_embed"] != "learn":
-        out.append(f"pos_embed={args['pos_embed']!r}")
-    if args["global_pool"] not in ("token", "avg", "map"):
-        out.append(f"global_pool={args['global_pool']!r}")
-    if args["act_layer"] not in GELUS:
-        out.append(f"act_layer={args['act_layer']}")
-    if layer_norm_eps(args) is None:
-        out.append(f"norm_layer={args['norm_layer']}")
-    return out
+        problems.append(f"pos_embed={args['pos_embed']!r} (no learned position embedding)")
+    if args["global_pool"] not in POOLS:
+        problems.append(f"global_pool={args['global_pool']!r} (a pooling this ViT does not "
+                        "have: token, avg or map)")
+    pool = POOLS.get(args["global_pool"], "token")
+    class_token, registers = bool(args["class_token"]), int(args["reg_tokens"] or 0)
+    final_norm = bool(args["final_norm"])
+    use_fc_norm = args["fc_norm"]
+    if use_fc_norm is None:
+        use_fc_norm = args["global_pool"] in ("avg", "avgmax", "max")
+    patch = args["patch_size"]
+    patch = tuple(patch) if isinstance(patch, list | tuple) else (patch, patch)
+    init = args["init_values"]
+    fields = {
+        "width": args["embed_dim"], "depth": args["depth"], "num_heads": args["num_heads"],
+        "mlp_dim": int(args["embed_dim"] * args["mlp_ratio"]), "patch_size": patch,
+        "in_channels": args["in_chans"], "class_token": class_token,
+        "num_registers": registers, "qkv_bias": bool(args["qkv_bias"]),
+        "qk_norm": bool(args["qk_norm"]), "layer_scale": float(init) if init else None,
+        "act_layer": act or "gelu", "norm_layer": (norm or ("layernorm", NORM_EPS))[0],
+        "layer_norm_eps": (norm or ("layernorm", NORM_EPS))[1], "mlp_layer": mlp or "mlp",
+        "block_fn": BLOCKS.get(block, "block"), "num_parallel": 2,
+        "proj_bias": bool(args["proj_bias"]), "patch_bias": not args["pre_norm"],
+        "embed_norm": embed_norm, "pre_norm": bool(args["pre_norm"]),
+        "final_norm": final_norm, "fc_norm": bool(use_fc_norm) and final_norm,
+        "scale_attn_norm": bool(args["scale_attn_norm"]),
+        "scale_mlp_norm": bool(args["scale_mlp_norm"]), "classifier": pool,
+        "pool_include_prefix": (bool(args["pool_include_prefix"])
+                                if pool != "token" and int(class_token) + registers else None),
+        "dynamic_image_size": bool(args["dynamic_img_size"]),
+    }
+    return fields, problems
 
 
-def gelu(args: dict) -> str:
-    return GELUS[args["act_layer"]]
-
-
-def layer_norm_eps(args: dict) -> float | None:
-    """The LayerNorm epsilon of `norm_layer` (timm's LayerNorm: 1e-6); None if not a LayerNorm."""
-    norm = args["norm_layer"]
-    if norm in (None, "layernorm"):
-        return 1e-6
-    found = re.fullmatch(r"LayerNorm\(eps=([0-9.e+-]+)\)", str(norm))
-    return float(found.group(1)) if found else None
+def unsupported(args: dict) -> list[str]:
+    """The arguments (`name=value (why)`) that build a model this ViT does not have."""
+    return config_fields(args)[1]

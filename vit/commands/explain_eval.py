@@ -38,7 +38,7 @@ def run(args) -> int:
     from vit.checkpoints import load_checkpoint
     from vit.commands.checks import require_positive
     from vit.errors import ConfigError, DataError
-    from vit.explain import faithfulness, inputs
+    from vit.explanations import faithfulness, inputs
 
     require_positive(args, "steps", "limit", "batch_size")
     methods = list(dict.fromkeys(args.method or DEFAULT_METHODS))
@@ -85,7 +85,7 @@ def run(args) -> int:
 def _check_fits(config, batch: int, steps: int | None) -> None:
     """Before the model is built: a batch's maps (every block's attention kept), and its
     perturbed copies, one per point of the curve, in one forward."""
-    from vit.explain import faithfulness
+    from vit.explanations import faithfulness
     from vit.inference.memory import check_fits
 
     (h, w), (ph, pw) = config.image_size, config.patch_size

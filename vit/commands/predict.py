@@ -277,7 +277,9 @@ def _print_results(fmt: str, predictor, paths: list) -> tuple[int, int, str | No
     verb = "scored" if predictor.mode == "prompts" else "classified"
     start, done, failed, first_failed = time.perf_counter(), 0, 0, None
     writer = ResultWriter(fmt, predictor)
-    with tqdm(total=len(paths), unit="img", file=sys.stderr, dynamic_ncols=True) as bar:
+    # A bar on a terminal only: redirected, its redraws would run into the results' lines.
+    with tqdm(total=len(paths), unit="img", file=sys.stderr, dynamic_ncols=True,
+              disable=not sys.stderr.isatty()) as bar:
         for result in predictor.predict_files(paths, progress=bar):
             if "error" in result:
                 failed += 1

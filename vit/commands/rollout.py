@@ -50,7 +50,7 @@ def run(args) -> int:
     from vit.checkpoints import load_checkpoint
     from vit.commands import checks
     from vit.errors import ConfigError, OutOfSpace, is_out_of_space
-    from vit.explain import inputs
+    from vit.explanations import inputs
 
     checks.require_positive(args, "batch_size", "limit", "image_size")
     out = checks.check_output_dir(args.out, "--out")  # before the model loads, not after the maps
@@ -112,7 +112,7 @@ def _write_maps(args, out, items, ckpt, model, method, wanted) -> int:
     import numpy as np
 
     from vit.errors import DataError
-    from vit.explain import explain, inputs, render
+    from vit.explanations import explain, inputs, render
 
     labels = ckpt.labels
     names = render.SafeNames()
@@ -210,7 +210,7 @@ def _check_prompt(prompt: str, checkpoint: str, text_config) -> None:
                           "drop --prompt, or use a text-conditioned checkpoint")
     if text_config.source != "bytes":
         raise ConfigError("--prompt: this model reads embeddings from a separate text model, "
-                          "not text; explain it from Python with vit.explain.explain_prompt")
+                          "not text; explain it from Python with vit.explanations.explain_prompt")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         tokenize(prompt, text_config.max_len)
@@ -227,7 +227,7 @@ def _prompt_rows(model, arrays, prompt: str, count: int):
 
     import numpy as np
 
-    from vit.explain import explain_prompt, text_relevance
+    from vit.explanations import explain_prompt, text_relevance
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # truncation was reported once, up front

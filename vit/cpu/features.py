@@ -2,8 +2,8 @@
 
 The one reading of /proc/cpuinfo in vit. The dense products (`vit.ops.matmul`), the attention
 layer's product shapes (`vit.models.blocks`), the inference compile options
-(`vit.cpu.xla_options`) and the note `vit train` / `vit predict` print for a bfloat16 that cannot
-pay all ask here.
+(`vit.cpu.xla_options`), the note `vit train` / `vit predict` print for a bfloat16 that cannot
+pay, and the dtype a recipe's `model.dtype='auto'` stands for all ask here.
 """
 
 from __future__ import annotations
@@ -62,3 +62,22 @@ def bfloat16_note() -> str | None:
     return ("bfloat16 is no faster than float32 on this CPU (it has no bfloat16 arithmetic: "
             "no AVX512_BF16 or AMX); float32 is the better choice here, bfloat16 pays on GPUs, "
             "TPUs and CPUs that have it")
+
+
+# A recipe's `model.dtype` that lets the host choose (`vit.train.from_recipe` resolves it).
+AUTO = "auto"
+
+
+def auto_dtype() -> tuple[str, str]:
+    """(the compute dtype `auto` means here, why): bfloat16 on a GPU or TPU and on a CPU with
+    bfloat16 arithmetic, float32 on other CPUs (there bfloat16 is converted to float32 and back
+    around every product, and is no faster)."""
+    import jax
+
+    backend = jax.default_backend()
+    if backend != "cpu":
+        return "bfloat16", f"the backend is {backend}"
+    have = cpu_bfloat16_features()
+    if have:
+        return "bfloat16", f"this CPU has bfloat16 arithmetic: {', '.join(have)}"
+    return "float32", "this CPU has no bfloat16 arithmetic"

@@ -12,6 +12,11 @@ tunable set (`reexec`), before it has done anything. A Python program that calls
 sets it in the environment of its own process (`GLIBC_TUNABLES=glibc.malloc.hugetlb=1`).
 `VIT_MALLOC_TUNING=0` turns this off; a GLIBC_TUNABLES the user set is left as it is.
 
+Only where jax will compute on the CPU (`cpu_backend`): on a GPU or TPU the step's scratch
+memory is the device's, and a process that starts twice is a cost with nothing to show for it.
+That is told from the environment and the installed packages alone, before jax is imported:
+starting a backend to ask it would initialise the GPU in a process about to be replaced.
+
 Keeping freed blocks in the heap instead (mallopt: no mmap, no trimming, one arena) removes the
 faults altogether but, with XLA's allocation pattern, holds much more memory at peak: not worth
 it by default. benchmarks/ records both.
@@ -20,7 +25,10 @@ it by default. benchmarks/ records both.
 from __future__ import annotations
 
 import ctypes
+import importlib.metadata
+import importlib.util
 import os
+import pkgutil
 import sys
 from pathlib import Path
 
@@ -53,10 +61,49 @@ def huge_pages_on_request() -> bool:
         return False
 
 
+def accelerator_plugins() -> tuple[str, ...]:
+    """jax's accelerator plugins installed here, found as jax finds them but not imported:
+    modules of the `jax_plugins` namespace package and entry points of its group (CUDA, ROCm
+    and other PJRT plugins), and `libtpu`."""
+    found = set()
+    spec = importlib.util.find_spec("jax_plugins")
+    if spec is not None and spec.submodule_search_locations:
+        found |= {f"jax_plugins.{module.name}"
+                  for module in pkgutil.iter_modules(spec.submodule_search_locations)}
+    found |= {entry.value for entry in importlib.metadata.entry_points(group="jax_plugins")}
+    if importlib.util.find_spec("libtpu") is not None:
+        found.add("libtpu")
+    return tuple(sorted(found))
+
+
+def cpu_backend(environ=os.environ) -> bool:
+    """Whether jax's default backend will be the CPU, told without starting one.
+
+    The deprecated JAX_PLATFORM_NAME names the default outright; with JAX_PLATFORMS set, it
+    is the first platform listed, the one jax prefers. Otherwise jax takes an accelerator
+    whenever one of its plugins starts: the CPU for sure only where no plugin is installed or
+    named (TPU_LIBRARY_PATH, PJRT_NAMES_AND_LIBRARY_PATHS). Where this cannot be sure (a
+    plugin installed on a host without its device, `JAX_PLATFORMS=cuda,cpu` there) it says
+    no: the cost is a CPU run without huge pages, never a GPU run started twice.
+    """
+    name = environ.get("JAX_PLATFORM_NAME", "").strip()
+    if name:
+        return name.lower() == "cpu"
+    platforms = environ.get("JAX_PLATFORMS", "").strip()
+    if platforms:
+        return platforms.split(",")[0].strip().lower() == "cpu"
+    if environ.get("TPU_LIBRARY_PATH") or environ.get("PJRT_NAMES_AND_LIBRARY_PATHS"):
+        return False
+    return not accelerator_plugins()
+
+
 def wanted(environ=os.environ) -> bool:
-    """Whether to ask for huge pages: glibc can, the kernel gives them when asked, and neither
-    VIT_MALLOC_TUNING=0 nor a GLIBC_TUNABLES of the user's says otherwise."""
+    """Whether to ask for huge pages: jax will compute on the CPU, glibc can, the kernel gives
+    them when asked, and neither VIT_MALLOC_TUNING=0 nor a GLIBC_TUNABLES of the user's says
+    otherwise."""
     if environ.get("VIT_MALLOC_TUNING", "1") == "0" or "GLIBC_TUNABLES" in environ:
+        return False
+    if not cpu_backend(environ):
         return False
     version = glibc_version()
     return version is not None and version >= MIN_GLIBC and huge_pages_on_request()

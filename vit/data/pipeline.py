@@ -91,7 +91,7 @@ class TrainTransform(grain.transforms.RandomMap):
         if aug.inception_crop:
             image = T.inception_crop(image, rng, pre.size, aug.crop_area, resample=pre.resample)
         else:
-            image = T.center_crop(image, pre.size, pre.crop_pct, pre.resample)
+            image = T.center_crop(image, pre)
         if aug.flip:
             image = T.flip(image, rng)
         if self.randaug is not None:
@@ -127,7 +127,7 @@ class BatchTransform(grain.transforms.RandomMap):
         if aug.shift or aug.rotate or aug.scale:
             image = T.random_affine(image, rng, shift=aug.shift, rotate=aug.rotate,
                                     scale=aug.scale)
-        image = normalize(image, self.pre.mean, self.pre.std)
+        image = normalize(image, self.pre.mean, self.pre.std, self.pre.rescale_factor)
         batch = dict(batch)
         for i, (top, left, h, w, seed) in enumerate(batch.pop(ERASE, ())):
             if h > 0:
@@ -221,7 +221,9 @@ def decode_side(pre: Preprocessing, aug: Augment) -> int:
     side = max(pre.size)
     if aug.inception_crop:
         return math.ceil(side * math.sqrt((4 / 3) / aug.crop_area[0]))
-    return math.ceil(side / pre.crop_pct) if pre.crop_pct else side
+    if pre.crop_pct:
+        return math.ceil(side / pre.crop_pct)
+    return max(side, pre.shortest_edge or 0, *(pre.resize_to or ()))
 
 
 def train_iterator(source, pre: Preprocessing, aug: Augment, *, batch_size: int, seed: int,

@@ -13,7 +13,7 @@ import math
 import numpy as np
 from PIL import Image
 
-from vit.preprocess import RESAMPLE, resize_crop
+from vit.preprocess import RESAMPLE, Preprocessing, resize_crop
 
 
 def resize(image: np.ndarray, size: tuple[int, int], resample: str = "bilinear") -> np.ndarray:
@@ -22,13 +22,18 @@ def resize(image: np.ndarray, size: tuple[int, int], resample: str = "bilinear")
     return np.asarray(Image.fromarray(image).resize((size[1], size[0]), RESAMPLE[resample]))
 
 
-def center_crop(image: np.ndarray, size: tuple[int, int], crop_pct: float | None,
-                resample: str = "bilinear") -> np.ndarray:
-    """The eval geometry of a `Preprocessing` on a uint8 array: `vit.preprocess.resize_crop`.
-    An image already at `size` with no crop is returned as it is (PIL's resize would copy it)."""
-    if crop_pct is None and image.shape[:2] == tuple(size):
+def center_crop(image: np.ndarray, pre: Preprocessing | tuple[int, int],
+                crop_pct: float | None = None, resample: str = "bilinear") -> np.ndarray:
+    """The eval geometry of a `Preprocessing` (or of a size, crop_pct and resample) on a uint8
+    array: `vit.preprocess.resize_crop`. An image already at the size with a plain resize is
+    returned as it is (PIL's resize would copy it)."""
+    if not isinstance(pre, Preprocessing):
+        pre = Preprocessing(size=tuple(pre), resample=resample, crop_pct=crop_pct)
+    h, w = image.shape[:2]
+    resized, box, _ = pre.geometry((w, h))
+    if resized == (w, h) and box == (0, 0, w, h):
         return image
-    return np.asarray(resize_crop(Image.fromarray(image), size, crop_pct, resample))
+    return np.asarray(resize_crop(Image.fromarray(image), pre))
 
 
 def inception_crop(image: np.ndarray, rng: np.random.Generator, size: tuple[int, int],

@@ -6,7 +6,6 @@
 - `prepared`: prepared classifiers on disk (weights in our layout and an exported forward), and
   `warm_start`: `vit predict`'s checkpoint opened from one when stored, else cold;
 - `compile_cache`: JAX's persistent compilation cache for the commands;
-- `xla_cpu`: a compatibility name for `vit.cpu.xla_options`, the XLA:CPU compile options;
 - `evaluate`: the figures shared by `vit eval` and training's validation.
 
 Import submodules directly; this package imports nothing by itself.

@@ -246,9 +246,22 @@ def confusion_png(confusion, class_names: list[str]) -> bytes:
 
 
 def reliability_png(calibration: dict) -> bytes:
-    """The reliability diagram of `calibration` (`CalibrationBins.summary`): each bin's accuracy
-    against its mean confidence, the diagonal a perfectly calibrated model would follow, the
-    expected calibration error in the title and the share of examples per bin below."""
+    """The reliability diagram of `calibration` (`CalibrationBins.summary`) as PNG bytes
+    (`reliability_figure`)."""
+    return _png(reliability_figure(calibration))
+
+
+# The gap between a bin's accuracy and its confidence: opaque and drawn over the accuracy bars,
+# so it shows the legend's colour over a bar and over the white alike (a translucent red turned
+# dark slate over the blue bars, unlike its pink swatch).
+GAP_COLOUR, GAP_EDGE = "#f4a9a8", "tab:red"
+
+
+def reliability_figure(calibration: dict):
+    """The reliability diagram of `calibration`: each bin's accuracy (blue, outlined in black)
+    against its mean confidence (the gap between them shaded), the diagonal a perfectly
+    calibrated model would follow, the expected calibration error in the title and the share
+    of examples per bin below. The caller closes the figure."""
 
     import matplotlib
 
@@ -262,20 +275,23 @@ def reliability_png(calibration: dict) -> bytes:
     confidence = np.array([c if c is not None else 0.0 for c in calibration["confidence"]])
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(5, 6.5), sharex=True,
                                       gridspec_kw={"height_ratios": [3, 1]})
-    top.bar(centres, accuracy, width=width, edgecolor="black", color="tab:blue",
+    top.bar(centres, accuracy, width=width, edgecolor="black", color="tab:blue", zorder=1,
             label="accuracy")
     seen = count > 0
     top.bar(centres[seen], confidence[seen] - accuracy[seen], bottom=accuracy[seen],
-            width=width, edgecolor="tab:red", color="tab:red", alpha=0.3,
+            width=width, edgecolor=GAP_EDGE, color=GAP_COLOUR, zorder=2,
             label="gap to confidence")
-    top.plot([0, 1], [0, 1], "k--", linewidth=1, label="perfect calibration")
+    # The accuracy's outline again, over the gap: where the model is underconfident the gap
+    # covers the bar's top, and the outline still marks the accuracy.
+    top.bar(centres, accuracy, width=width, edgecolor="black", fill=False, zorder=3)
+    top.plot([0, 1], [0, 1], "k--", linewidth=1, zorder=4, label="perfect calibration")
     top.set(xlim=(0, 1), ylim=(0, 1), ylabel="accuracy",
             title=f"reliability ({num_bins} bins), ECE {calibration['ece']:.4f}")
     top.legend(loc="upper left", fontsize=8)
     share = count / max(count.sum(), 1)
     bottom.bar(centres, share, width=width, edgecolor="black", color="grey")
     bottom.set(xlim=(0, 1), xlabel="top-1 confidence", ylabel="share of examples")
-    return _png(fig)
+    return fig
 
 
 def _png(fig) -> bytes:

@@ -15,6 +15,8 @@ from flax import nnx
 
 from vit.cpu import features
 from vit.models.config import ViTConfig
+from vit.models.norms import make_norm
+from vit.models.relpos import RelativePositionBias
 from vit.ops import matmul
 from vit.ops.attention import dot_product_attention, preferred_layout, reference_attention
 
@@ -131,50 +133,118 @@ class Keys:
 
 
 class Mlp(nnx.Module):
-    def __init__(self, width: int, hidden: int, cfg: ViTConfig, rngs: nnx.Rngs):
-        bias_init = nnx.initializers.normal(1e-6)
-        self.fc1 = Linear(width, hidden, dtype=jnp.dtype(cfg.dtype), kernel_init=xavier,
-                          bias_init=bias_init, rngs=rngs)
-        self.fc2 = Linear(hidden, width, dtype=jnp.dtype(cfg.dtype), kernel_init=xavier,
-                          bias_init=bias_init, rngs=rngs)
+    """timm's `Mlp`: fc1 -> act -> [norm] -> fc2. `norm` (scale_mlp_norm) normalises the hidden
+    activations before fc2; `bias` is both linears' (timm's `proj_bias`)."""
+
+    def __init__(self, width: int, hidden: int, cfg: ViTConfig, rngs: nnx.Rngs, *,
+                 bias: bool = True, norm: bool = False):
+        self.fc1 = _mlp_linear(width, hidden, bias, cfg, rngs)
+        self.fc2 = _mlp_linear(hidden, width, bias, cfg, rngs)
+        self.norm = make_norm(hidden, cfg, rngs) if norm else None
         self.act = activation(cfg.act_layer)
         self.rate = cfg.dropout
 
     def __call__(self, x: jax.Array, keys: Keys) -> jax.Array:
         x = dropout(self.act(self.fc1(x)), self.rate, keys(0))
+        if self.norm is not None:
+            x = self.norm(x).astype(self.fc2.dtype)
         return dropout(self.fc2(x), self.rate, keys(1))
+
+
+class SwiGLU(nnx.Module):
+    """timm's `SwiGLU`: `act(fc1_g x) * fc1_x x` -> [norm] -> fc2, two `hidden`-wide inputs."""
+
+    def __init__(self, width: int, hidden: int, cfg: ViTConfig, rngs: nnx.Rngs, *,
+                 bias: bool = True, norm: bool = False):
+        self.fc1_g = _mlp_linear(width, hidden, bias, cfg, rngs)
+        self.fc1_x = _mlp_linear(width, hidden, bias, cfg, rngs)
+        self.fc2 = _mlp_linear(hidden, width, bias, cfg, rngs)
+        self.norm = make_norm(hidden, cfg, rngs) if norm else None
+        self.act = activation(cfg.act_layer)
+        self.rate = cfg.dropout
+
+    def __call__(self, x: jax.Array, keys: Keys) -> jax.Array:
+        x = dropout(self.act(self.fc1_g(x)) * self.fc1_x(x), self.rate, keys(0))
+        if self.norm is not None:
+            x = self.norm(x).astype(self.fc2.dtype)
+        return dropout(self.fc2(x), self.rate, keys(1))
+
+
+class GluMlp(nnx.Module):
+    """timm's `GluMlp` with `gate_last=False`: fc1's `hidden` outputs split in halves
+    (x1, x2), `act(x1) * x2` -> [norm] -> fc2 from `hidden // 2`."""
+
+    def __init__(self, width: int, hidden: int, cfg: ViTConfig, rngs: nnx.Rngs, *,
+                 bias: bool = True, norm: bool = False):
+        self.fc1 = _mlp_linear(width, hidden, bias, cfg, rngs)
+        self.fc2 = _mlp_linear(hidden // 2, width, bias, cfg, rngs)
+        self.norm = make_norm(hidden // 2, cfg, rngs) if norm else None
+        self.act = activation(cfg.act_layer)
+        self.rate = cfg.dropout
+
+    def __call__(self, x: jax.Array, keys: Keys) -> jax.Array:
+        x1, x2 = jnp.split(self.fc1(x), 2, axis=-1)
+        x = dropout(self.act(x1) * x2, self.rate, keys(0))
+        if self.norm is not None:
+            x = self.norm(x).astype(self.fc2.dtype)
+        return dropout(self.fc2(x), self.rate, keys(1))
+
+
+MLPS = {"mlp": Mlp, "swiglu": SwiGLU, "glu": GluMlp}
+
+
+def make_mlp(cfg: ViTConfig, rngs: nnx.Rngs) -> nnx.Module:
+    """An encoder block's MLP: the config's `mlp_layer`, `proj_bias` and `scale_mlp_norm`."""
+    return MLPS[cfg.mlp_layer](cfg.width, cfg.mlp_dim, cfg, rngs, bias=cfg.proj_bias,
+                               norm=cfg.scale_mlp_norm)
+
+
+def _mlp_linear(din: int, dout: int, bias: bool, cfg: ViTConfig, rngs: nnx.Rngs) -> Linear:
+    return Linear(din, dout, use_bias=bias, dtype=jnp.dtype(cfg.dtype), kernel_init=xavier,
+                  bias_init=nnx.initializers.normal(1e-6), rngs=rngs)
 
 
 def hooked_attention(q: jax.Array, k: jax.Array, v: jax.Array, kv_len: jax.Array | None,
                      probs_hook: Callable[[jax.Array], jax.Array],
-                     layout: str = "bshd") -> jax.Array:
+                     layout: str = "bshd", bias: jax.Array | None = None) -> jax.Array:
     """Explain mode: the probabilities materialised, seen (or perturbed) by `probs_hook`, then
-    applied to `v`."""
-    _, probs = reference_attention(q, k, v, kv_len=kv_len, return_probs=True, layout=layout)
+    applied to `v`. `bias`: added to the logits (a relative position bias)."""
+    _, probs = reference_attention(q, k, v, kv_len=kv_len, return_probs=True, layout=layout,
+                                   bias=bias)
     probs = probs_hook(probs)
     spec = "bhqk,bkhd->bqhd" if layout == "bshd" else "bhqk,bhkd->bhqd"
     return matmul.narrow_einsum(spec, probs, v, v.dtype)
 
 
 class Attention(nnx.Module):
-    """Multi-head self-attention through `vit.ops.attention`."""
+    """Multi-head self-attention through `vit.ops.attention` (timm's `Attention`).
+
+    Options from the config: `qk_norm` (norms of q and k over head_dim), `scale_attn_norm` (a
+    norm over the merged heads before `proj`), `proj_bias`, and BEiT's per-layer relative
+    position bias (`rel_pos_bias="layer"`). Attention with a bias runs the XLA reference path.
+    """
 
     def __init__(self, cfg: ViTConfig, rngs: nnx.Rngs):
         self.num_heads, self.head_dim = cfg.num_heads, cfg.head_dim
         self.qkv = dense(cfg.width, 3 * cfg.width, cfg, rngs, bias=cfg.qkv_bias)
-        self.proj = dense(cfg.width, cfg.width, cfg, rngs)
+        self.proj = dense(cfg.width, cfg.width, cfg, rngs, bias=cfg.proj_bias)
         if cfg.qk_norm:
-            self.q_norm = layer_norm(cfg.head_dim, cfg, rngs)
-            self.k_norm = layer_norm(cfg.head_dim, cfg, rngs)
+            self.q_norm = make_norm(cfg.head_dim, cfg, rngs)
+            self.k_norm = make_norm(cfg.head_dim, cfg, rngs)
         else:
             self.q_norm = self.k_norm = None
+        self.norm = make_norm(cfg.width, cfg, rngs) if cfg.scale_attn_norm else None
+        self.rel_pos_bias = (RelativePositionBias(cfg.grid, cfg.num_heads)
+                             if cfg.rel_pos_bias == "layer" else None)
         self.impl, self.attn_rate = cfg.attention_impl, cfg.attention_dropout
 
     def __call__(self, x: jax.Array, keys: Keys,
                  probs_hook: Callable[[jax.Array], jax.Array] | None = None,
-                 kv_len: jax.Array | None = None, queries: int | None = None) -> jax.Array:
+                 kv_len: jax.Array | None = None, queries: int | None = None,
+                 bias: jax.Array | None = None) -> jax.Array:
         """`queries`: only the first `queries` tokens ask (all tokens still give keys and
-        values), so the output is `[batch, queries, width]`."""
+        values), so the output is `[batch, queries, width]`. `bias` (`[heads, tokens,
+        tokens]`): a relative position bias shared by every block, added to the logits."""
         # The fused `qkv` kernel (timm's layout) is read as [width, 3, heads, head_dim] and q, k
         # and v are three products written straight in the layout attention wants: no copy
         # splits a fused output, and the backward adds three input gradients instead of
@@ -190,30 +260,47 @@ class Attention(nnx.Module):
             q, k, v = self._three_products(x, layout, heads, queries)
         if self.q_norm is not None:
             q, k = self.q_norm(q).astype(v.dtype), self.k_norm(k).astype(v.dtype)
+        if bias is None and self.rel_pos_bias is not None:
+            bias = self.rel_pos_bias()
+        if bias is not None:
+            if bias.shape[-1] != x.shape[1]:
+                raise ValueError(f"{x.shape[1]} tokens, but the relative position bias was "
+                                 f"learned for {bias.shape[-1]}; give images of the model's "
+                                 "image_size")
+            bias = bias[:, :queries]
         if probs_hook is not None:
-            out = hooked_attention(q, k, v, kv_len, probs_hook, layout)
+            out = hooked_attention(q, k, v, kv_len, probs_hook, layout, bias)
+        elif bias is not None:  # neither the kernel nor cuDNN takes a bias: the XLA path
+            rng = keys(0)
+            out = reference_attention(q, k, v, kv_len=kv_len, layout=layout, bias=bias,
+                                      dropout_rate=self.attn_rate if rng is not None else 0.0,
+                                      dropout_rng=rng)
         else:
             # A few queries against all keys leave nothing for a tiled kernel to do: XLA.
             impl = self.impl if queries is None else "xla"
             out = dot_product_attention(q, k, v, kv_len=kv_len, impl=impl,
                                         dropout_rate=self.attn_rate, dropout_rng=keys(0),
                                         layout=layout)
-        if narrow_cpu:
+        if narrow_cpu or self.norm is not None:
             return self._merged_proj(out, layout)
         proj = self.proj.kernel[...].reshape(self.num_heads, self.head_dim, -1)
-        return matmul.einsum_dense(f"{heads},hdc->bnc", out, proj, self.proj.bias[...],
-                                   self.proj.dtype)
+        proj_bias = self.proj.bias[...] if self.proj.bias is not None else None
+        return matmul.einsum_dense(f"{heads},hdc->bnc", out, proj, proj_bias, self.proj.dtype)
 
     def _merged_proj(self, out, layout: str):
-        """The output projection as a plain row-major product over merged heads. Where YNNPACK
-        runs it (a narrow dtype on a CPU with bfloat16 arithmetic), the per-head product
-        copies the weight transposed on every call; merging the heads first spares that copy,
-        in the forward and the training step alike. In float32 (XLA's dots) there is no such
-        copy, so float32 keeps the per-head product."""
+        """The output projection as a plain row-major product over merged heads, after the
+        scale norm (`scale_attn_norm`, which needs the heads merged). Where YNNPACK runs it (a
+        narrow dtype on a CPU with bfloat16 arithmetic), the per-head product copies the
+        weight transposed on every call; merging the heads first spares that copy, in the
+        forward and the training step alike. In float32 (XLA's dots) there is no such copy, so
+        float32 without a scale norm keeps the per-head product."""
         if layout == "bhsd":
             out = jnp.swapaxes(out, 1, 2)
         out = out.reshape(*out.shape[:2], -1)
-        return matmul.dense(out, self.proj.kernel[...], self.proj.bias[...], self.proj.dtype)
+        if self.norm is not None:
+            out = self.norm(out).astype(self.proj.dtype)
+        bias = self.proj.bias[...] if self.proj.bias is not None else None
+        return matmul.dense(out, self.proj.kernel[...], bias, self.proj.dtype)
 
     def _three_products(self, x, layout: str, heads: str, queries: int | None):
         """q, k and v as three products, each written in the layout attention wants."""
@@ -254,30 +341,31 @@ class LayerScale(nnx.Module):
 
 
 class Block(nnx.Module):
-    """Pre-norm transformer encoder block."""
+    """Pre-norm transformer encoder block (timm's `Block`)."""
 
     def __init__(self, cfg: ViTConfig, drop_path: float, rngs: nnx.Rngs):
-        self.norm1 = layer_norm(cfg.width, cfg, rngs)
+        self.norm1 = make_norm(cfg.width, cfg, rngs)
         self.attn = Attention(cfg, rngs)
-        self.norm2 = layer_norm(cfg.width, cfg, rngs)
-        self.mlp = Mlp(cfg.width, cfg.mlp_dim, cfg, rngs)
-        scaled = cfg.layer_scale is not None
-        self.ls1 = LayerScale(cfg.width, cfg.layer_scale) if scaled else None
-        self.ls2 = LayerScale(cfg.width, cfg.layer_scale) if scaled else None
+        self.norm2 = make_norm(cfg.width, cfg, rngs)
+        self.mlp = make_mlp(cfg, rngs)
+        self.ls1 = layer_scale(cfg)
+        self.ls2 = layer_scale(cfg)
         self.drop_path, self.dropout = drop_path, cfg.dropout
         self.dtype = jnp.dtype(cfg.dtype)
 
     def __call__(self, x: jax.Array, keys: Keys, probs_hook=None,
-                 kv_len: jax.Array | None = None, queries: int | None = None) -> jax.Array:
+                 kv_len: jax.Array | None = None, queries: int | None = None,
+                 rel_pos_bias: jax.Array | None = None) -> jax.Array:
         """`kv_len` (`[batch]`) masks padded tokens as keys (the text encoder's padding).
 
         `queries` computes the outputs of the first `queries` tokens only, each attending to
         every token: all a class-token head reads of the last block. That skips most of the
         block's matmul work (all but the class token's queries); every other token's output
         would be thrown away. The values are the same up to float rounding (other matmul shapes).
+        `rel_pos_bias`: the model's shared relative position bias (`rel_pos_bias="shared"`).
         """
         y = self.attn(self.norm1(x).astype(self.dtype), Keys(keys(0)), probs_hook, kv_len,
-                      queries)
+                      queries, rel_pos_bias)
         x = x[:, :queries]
         y = dropout(y, self.dropout, keys(1))
         y = self.ls1(y) if self.ls1 is not None else y
@@ -285,3 +373,8 @@ class Block(nnx.Module):
         y = self.mlp(self.norm2(x).astype(self.dtype), Keys(keys(3)))
         y = self.ls2(y) if self.ls2 is not None else y
         return x + drop_path(y, self.drop_path, keys(4))
+
+
+def layer_scale(cfg: ViTConfig) -> LayerScale | None:
+    """A LayerScale of the config's initial value, or None without one."""
+    return LayerScale(cfg.width, cfg.layer_scale) if cfg.layer_scale is not None else None

@@ -128,7 +128,7 @@ class ViTConfig:
     in_channels: int = 3
     num_classes: int = 1000
     class_token: bool = True
-    classifier: str = "token"  # token | gap | map
+    classifier: str = "token"  # token | gap | map | token_gap
     num_registers: int = 0
     representation_size: int | None = None  # Dense + tanh before the head (i21k checkpoints)
     posemb: str = "learn"  # learn | sincos2d
@@ -160,6 +160,10 @@ class ViTConfig:
     # With dist_token: a second head on the distillation token, averaged with the class head
     # (timm's and transformers' DeiT ...WithTeacher); off: the class head alone reads it.
     dist_head: bool = True
+    # Whether 'gap' and 'map' pool the prefix tokens (class, registers) with the patches (timm's
+    # `pool_include_prefix`); None: each head's own convention ('map' attends to every token,
+    # 'gap' and 'token_gap' average the patches only).
+    pool_include_prefix: bool | None = None
     dtype: str = "float32"  # compute dtype; parameters stay float32
     remat: bool = False  # rematerialise each block in the backward pass
     attention_impl: str = "auto"  # auto | pallas | cudnn | xla
@@ -211,11 +215,24 @@ class ViTConfig:
                               "final_norm=True")
         if self.dist_token and self.classifier != "token":
             raise ConfigError("dist_token=True (DeiT) needs classifier='token'")
+        if self.dist_token and self.dist_head and self.representation_size:
+            raise ConfigError("dist_token with dist_head averages two heads on the tokens; a "
+                              "representation_size layer before them is not a DeiT: set one "
+                              "of them off")
         if self.mlp_layer == "glu" and self.mlp_dim % 2:
             raise ConfigError(f"mlp_layer='glu' splits fc1's {self.mlp_dim} outputs in two "
                               "halves: mlp_dim must be even")
         if self.block_fn == "parallel" and self.num_parallel < 1:
             raise ConfigError(f"num_parallel={self.num_parallel}: must be at least 1")
+        if self.pool_include_prefix not in (None, True, False):
+            raise ConfigError(f"pool_include_prefix={self.pool_include_prefix!r}: must be true, "
+                              "false or none")
+        if self.fc_norm and (self.classifier == "token_gap" or self.dist_token):
+            raise ConfigError("fc_norm=True normalises one pooled vector; classifier="
+                              "'token_gap' and dist_token pool two: use fc_norm=False")
+        if self.rel_pos_bias != "none" and (not self.class_token or self.num_prefix_tokens != 1):
+            raise ConfigError("rel_pos_bias (BEiT's) indexes a class token and the patches: it "
+                              "needs class_token=True, no registers and no dist_token")
         if self.rel_pos_bias != "none" and self.posemb == "sincos2d":
             raise ConfigError("rel_pos_bias with posemb='sincos2d' is not a model any "
                               "checkpoint has; use posemb='learn'")
@@ -229,6 +246,20 @@ class ViTConfig:
     @property
     def num_prefix_tokens(self) -> int:
         return int(self.class_token) + int(self.dist_token) + self.num_registers
+
+    @property
+    def num_posemb_prefix(self) -> int:
+        """Rows of `pos_embed` before the grid's: the class and distillation tokens (registers
+        carry no position)."""
+        return int(self.class_token) + int(self.dist_token)
+
+    @property
+    def pools_prefix(self) -> bool:
+        """Whether the 'gap'/'map' pooling reads the prefix tokens too (`pool_include_prefix`,
+        or the head's own convention when that is None)."""
+        if self.pool_include_prefix is None:
+            return self.classifier == "map"
+        return self.pool_include_prefix
 
     @property
     def num_tokens(self) -> int:

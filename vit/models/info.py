@@ -27,17 +27,22 @@ def count_macs(config: ViTConfig) -> int:
     """Multiply-adds for one image at the config's image size."""
     c = config
     patches = c.grid[0] * c.grid[1]
-    n, d = c.num_tokens, c.width
+    n, d, h = c.num_tokens, c.width, c.mlp_dim
     macs = patches * c.patch_size[0] * c.patch_size[1] * c.in_channels * d
-    per_block = n * d * 3 * d + 2 * n * n * d + n * d * d + 2 * n * d * c.mlp_dim
-    macs += c.depth * per_block
+    attention = n * d * 3 * d + 2 * n * n * d + n * d * d
+    mlp = {"mlp": 2 * n * d * h, "swiglu": 3 * n * d * h,
+           "glu": n * d * h + n * (h // 2) * d}[c.mlp_layer]
+    branches = c.num_parallel if c.block_fn == "parallel" else 1
+    macs += c.depth * branches * (attention + mlp)
     if c.classifier == "map":
-        macs += d * d + n * d * 2 * d + 2 * n * d + d * d + 2 * d * c.mlp_dim
-    head_in = d
+        pooled = n if c.pools_prefix else patches
+        macs += d * d + pooled * d * 2 * d + 2 * pooled * d + d * d + 2 * d * h
+    head_in = 2 * d if c.classifier == "token_gap" else d
     if c.representation_size:
-        macs += d * c.representation_size
+        macs += head_in * c.representation_size
         head_in = c.representation_size
-    return macs + head_in * c.num_classes
+    heads = 2 if c.dist_token and c.dist_head else 1
+    return macs + heads * head_in * c.num_classes
 
 
 def model_info(name: str | ViTConfig, **overrides: Any) -> dict[str, Any]:

@@ -2,8 +2,25 @@
 
 Parameter layout follows timm (fused `qkv`, `proj`, `fc1`/`fc2`, `norm1`/`norm2`), which maps
 one-to-one onto every checkpoint format we read. Parameters are float32; matmuls run in
-`config.dtype`; LayerNorm, softmax and the residual stream (tokens between blocks) run in
-float32.
+`config.dtype`; norms, softmax and the residual stream (tokens between blocks) run in float32.
+
+The parameter tree (a name is absent when its option is off):
+- top level: `patch_kernel [ph, pw, c, d]`, `patch_bias` (`patch_bias`), `patch_norm`
+  (`embed_norm`), `cls_token`, `dist_token`, `reg_tokens`, `pos_embed` (rows: class, dist,
+  grid; registers carry no position), `norm_pre` (`pre_norm`), `rel_pos_bias/table`
+  (`rel_pos_bias="shared"`), `blocks/{i}`, `norm` (`final_norm` without `fc_norm`),
+  `fc_norm` (`final_norm` with `fc_norm`), `map_head`, `pre_logits`, `head`, `head_dist`
+  (`dist_token` with `dist_head`);
+- a norm: LayerNorm `{scale, bias}`, RMSNorm `{scale}` (`norm_layer`);
+- `block_fn="block"`: `norm1`, `attn/{qkv, proj, q_norm, k_norm, norm, rel_pos_bias/table}`
+  (`qk_norm`, `scale_attn_norm`, `rel_pos_bias="layer"`), `ls1/gamma`, `norm2`, `mlp`, `ls2`;
+  `mlp` is `{fc1, fc2, norm}` (`mlp_layer` "mlp" or "glu") or `{fc1_g, fc1_x, fc2, norm}`
+  ("swiglu"), `norm` with `scale_mlp_norm`; linears `{kernel, bias}`, no bias in
+  `attn/proj` and the MLP's linears with `proj_bias=False`, nor in `qkv` with
+  `qkv_bias=False`;
+- `block_fn="res_post"`: `attn`, `norm1`, `mlp`, `norm2`; `block_fn="parallel"`:
+  `attns/{j}/{norm, attn, ls}`, `ffns/{j}/{norm, mlp, ls}` (vit/models/block_fns.py);
+- `map_head`: `probe`, `q`, `kv`, `proj`, `norm`, `mlp/{fc1, fc2}` (always with biases).
 
 Calling convention: `model(images)` is inference; `model(images, train=True, rng=key)` enables
 dropout and stochastic depth, with all randomness from the explicit key.
@@ -20,7 +37,8 @@ from einops import rearrange
 from flax import nnx
 
 from vit.models import posemb as posemb_lib
-from vit.models.blocks import Block, Keys, Mlp, dense, dropout, layer_norm, xavier
+from vit.models.block_fns import make_block
+from vit.models.blocks import Keys, Mlp, dense, dropout, xavier
 from vit.models.config import ViTConfig, variant_config
 from vit.models.cross_attention import (
     CrossAttentionBlock,
@@ -28,6 +46,8 @@ from vit.models.cross_attention import (
     PromptHead,
     SimilarityHead,
 )
+from vit.models.norms import make_norm
+from vit.models.relpos import RelativePositionBias
 from vit.models.text import PAD, TextPath
 from vit.ops.attention import reference_attention
 
@@ -36,7 +56,8 @@ ProbsHook = Callable[[int, jax.Array], jax.Array]
 
 
 class MAPHead(nnx.Module):
-    """Multi-head attention pooling (big_vision's MAPHead, timm's AttentionPoolLatent)."""
+    """Multi-head attention pooling (big_vision's MAPHead, timm's AttentionPoolLatent): the
+    model's norm and activation, a plain MLP with biases whatever the blocks' MLP."""
 
     def __init__(self, cfg: ViTConfig, rngs: nnx.Rngs):
         d = cfg.width
@@ -45,7 +66,7 @@ class MAPHead(nnx.Module):
         self.q = dense(d, d, cfg, rngs)
         self.kv = dense(d, 2 * d, cfg, rngs)
         self.proj = dense(d, d, cfg, rngs)
-        self.norm = layer_norm(d, cfg, rngs)
+        self.norm = make_norm(d, cfg, rngs)
         self.mlp = Mlp(d, cfg.mlp_dim, cfg, rngs)
         self.dtype = jnp.dtype(cfg.dtype)
 
@@ -73,20 +94,22 @@ class VisionTransformer(nnx.Module):
         self.patch_kernel = nnx.Param(
             nnx.initializers.lecun_normal()(rngs.params(), (ph * pw * cfg.in_channels, d))
             .reshape(ph, pw, cfg.in_channels, d))
-        self.patch_bias = nnx.Param(jnp.zeros((d,), jnp.float32))
+        self.patch_bias = nnx.Param(jnp.zeros((d,), jnp.float32)) if cfg.patch_bias else None
         self.cls_token = nnx.Param(jnp.zeros((1, 1, d), jnp.float32)) if cfg.class_token else None
         regs = 0.02 * jax.random.normal(rngs.params(), (1, cfg.num_registers, d))
         self.reg_tokens = nnx.Param(regs) if cfg.num_registers else None
         if cfg.posemb == "learn":
-            # Rows: [class token (when present), grid]; registers carry no position.
-            rows = int(cfg.class_token) + cfg.grid[0] * cfg.grid[1]
+            # Rows: [class token, dist token (when present), grid]; registers carry no position.
+            rows = cfg.num_posemb_prefix + cfg.grid[0] * cfg.grid[1]
             self.pos_embed = nnx.Param(0.02 * jax.random.normal(rngs.params(), (1, rows, d)))
         else:
             self.pos_embed = None
         rates = [cfg.drop_path * i / max(cfg.depth - 1, 1) for i in range(cfg.depth)]
-        self.blocks = nnx.List([Block(cfg, rate, rngs) for rate in rates])
-        self.norm = layer_norm(d, cfg, rngs)
+        self.blocks = nnx.List([make_block(cfg, rate, rngs) for rate in rates])
+        self.norm = make_norm(d, cfg, rngs) if cfg.final_norm and not cfg.fc_norm else None
         self.map_head = MAPHead(cfg, rngs) if cfg.classifier == "map" else None
+        if cfg.classifier == "token_gap":  # the class token and the patch mean side by side
+            d = 2 * cfg.width
         if cfg.representation_size:
             self.pre_logits = dense(d, cfg.representation_size, cfg, rngs)
             d = cfg.representation_size
@@ -95,6 +118,18 @@ class VisionTransformer(nnx.Module):
         # Zero-initialised head, as vit_jax and big_vision: fine-tuning starts from a neutral head.
         self.head = (nnx.Linear(d, cfg.num_classes, kernel_init=nnx.initializers.zeros,
                                 dtype=self.dtype, rngs=rngs) if cfg.num_classes else None)
+        # The options below are built after the standard layers, so that the standard model's
+        # parameters are drawn from the same random streams whether or not they exist.
+        w = cfg.width
+        self.dist_token = nnx.Param(jnp.zeros((1, 1, w), jnp.float32)) if cfg.dist_token else None
+        self.patch_norm = make_norm(w, cfg, rngs) if cfg.embed_norm else None
+        self.norm_pre = make_norm(w, cfg, rngs) if cfg.pre_norm else None
+        self.fc_norm = make_norm(w, cfg, rngs) if cfg.final_norm and cfg.fc_norm else None
+        self.head_dist = (nnx.Linear(w, cfg.num_classes, kernel_init=nnx.initializers.zeros,
+                                     dtype=self.dtype, rngs=rngs)
+                          if cfg.dist_token and cfg.dist_head and cfg.num_classes else None)
+        self.rel_pos_bias = (RelativePositionBias(cfg.grid, cfg.num_heads)
+                             if cfg.rel_pos_bias == "shared" else None)
         # Text conditioning lives in its own subtrees (built after, and apart from, the image
         # model's parameters), so a plain ViT checkpoint loads into a text model unchanged.
         if cfg.text is not None:
@@ -133,12 +168,13 @@ class VisionTransformer(nnx.Module):
                     f"images give a {grid} patch grid but the model was built for {cfg.grid} "
                     f"(image_size={cfg.image_size}); resize the images, rebuild with that "
                     "image_size, or set dynamic_image_size=True")
-            pe = posemb_lib.resize_posemb(pe, cfg.grid, grid, int(cfg.class_token),
+            pe = posemb_lib.resize_posemb(pe, cfg.grid, grid, cfg.num_posemb_prefix,
                                          cfg.posemb_resize)
         return pe
 
     def embed(self, images: jax.Array, keys: Keys | None = None) -> jax.Array:
-        """NHWC images -> `[batch, prefix + h*w, width]` tokens (class, registers, patches)."""
+        """NHWC images -> `[batch, prefix + h*w, width]` tokens (class, dist, registers,
+        patches), after `norm_pre` when the config has one."""
         cfg = self.config
         if images.ndim != 4 or images.shape[-1] != cfg.in_channels:
             raise ValueError(f"expected NHWC images with {cfg.in_channels} channels, "
@@ -151,24 +187,31 @@ class VisionTransformer(nnx.Module):
         patches, kernel = patches.astype(self.dtype), kernel.astype(self.dtype)
         # The matmul runs in the compute dtype; the residual stream it starts stays float32
         # (each block adds its bfloat16 output to it), so rounding does not pile up with depth.
-        x = jnp.matmul(patches, kernel, preferred_element_type=jnp.float32) + self.patch_bias[...]
-        if self.cls_token is not None:
-            cls = jnp.broadcast_to(self.cls_token[...], (b, 1, cfg.width))
-            x = jnp.concatenate([cls, x], axis=1)
+        x = jnp.matmul(patches, kernel, preferred_element_type=jnp.float32)
+        if self.patch_bias is not None:
+            x = x + self.patch_bias[...]
+        if self.patch_norm is not None:
+            x = self.patch_norm(x)
+        prefix = [jnp.broadcast_to(t[...], (b, 1, cfg.width))
+                  for t in (self.cls_token, self.dist_token) if t is not None]
+        if prefix:
+            x = jnp.concatenate([*prefix, x], axis=1)
         x = x + self._pos_embed((gh, gw)).astype(jnp.float32)
         if self.reg_tokens is not None:
             regs = jnp.broadcast_to(self.reg_tokens[...].astype(jnp.float32),
                                     (b, cfg.num_registers, cfg.width))
-            n_cls = int(cfg.class_token)
-            x = jnp.concatenate([x[:, :n_cls], regs, x[:, n_cls:]], axis=1)
-        return dropout(x, cfg.dropout, keys(0) if keys else None)
+            n = len(prefix)
+            x = jnp.concatenate([x[:, :n], regs, x[:, n:]], axis=1)
+        x = dropout(x, cfg.dropout, keys(0) if keys else None)
+        return self.norm_pre(x) if self.norm_pre is not None else x
 
     def features(self, images: jax.Array, *, text: jax.Array | None = None,
                  text_mask: jax.Array | None = None, train: bool = False,
                  rng: jax.Array | None = None, return_intermediates: bool = False,
                  probs_hook: ProbsHook | None = None, xattn_hook: ProbsHook | None = None,
                  encoded_text: tuple | None = None, head_tokens: int | None = None):
-        """Final normalised tokens `[batch, tokens, width]`, as timm's `forward_features`.
+        """Final tokens `[batch, tokens, width]`, as timm's `forward_features`: normalised
+        unless the config has no final norm or normalises after the pooling (`fc_norm`).
 
         With `text` (a text model only), cross-attention blocks condition the image tokens on
         it; several prompts per image (`text [batch, prompts, len]`) share the image tokens up
@@ -189,13 +232,14 @@ class VisionTransformer(nnx.Module):
             after = {i: j for j, i in enumerate(self.config.text.xattn_layers(len(self.blocks)))}
         intermediates = []
         last = len(self.blocks) - 1
+        bias = self.shared_rel_pos_bias()
         for i, block in enumerate(self.blocks):
             hook = (lambda p, i=i: probs_hook(i, p)) if probs_hook is not None else None
             queries = head_tokens if i == last else None
             if self.config.remat and hook is None:
-                x = nnx.remat(_block_call(queries))(block, x, keys(1, i))
+                x = nnx.remat(_block_call(queries))(block, x, keys(1, i), bias)
             else:
-                x = block(x, Keys(keys(1, i)), hook, queries=queries)
+                x = block(x, Keys(keys(1, i)), hook, queries=queries, rel_pos_bias=bias)
             if i in after:
                 if x.shape[0] != txt.shape[0]:  # the image prefix, computed once per prompt
                     x = jnp.repeat(x, prompts, axis=0)
@@ -204,27 +248,62 @@ class VisionTransformer(nnx.Module):
                 x = self.xattn[j](x, txt, kv_len, Keys(keys(4, i)), xhook)
             if return_intermediates:
                 intermediates.append(x)
-        x = self.norm(x).astype(self.dtype)
+        x = self.final_norm(x)
         return (x, intermediates) if return_intermediates else x
+
+    def final_norm(self, x: jax.Array) -> jax.Array:
+        """The norm after the blocks (timm's `self.norm`), in the compute dtype; none with
+        `final_norm=False` or `fc_norm=True` (that one follows the pooling)."""
+        return (self.norm(x) if self.norm is not None else x).astype(self.dtype)
+
+    def shared_rel_pos_bias(self) -> jax.Array | None:
+        """`[heads, tokens, tokens]`: the relative position bias every block shares
+        (`rel_pos_bias="shared"`), else None."""
+        return self.rel_pos_bias() if self.rel_pos_bias is not None else None
 
     @property
     def _head_tokens(self) -> int | None:
-        """How many leading tokens the pooling reads: 1 (the class token) for a token head;
-        None (all) for GAP and MAP, which read every token."""
-        return 1 if self.config.classifier == "token" else None
+        """How many leading tokens the pooling reads: the class (and distillation) token for
+        a token head; None (all) for the others, which read the patches."""
+        cfg = self.config
+        return 1 + int(cfg.dist_token) if cfg.classifier == "token" else None
+
+    @property
+    def _dist_pooled(self) -> bool:
+        """Whether pooling gives the class and distillation tokens side by side (DeiT's two
+        heads, or their mean without a head)."""
+        return self.config.dist_token and self.config.dist_head
 
     def pool(self, tokens: jax.Array, *, train: bool = False,
              rng: jax.Array | None = None) -> jax.Array:
-        """Tokens -> one vector per image, as the classifier type says."""
+        """Tokens -> one vector per image, as the classifier type says, then `fc_norm`.
+        DeiT's two tokens (`dist_token` with `dist_head`) and `token_gap` give two vectors
+        side by side, `[batch, 2 * width]`."""
         cfg = self.config
         if cfg.classifier == "token":
-            return tokens[:, 0]
-        if cfg.classifier == "gap":
-            return tokens[:, cfg.num_prefix_tokens:].astype(jnp.float32).mean(1).astype(self.dtype)
-        return self.map_head(tokens, Keys(_keys_for(train, rng, cfg)(2)))
+            x = (jnp.concatenate([tokens[:, 0], tokens[:, 1]], -1) if self._dist_pooled
+                 else tokens[:, 0])
+        elif cfg.classifier in ("gap", "token_gap"):
+            x = self._pooled_tokens(tokens).astype(jnp.float32).mean(1).astype(self.dtype)
+            if cfg.classifier == "token_gap":
+                x = jnp.concatenate([tokens[:, 0], x], -1)
+        else:
+            x = self.map_head(self._pooled_tokens(tokens), Keys(_keys_for(train, rng, cfg)(2)))
+        return self.fc_norm(x).astype(self.dtype) if self.fc_norm is not None else x
+
+    def _pooled_tokens(self, tokens: jax.Array) -> jax.Array:
+        """The tokens 'gap' and 'map' pool: every token, or the patches alone."""
+        cfg = self.config
+        return tokens if cfg.pools_prefix else tokens[:, cfg.num_prefix_tokens:]
 
     def head_logits(self, pooled: jax.Array) -> jax.Array:
-        """Pooled vector -> logits (float32); the pooled features when there is no head."""
+        """Pooled vector -> logits (float32); the pooled features when there is no head.
+        DeiT's two heads are averaged, as are its two tokens without a head."""
+        if self._dist_pooled:
+            x, x_dist = jnp.split(pooled, 2, axis=-1)
+            if self.head is None:
+                return ((x + x_dist) / 2).astype(jnp.float32)
+            return ((self.head(x) + self.head_dist(x_dist)) / 2).astype(jnp.float32)
         x = jnp.tanh(self.pre_logits(pooled)) if self.pre_logits is not None else pooled
         return (self.head(x) if self.head is not None else x).astype(jnp.float32)
 
@@ -336,9 +415,9 @@ class VisionTransformer(nnx.Module):
 
 
 def _block_call(queries: int | None):
-    """`(block, x, key) -> x` for nnx.remat, with `queries` closed over (remat would trace an
-    argument, and the number of queries must stay a Python int)."""
-    return lambda block, x, key: block(x, Keys(key), queries=queries)
+    """`(block, x, key, bias) -> x` for nnx.remat, with `queries` closed over (remat would
+    trace an argument, and the number of queries must stay a Python int)."""
+    return lambda block, x, key, bias: block(x, Keys(key), queries=queries, rel_pos_bias=bias)
 
 
 def _keys_for(train: bool, rng: jax.Array | None, cfg: ViTConfig) -> Keys:

@@ -167,11 +167,12 @@ def preferred_layout() -> str:
 
 
 def reference_attention(q, k, v, *, mask=None, kv_len=None, scale=None, dropout_rate=0.0,
-                        dropout_rng=None, return_probs=False, layout: str = "bshd"):
+                        dropout_rng=None, return_probs=False, layout: str = "bshd", bias=None):
     """Materialising softmax attention: float32 logits and softmax, output in q's dtype.
 
     `mask` is boolean, broadcastable to `[batch, heads, q_len, kv_len]`, True where a query may
-    attend. `kv_len` (`[batch]` ints) lets example b attend to its first `kv_len[b]` keys only,
+    attend. `bias` (float, broadcastable to the same shape) is added to the scaled logits
+    before the softmax: a relative position bias (BEiT). `kv_len` (`[batch]` ints) lets example b attend to its first `kv_len[b]` keys only,
     as the Pallas kernel does. With `return_probs` the `[batch, heads, q_len, kv_len]`
     probabilities come back too.
     """
@@ -189,6 +190,8 @@ def reference_attention(q, k, v, *, mask=None, kv_len=None, scale=None, dropout_
     # The scale goes on q (n*d values) rather than on the n*n logits: fewer multiplies.
     logits = jnp.einsum("bhqd,bhkd->bhqk", q * jnp.asarray(scale, q.dtype), k,
                         preferred_element_type=jnp.float32)
+    if bias is not None:
+        logits = logits + bias.astype(jnp.float32)
     if mask is not None:
         logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
     probs = jax.nn.softmax(logits, axis=-1)

@@ -94,9 +94,3 @@ def narrow_einsum(spec: str, a: jax.Array, b: jax.Array, dtype) -> jax.Array:
                           preferred_element_type=jnp.float32).astype(dtype)
     return jnp.einsum(spec, a.astype(dtype), b.astype(dtype))
 
-
-# What this CPU can do is `vit.cpu.features`' to say; these names stay importable from here.
-bfloat16_note = features.bfloat16_note
-cpu_bfloat16_features = features.cpu_bfloat16_features
-narrow_on_bfloat16_cpu = features.narrow_on_bfloat16_cpu
-BF16_FLAGS = features.BF16_FLAGS

@@ -39,9 +39,9 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = (), *
     or the name of a shipped recipe (`digits`, `vit.recipes.shipped`).
 
     `model_field_types()` gives ViTConfig's fields with the type each expects (the caller
-    passes it: this module may not import the model package). With it, `--set model.act_layer=gelu_tanh`
-    works on a recipe whose `model` section leaves `act_layer` out, and a misspelt field in that
-    section is refused here (the last check: it imports jax).
+    passes it: this module may not import the model package). With it, `--set
+    model.act_layer=gelu_tanh` works on a recipe whose `model` section leaves `act_layer` out,
+    and a misspelt field in that section is refused here (the last check: it imports jax).
     """
     path = resolve(path)
     module = _run_recipe(path)
@@ -273,7 +273,7 @@ def _check_section(section, prefix: str, known: tuple[str, ...], path: Path) -> 
     dot = f"{prefix}." if prefix else ""
     for key in section:
         if key not in known:
-            near = difflib.get_close_matches(key, known, n=3, cutoff=0.5)
+            near = difflib.get_close_matches(key, list(dict.fromkeys(known)), n=3, cutoff=0.5)
             hint = (f"did you mean {', '.join(f'{dot}{k}' for k in near)}?" if near else
                     f"known keys: {', '.join(known)}")
             raise ConfigError(f"{path}: unknown key {dot}{key}; {hint}")
@@ -307,7 +307,9 @@ def apply_overrides(config: ml_collections.ConfigDict, overrides, *,
             if model_field_types is not None and key.startswith("model."):
                 known += [f"model.{name}" for name in model_field_types()
                           if name not in DERIVED_MODEL_FIELDS]
-            near = difflib.get_close_matches(key, known, n=3, cutoff=0.5)
+            # A key both set and defaulted (model.dtype in the recipe and ViTConfig's fields)
+            # is one suggestion.
+            near = difflib.get_close_matches(key, list(dict.fromkeys(known)), n=3, cutoff=0.5)
             hint = f"; did you mean {', '.join(near)}?" if near else ""
             raise ConfigError(f"--set {key}: no such config key{hint}")
         node = _section(config, parents)

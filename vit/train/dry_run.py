@@ -8,10 +8,22 @@ accumulation, dtype and mesh), lowered on a batch the recipe's own pipeline make
 recipe's dataset is not on this machine, the batch is random images of the recipe's size, and
 the class count is `ASSUMED_CLASSES` (the head is a small part of any model this is asked
 about); the printout says so. A staged recipe is dry-run stage by stage.
+
+Where the step runs, the dry run also estimates the whole run (`estimate_run`): start-up and
+compile as measured here, the steps at the median of several timed ones (their spread gives
+the range), the validations at their count (a forward pass estimated at a third of a training
+step's time per image), and the checkpoints at one save timed into a temporary folder (removed
+again; the saves before the last are written while the steps run, so only the last is waited
+for). It says how sure it is: the range from the steps' spread, and a busy host.
 """
 
 from __future__ import annotations
 
+import json
+import math
+import os
+import statistics
+import tempfile
 import time
 from typing import Any
 
@@ -24,7 +36,7 @@ from vit.data.sources import ArraySource
 from vit.errors import DataError
 from vit.inference import memory
 from vit.train import parallel
-from vit.train.from_recipe import augment_of
+from vit.train.from_recipe import augment_of, resolved_dtype
 from vit.train.loop import prompt_tokenizer
 from vit.train.losses import DEFAULT as DEFAULT_LOSS
 from vit.train.losses import get_loss
@@ -42,16 +54,30 @@ def dry_run(config, *, init: str | None = None, measure: bool = True,
     """Dry-runs `config` (each stage of a staged recipe); prints a summary with `out`; returns
     one dict of figures per stage."""
     out = out or (lambda line: print(line, flush=True))
+    before = _process_age_s()  # the command's start-up so far: its imports, the recipe
     if "stages" in config:
         from vit.train.stages import stage_configs
 
         results = []
-        for name, stage in stage_configs(config):
+        for k, (name, stage) in enumerate(stage_configs(config)):
             out(f"stage {name}:")
             results.append({"stage": name, **_dry_run(stage, init=init, measure=measure,
-                                                      out=out)})
+                                                      out=out, before=before if k == 0 else 0)})
         return results
-    return [_dry_run(config, init=init, measure=measure, out=out)]
+    return [_dry_run(config, init=init, measure=measure, out=out, before=before)]
+
+
+def _process_age_s() -> float:
+    """Seconds since this process started (Linux's /proc), else 0: the start-up the dry run
+    cannot see from inside."""
+    try:
+        with open("/proc/self/stat") as f:
+            started = int(f.read().rsplit(")", 1)[1].split()[19])  # field 22, in clock ticks
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        return max(uptime - started / os.sysconf("SC_CLK_TCK"), 0.0)
+    except (OSError, ValueError, IndexError):
+        return 0.0
 
 
 def _batch_source(config, out) -> tuple[Any, str]:
@@ -78,13 +104,15 @@ class _RandomSource(ArraySource):
         return {**super().__getitem__(i), "prompt": "is there a red triangle?", "answer": 0}
 
 
-def _dry_run(config, *, init: str | None, measure: bool, out) -> dict[str, Any]:
+def _dry_run(config, *, init: str | None, measure: bool, out, before: float = 0.0
+             ) -> dict[str, Any]:
+    began = time.perf_counter()
     tc = config.train
     mesh = parallel.mesh_from_config(config)
     loss_name = tc.get("loss", DEFAULT_LOSS)
     source, origin = _batch_source(config, out)
     num_classes = len(source.class_names)
-    model, params = build_model(config, num_classes, init=init or config.init or None)
+    model, params = build_model(config, num_classes, init=init)
     mc = model.config
     tx, _ = make_optimizer(config.optim, params, mc.depth, tc.steps)
     place = Placement.of(mesh, params, tx, parallel.rules_from_config(config))
@@ -102,7 +130,8 @@ def _dry_run(config, *, init: str | None, measure: bool, out) -> dict[str, Any]:
     kind = mesh.devices.flat[0].device_kind
     out(f"model: {config.model.name} as configured: {mc.width} wide, {mc.depth} deep, "
         f"{memory.tokens(mc)} tokens of {mc.image_size[0]}x{mc.image_size[1]} images, "
-        f"{mc.dtype} compute; {n_params:,} parameters ({num_classes} classes)")
+        f"{mc.dtype} compute{' (auto)' if resolved_dtype(config)[1] else ''}; {n_params:,} "
+        f"parameters ({num_classes} classes)")
     out(f"step: batch {tc.batch_size} in {tc.accum_steps} micro-batch"
         f"{'es' if tc.accum_steps > 1 else ''} of {tc.batch_size // tc.accum_steps}, "
         f"{config.optim.name}, on {devices} {kind} device{'s' if devices > 1 else ''} "
@@ -110,9 +139,10 @@ def _dry_run(config, *, init: str | None, measure: bool, out) -> dict[str, Any]:
 
     args = (state.params, state.opt_state, state.ema, batch, config.seed, 0)
     start = time.perf_counter()
+    startup = before + start - began
     compiled = step_fn.lower(*args).compile()
     result: dict[str, Any] = {"parameters": n_params, "devices": devices,
-                              "compile_s": time.perf_counter() - start}
+                              "startup_s": startup, "compile_s": time.perf_counter() - start}
     out(f"compiled in {result['compile_s']:.1f} s")
 
     flops = _flops(model.graphdef, tx, place, config, mc.dtype, loss_name, args)
@@ -144,11 +174,20 @@ def _dry_run(config, *, init: str | None, measure: bool, out) -> dict[str, Any]:
             f"the devices' best {mc.dtype} matrix-product rate, {rate / 1e9:,.0f} GFLOP/s); "
             f"{tc.steps} steps: at least {_duration(at_least * tc.steps)}")
     elif measure and fits:
-        seconds, first = _timed_step(compiled, args)
-        result["step_s"] = seconds
-        warm = "" if seconds == first else f" after a first step of {first:.3f} s"
-        out(f"one step: {seconds:.3f} s{warm} ({tc.batch_size / seconds:,.1f} images/s; "
-            f"{tc.steps} steps would take about {_duration(seconds * tc.steps)})")
+        times, args = _timed_steps(compiled, args)
+        seconds = statistics.median(times[1:] or times)
+        result.update(step_s=seconds, step_times_s=times)
+        timed = len(times) - 1 or 1
+        warm = "" if len(times) == 1 else f" after a first step of {times[0]:.3f} s"
+        out(f"one step: {seconds:.3f} s{warm} ({tc.batch_size / seconds:,.1f} images/s; the "
+            f"median of {timed} timed step{'s' if timed > 1 else ''})")
+        estimate = estimate_run(
+            steps=tc.steps, step_times=times, startup_s=startup, compile_s=result["compile_s"],
+            batch_size=tc.batch_size, evaluations=_evaluations(config, origin),
+            saves=math.ceil(tc.steps / tc.checkpoint_every), save_s=_timed_save(args, mc),
+            load=_load())
+        result["estimate"] = estimate
+        out(describe_estimate(estimate))
     elif not fits:
         out("one step: not run (it does not fit); lower train.batch_size or raise "
             "train.accum_steps, or set model.remat=true")
@@ -191,20 +230,140 @@ def _matmul_rate(dtype: str, device) -> float:
 
 # A step this short is timed again: its first run also pays for first-touch allocations.
 RETIME_BELOW_S = 10.0
+# Steps timed after the first, for their median and spread, within a budget of seconds.
+TIMED_STEPS, TIMING_BUDGET_S = 5, 10.0
 
 
-def _timed_step(compiled, args) -> tuple[float, float]:
-    """(the step's time, the first run's time): a second run where the first was short. The
-    step donates its state, so the second run takes the first's outputs."""
-    times = []
-    for _ in range(2):
+def _timed_steps(compiled, args) -> tuple[list[float], tuple]:
+    """(each run's time, the first's included; the arguments of a next step): the first run
+    alone where it is long, else up to `TIMED_STEPS` more within `TIMING_BUDGET_S`. The step
+    donates its state, so each run takes the previous one's outputs."""
+    times: list[float] = []
+    while True:
         start = time.perf_counter()
         outputs = jax.block_until_ready(compiled(*args))
         times.append(time.perf_counter() - start)
-        if times[0] >= RETIME_BELOW_S:
-            break
         args = (*outputs[:3], *args[3:])
-    return times[-1], times[0]
+        if (times[0] >= RETIME_BELOW_S or len(times) > TIMED_STEPS
+                or sum(times[1:]) >= TIMING_BUDGET_S):
+            return times, args
+
+
+def _evaluations(config, origin: str) -> tuple[int, int | None]:
+    """(the validations a run of `config` makes, the images of each: None where the split is
+    not on this machine; 0 without a validation split)."""
+    tc, data = config.train, config.data
+    if not data.val_split:
+        return 0, 0
+    count = math.ceil(tc.steps / tc.eval_every)  # every eval_every steps, and at the end
+    if origin == "random images":
+        return count, None
+    try:
+        return count, len(open_source(data.name, data.val_split, data_dir=data.data_dir,
+                                      labels=data.get("labels")))
+    except DataError:
+        return count, None
+
+
+def _timed_save(args, model_config) -> float | None:
+    """Seconds one checkpoint of the state in `args` takes to write and finish, saved into a
+    temporary folder that is removed again; None where it cannot be (several processes, whose
+    folders would differ, or a temporary folder that takes no checkpoint)."""
+    if jax.process_count() > 1:
+        return None
+    from vit.checkpoints import orbax_format
+    from vit.train.checkpointing import TrainCheckpoints
+
+    params, opt_state, ema = args[:3]
+    try:
+        with tempfile.TemporaryDirectory(prefix="vit-dry-run-") as folder:
+            start = time.perf_counter()
+            ckpts = TrainCheckpoints(folder)
+            ckpts.save(1, params=params, opt_state=opt_state, ema_params=ema, data_iter={},
+                       train_state={"step": 1}, val_accuracy=0.0,
+                       meta=json.loads(json.dumps(orbax_format.make_meta(
+                           model_config=model_config.to_dict(), preprocessing={}, labels=[],
+                           step=1), default=list)))
+            ckpts.close()
+            return time.perf_counter() - start
+    except Exception:  # noqa: BLE001 - the estimate then says the save was not measured
+        return None
+
+
+def _load() -> tuple[float, int] | None:
+    """(the 1-minute load average, the CPUs this process may use) while the steps were timed;
+    None where the OS does not say."""
+    try:
+        return os.getloadavg()[0], len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return None
+
+
+# A forward pass costs about a third of a training step (the backward pass about two
+# forwards): an evaluation's time per image, and its compile, are estimated from the step's.
+FORWARD_SHARE = 1 / 3
+# Load above this share of the usable CPUs at timing: the steps may run faster on an idle host.
+BUSY_LOAD = 1.25
+
+
+def estimate_run(*, steps: int, step_times: list[float], startup_s: float, compile_s: float,
+                 batch_size: int, evaluations: tuple[int, int | None], saves: int,
+                 save_s: float | None, load: tuple[float, int] | None = None) -> dict:
+    """The whole run's time from the dry run's timings, in parts, with a range.
+
+    `step_times` are timed steps, the first a warm-up (left out when there are others): the
+    steps take `steps` x their median, within `steps` x their fastest and slowest. Each of the
+    `evaluations` (count, images each; None: unknown) runs a forward pass per image at
+    `FORWARD_SHARE` of a step's time per image, and the first compiles one at that share of
+    `compile_s`. Of the `saves`, the last is waited for (`save_s`); the others are written
+    while the steps run. Start-up and compile are taken as measured."""
+    timed = step_times[1:] or step_times
+    median = statistics.median(timed)
+    low, high = min(timed), max(timed)
+    count, images = evaluations
+    per_image = median / batch_size * FORWARD_SHARE
+    eval_s = (count * images * per_image + compile_s * FORWARD_SHARE
+              if count and images is not None else 0.0)
+    save = save_s if saves and save_s is not None else 0.0
+    fixed = startup_s + compile_s + save
+    scale = (low / median, high / median)
+    parts = {"startup_s": startup_s, "compile_s": compile_s, "steps_s": steps * median,
+             "evaluations_s": eval_s, "checkpoints_s": save}
+    busy = load is not None and load[0] > BUSY_LOAD * load[1]
+    return {"total_s": fixed + (steps * median + eval_s),
+            "low_s": fixed + (steps * median + eval_s) * scale[0],
+            "high_s": fixed + (steps * median + eval_s) * scale[1],
+            "parts": parts, "steps": steps, "step_s": median, "timed_steps": len(timed),
+            "spread": (high - low) / median, "evaluations": count, "eval_images": images,
+            "saves": saves, "save_measured": save_s is not None, "load": load, "busy": busy}
+
+
+def describe_estimate(e: dict) -> str:
+    """`estimate_run`'s figures as one line: the total and its range, each part, how sure."""
+    p = e["parts"]
+    if e["timed_steps"] > 1:
+        sure = (f"range from the spread of {e['timed_steps']} timed steps "
+                f"({e['spread']:.0%})")
+    else:
+        sure = "one timed step: no spread to judge by"
+    if e["busy"]:
+        sure += (f"; this host was busy while they ran (load {e['load'][0]:.1f} on "
+                 f"{e['load'][1]} CPUs): on an idle one the steps may be faster")
+    if e["evaluations"] and e["eval_images"] is None:
+        evals = (f"{e['evaluations']} validations not counted (the split is not on this "
+                 "machine)")
+    elif e["evaluations"]:
+        evals = (f"{e['evaluations']} validations of {e['eval_images']:,} images "
+                 f"{_duration(p['evaluations_s'])} (estimated)")
+    else:
+        evals = "no validation"
+    saves = (f"{e['saves']} checkpoints {_duration(p['checkpoints_s'])} (one timed; the last "
+             "is waited for)" if e["save_measured"] else
+             f"{e['saves']} checkpoints not counted (no save could be timed)")
+    return (f"whole run: about {_duration(e['total_s'])} ({_duration(e['low_s'])} to "
+            f"{_duration(e['high_s'])}; {sure}): start-up {_duration(p['startup_s'])}, "
+            f"compile {_duration(p['compile_s'])}, {e['steps']} steps "
+            f"{_duration(p['steps_s'])} at {e['step_s']:.3f} s, {evals}, {saves}")
 
 
 def _gb(size: float) -> str:

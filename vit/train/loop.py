@@ -152,8 +152,7 @@ def _train(config, workdir: Path, ckpts: TrainCheckpoints, claim: workdirs.Claim
                   "train.early_stop_patience (or set it to 0) to train further")
         return {"stopped_by": None if start >= steps else STOPPED_EARLY,
                 "best_val_accuracy": (ckpts.read_best() or {}).get(METRIC, -1.0)}
-    model, params = build_model(config, num_classes, resume_meta=resume_meta,
-                                init=init or config.init)
+    model, params = build_model(config, num_classes, resume_meta=resume_meta, init=init)
     tokenizer = prompt_tokenizer(model.config, loss_name)
     tx, lr_fn = make_optimizer(config.optim, params, model.config.depth, steps)
     place = Placement.of(mesh, params, tx, parallel.rules_from_config(config))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -17,11 +18,12 @@ import jax.numpy as jnp
 from flax import nnx
 
 from vit.cpu.features import bfloat16_note
-from vit.errors import ConfigError
+from vit.errors import CheckpointError, ConfigError
 from vit.models.config import ViTConfig, variant_config
 from vit.models.vit import VisionTransformer
 from vit.preprocess import Preprocessing
-from vit.train.from_recipe import model_fields, preprocessing_of
+from vit.step_folders import finished_steps
+from vit.train.from_recipe import dtype_line, model_fields, preprocessing_of
 
 # Model fields a fine-tuning config may change on a pretrained architecture.
 TRAINING_FIELDS = ("dropout", "attention_dropout", "drop_path", "dtype", "remat",
@@ -41,13 +43,15 @@ def abstract_params(model_config: ViTConfig):
     return graphdef, nnx.to_pure_dict(state)
 
 
-def start_from_init(init: str, config, num_classes: int):
+def start_from_init(init: str, config, num_classes: int, named: str = "--init"):
     """(model config, params, preprocessing) from a pretrained checkpoint, fitted to the recipe
     by `load_checkpoint`: the recipe's image size, class count, text path (a plain checkpoint
     gets a freshly initialised one, gates at 0; a text checkpoint loses it in a plain recipe)
-    and training fields; the checkpoint's architecture otherwise."""
+    and training fields; the checkpoint's architecture otherwise. `named` is how the user gave
+    the checkpoint (`--init`, or the recipe's `init`), for the errors."""
     from vit.checkpoints import load_checkpoint
 
+    _check_has_a_step(init, named)
     size = config.input.image_size
     fields = model_fields(config)
     overrides = {k: v for k, v in fields.items() if k in TRAINING_FIELDS}
@@ -55,7 +59,7 @@ def start_from_init(init: str, config, num_classes: int):
         loaded = load_checkpoint(init, image_size=size, num_classes=num_classes,
                                  text=fields.get("text"), **overrides)
     except ConfigError as err:  # the recipe's size or fields do not fit this checkpoint
-        raise ConfigError(f"--init {init} with input.image_size={size}: {err}; set "
+        raise ConfigError(f"{named} {init} with input.image_size={size}: {err}; set "
                           "input.image_size (and model fields) to fit the checkpoint") from None
     for message in loaded.warnings:
         print(f"note: {message}", file=sys.stderr)
@@ -65,6 +69,20 @@ def start_from_init(init: str, config, num_classes: int):
                                "std": tuple(config.input.std)})
     print(f"initialised from {init} ({loaded.source})")
     return loaded.config, jax.tree.map(jnp.asarray, loaded.params), pre
+
+
+def _check_has_a_step(init: str, named: str) -> None:
+    """A training workdir given as the starting checkpoint must hold a finished step; the
+    error names the flag (or recipe key) the user gave it with, not the readers' --checkpoint."""
+    checkpoints = Path(init) / "checkpoints"
+    if not checkpoints.is_dir() or finished_steps(checkpoints):
+        return
+    saving = sorted(int(p.name.split(".")[0]) for p in checkpoints.glob("*.orbax-checkpoint-tmp*")
+                    if p.name.split(".")[0].isdigit())
+    now = f" (step {saving[-1]} is being saved now)" if saving else ""
+    raise CheckpointError(f"{named} {init}: no finished checkpoint under {checkpoints}{now}; "
+                          f"let that run save a step first, or point {named} at another "
+                          "checkpoint (a step folder, an export, a .npz or a model folder)")
 
 
 @dataclass(frozen=True)
@@ -79,15 +97,19 @@ class Model:
 def build_model(config, num_classes: int, *, resume_meta: dict | None = None,
                 init: str | None = None) -> tuple[Model, Any]:
     """(model, params). On resume (`resume_meta`, a checkpoint's meta) the params are
-    placeholders for `restore_state` to fill; otherwise host arrays for `new_state`."""
-    if resume_meta is not None:
+    placeholders for `restore_state` to fill; otherwise host arrays for `new_state`. `init`
+    (`--init`) wins over the recipe's own `init` key."""
+    if resume_meta is not None:  # the saved dtype continues, whatever `auto` would choose
         model_config = ViTConfig.from_dict(resume_meta["model_config"])
         pre = Preprocessing.from_dict(resume_meta["preprocessing"])
         graphdef, params = abstract_params(model_config)
-    elif init:
-        model_config, params, pre = start_from_init(init, config, num_classes)
+    elif init or config.get("init"):
+        _announce(dtype_line(config))
+        model_config, params, pre = start_from_init(init or config.init, config, num_classes,
+                                                    "--init" if init else "init")
         graphdef, _ = abstract_params(model_config)
     else:
+        _announce(dtype_line(config))
         model_config = variant_config(config.model.name, num_classes=num_classes,
                                       image_size=config.input.image_size, **model_fields(config))
         pre = preprocessing_of(config)
@@ -100,4 +122,11 @@ def _note_dtype(dtype: str) -> None:
     """One line when the compute dtype asked for cannot pay on this machine."""
     note = bfloat16_note() if dtype == "bfloat16" else None
     if note and jax.process_index() == 0:
-        print(f"vit train: note: {note}", file=sys.stderr)
+        print(f"vit train: note: {note}; choose it with --set model.dtype=float32 (or auto: "
+              "the host chooses)", file=sys.stderr)
+
+
+def _announce(line: str | None) -> None:
+    """Prints `line` from process 0 alone: once a run (once a stage of a staged one)."""
+    if line and jax.process_index() == 0:
+        print(line, flush=True)

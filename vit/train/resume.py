@@ -12,6 +12,7 @@ import json
 from typing import Any
 
 from vit.checkpoints import orbax_format
+from vit.cpu.features import AUTO
 from vit.errors import CheckpointError, ConfigError
 from vit.train.checkpointing import TrainCheckpoints
 
@@ -50,7 +51,8 @@ def check_resume(config, ckpts: TrainCheckpoints, step: int, num_classes: int,
     if damaged:
         raise CheckpointError(f"{ckpts.step_dir(step)} is damaged: its {', '.join(damaged)} "
                               f"folder is missing or empty; {_delete_fix(ckpts, step)}")
-    changed = changed_keys(config, meta, *FIXED_ON_RESUME)
+    changed = [c for c in changed_keys(config, meta, *FIXED_ON_RESUME)
+               if not _same_dtype(c, meta)]
     if changed:
         raise ConfigError(f"{_describe(changed)} since step {step} was saved in "
                           f"{ckpts.directory.parent}; {RESUME_FIX}")
@@ -73,6 +75,17 @@ def check_resume(config, ckpts: TrainCheckpoints, step: int, num_classes: int,
             f"{ckpts.directory.parent}: that run is already past it; set train.steps above "
             f"{step} to train it further, or give a new --workdir")
     return meta
+
+
+def _same_dtype(change: tuple[str, Any, Any], meta: dict) -> bool:
+    """Whether a changed `model.dtype` still fits: a resume keeps the dtype the run was saved
+    with (its meta's), so `auto` now fits any, and a dtype named now fits an `auto` that chose
+    that same one."""
+    key, before, now = change
+    if key != "model.dtype":
+        return False
+    saved = (meta.get("model_config") or {}).get("dtype")
+    return now == AUTO or (before == AUTO and now == saved)
 
 
 def restore_error(err: Exception, ckpts: TrainCheckpoints, step: int, config=None,

@@ -7,7 +7,6 @@ The optimiser is an argument, not built here: the caller picks the one the resum
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,24 +62,3 @@ def restore_state(ckpts: TrainCheckpoints, step: int, params, tx: optax.Gradient
     return TrainState(restored[orbax_format.PARAMS], restored[orbax_format.OPT_STATE],
                       restored.get(orbax_format.EMA_PARAMS), iterator_state)
 
-
-# Names this module held before each job had its own; kept importable for callers of
-# `vit.train.state` (CHANGELOG.md lists them). Loaded on first use, so this module imports
-# none of those.
-MOVED = {
-    "model_fields": "vit.train.from_recipe", "augment_of": "vit.train.from_recipe",
-    "preprocessing_of": "vit.train.from_recipe",
-    "TRAINING_FIELDS": "vit.train.model", "fresh_params": "vit.train.model",
-    "abstract_params": "vit.train.model", "start_from_init": "vit.train.model",
-    "Model": "vit.train.model", "build_model": "vit.train.model",
-    "FIXED_ON_RESUME": "vit.train.resume", "SHAPE_STATE": "vit.train.resume",
-    "check_resume": "vit.train.resume", "changed_keys": "vit.train.resume",
-    "iterator_states": "vit.train.iterator_records",
-    "iterator_state_of_process": "vit.train.iterator_records",
-}
-
-
-def __getattr__(name: str):
-    if name in MOVED:
-        return getattr(importlib.import_module(MOVED[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

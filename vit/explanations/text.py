@@ -34,8 +34,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from vit.explain import rules
-from vit.explain.tokens import TokenLayout, map_readout
+from vit.explanations import rules
+from vit.explanations.tokens import TokenLayout, map_readout
 from vit.models.text import BYTE_OFFSET, END, tokenize
 
 

@@ -17,7 +17,7 @@ import numpy as np
 from flax import nnx
 from scipy import ndimage
 
-from vit.explain.maps import explain
+from vit.explanations.maps import explain
 
 METRICS = ("deletion", "insertion")
 SUBSTRATES = ("mean", "zero", "blur")

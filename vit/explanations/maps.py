@@ -37,8 +37,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from vit.explain import rules
-from vit.explain.tokens import TokenLayout, map_readout
+from vit.explanations import rules
+from vit.explanations.tokens import TokenLayout, map_readout
 from vit.models.blocks import Keys
 
 METHODS = ("attention", "rollout", "grad-rollout", "relevancy")
@@ -70,9 +70,10 @@ def _encode(model, images, tap, carry, backward: bool):
             probs, box["carry"] = tap(probs, carry)
             return probs
 
-        return block(x, Keys(None), hook), box["carry"]
+        return block(x, Keys(None), hook, rel_pos_bias=bias), box["carry"]
 
     x = model.embed(images)
+    bias = model.shared_rel_pos_bias()
     graphdef, _ = nnx.split(model.blocks[0])
     stacked = jax.tree.map(lambda *layers: jnp.stack(layers),
                            *[nnx.split(block)[1] for block in model.blocks])
@@ -83,7 +84,7 @@ def _encode(model, images, tap, carry, backward: bool):
     if backward:
         layer = jax.checkpoint(layer)
     (x, carry), _ = jax.lax.scan(layer, (x, carry), stacked)
-    return model.norm(x).astype(model.dtype), carry
+    return model.final_norm(x), carry
 
 
 def _readout(model, layout: TokenLayout, tokens: jax.Array) -> jax.Array:

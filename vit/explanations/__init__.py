@@ -1,5 +1,7 @@
 """Explanations for ViT predictions: attention maps, faithfulness scores, rendering.
 
+`vit.explain(model, images, method)` is `maps.explain`; this package holds it and the rest:
+
 - `inputs`: the images to explain, from files, folders or a dataset, batched;
 - `tokens`: where tokens sit and what the classifier reads out;
 - `rules`: per-layer rollout, grad-rollout and relevancy rules (self- and cross-attention);
@@ -9,30 +11,10 @@
   and per-token text relevance of the prompt-match answer (Chefer's bi-modal rules);
 - `faithfulness`: deletion / insertion curves with bootstrap intervals;
 - `render`: overlays, raw maps, safe output names, the HTML gallery.
-
-This package is a callable module, so `vit.explain(model, images, method)` is `maps.explain`
-and `vit.explain.maps` is the module, whichever is imported first.
 """
 
-import sys
-import types
-
-from vit.explain.maps import GRADIENT_METHODS, METHODS, Explanation, explain
-from vit.explain.text import PromptExplanation, explain_prompt, text_relevance
+from vit.explanations.maps import GRADIENT_METHODS, METHODS, Explanation, explain
+from vit.explanations.text import PromptExplanation, explain_prompt, text_relevance
 
 __all__ = ["GRADIENT_METHODS", "METHODS", "Explanation", "PromptExplanation", "explain",
            "explain_prompt", "text_relevance"]
-
-
-class _CallableModule(types.ModuleType):
-    def __call__(self, *args, **kwargs):
-        return explain(*args, **kwargs)
-
-    @property
-    def __signature__(self):
-        import inspect
-
-        return inspect.signature(explain)
-
-
-sys.modules[__name__].__class__ = _CallableModule

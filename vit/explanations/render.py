@@ -44,16 +44,12 @@ def enlarge(image: Image.Image, min_side: int = MIN_SIDE) -> Image.Image:
 
 
 def seen_region(preprocessing: Preprocessing | None, size_wh: tuple[int, int]):
-    """The box `(left, top, right, bottom)` of an original image that preprocessing keeps."""
+    """The box `(left, top, right, bottom)` of an original image that preprocessing keeps
+    (beyond the image where it pads): `Preprocessing.seen_region`."""
     w, h = size_wh
-    if preprocessing is None or preprocessing.crop_pct is None:
+    if preprocessing is None:
         return (0.0, 0.0, float(w), float(h))
-    th, tw = preprocessing.size
-    scale = min(th, tw) / preprocessing.crop_pct / min(w, h)
-    rw, rh = max(tw, round(w * scale)), max(th, round(h * scale))
-    left, top = (rw - tw) // 2, (rh - th) // 2
-    sx, sy = rw / w, rh / h
-    return (left / sx, top / sy, (left + tw) / sx, (top + th) / sy)
+    return preprocessing.seen_region((w, h))
 
 
 def overlay(image: Image.Image, grid_map: np.ndarray, *, cmap: str = "jet", alpha: float = 0.5,
@@ -68,7 +64,9 @@ def overlay(image: Image.Image, grid_map: np.ndarray, *, cmap: str = "jet", alph
     colours = matplotlib.colormaps[cmap](np.clip(np.asarray(heat), 0, 1))[..., :3] * 255.0
     out = np.asarray(base, np.float32).copy()
     t, lft = round(top), round(left)
-    patch = out[t:t + box_h, lft:lft + box_w]
+    y0, x0 = max(t, 0), max(lft, 0)  # a padded input reaches beyond the image
+    patch = out[y0:max(y0, t + box_h), x0:max(x0, lft + box_w)]
+    colours = colours[y0 - t:, x0 - lft:]
     patch[...] = (1 - alpha) * patch + alpha * colours[:patch.shape[0], :patch.shape[1]]
     return Image.fromarray(np.clip(out, 0, 255).round().astype(np.uint8), "RGB")
 

@@ -1,0 +1,198 @@
+"""timm's whole ViT zoo (every architecture of its `vision_transformer` module) built tiny by
+timm itself, saved by timm's hub writer, read by `vit.load_checkpoint`, written back by
+`vit.save_checkpoint(..., "timm")` and reopened by timm; and the coverage table of
+docs/checkpoints.md made from the results.
+
+`python tests/zoo_coverage.py` sweeps every architecture and rewrites the table between the
+`<!-- coverage timm -->` markers; tests/test_timm_zoo.py runs the same checks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "checkpoints.md"
+BEGIN, END = "<!-- coverage timm -->", "<!-- /coverage timm -->"
+REGENERATE = "JAX_PLATFORMS=cpu .venv/bin/python tests/zoo_coverage.py"
+ATOL = 1e-5
+TINY = dict(embed_dim=32, depth=2, num_heads=2, num_classes=5)
+
+
+def tiny_args(arch: str) -> dict:
+    """model_args that shrink `arch` (width, depth, heads, a 2x2 patch grid) and keep what the
+    name decides: activation, norms, MLP and block family, pooling, tokens, MLP ratio."""
+    from vit.checkpoints.timm_architectures import ARCHITECTURES, DEFAULTS
+
+    stated = {**DEFAULTS, **ARCHITECTURES[arch]}
+    patch = stated["patch_size"]
+    patch = patch[0] if isinstance(patch, list | tuple) else patch
+    args = {k: v for k, v in TINY.items() if k != "num_classes"}
+    args["img_size"] = 2 * patch
+    if "mlp_ratio" not in ARCHITECTURES[arch]:
+        args["mlp_ratio"] = 2.0
+    return args
+
+
+@dataclasses.dataclass
+class Outcome:
+    arch: str
+    read: bool = False
+    written: bool = False
+    refused: str | None = None  # why the read or the write was refused
+
+
+def timm_model(timm, arch: str, args: dict, seed: int = 0):
+    """timm's `arch` built with `args`, every parameter moved off its initial value (zeros
+    and ones included) so that nothing is trivially equal."""
+    import torch
+
+    torch.manual_seed(seed)
+    model = timm.create_model(arch, pretrained=False, num_classes=TINY["num_classes"],
+                              **args).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    return model
+
+
+def timm_probs(model, images: np.ndarray) -> np.ndarray:
+    import torch
+
+    with torch.no_grad():
+        logits = model(torch.from_numpy(images.transpose(0, 3, 1, 2)))
+    return torch.softmax(logits, -1).numpy()
+
+
+def our_probs(loaded, images: np.ndarray) -> np.ndarray:
+    import jax
+
+    return np.asarray(jax.nn.softmax(loaded.build_model()(images), -1))
+
+
+def images_for(args: dict, seed: int = 1) -> np.ndarray:
+    size = args["img_size"]
+    return np.random.RandomState(seed).uniform(-1, 1, (2, size, size, 3)).astype(np.float32)
+
+
+def check(timm, arch: str, folder: Path) -> Outcome:
+    """Saves tiny `arch` with timm's `save_for_hf`, reads it, writes it back, reopens it in
+    timm. A refusal (CheckpointError) is an outcome; probabilities that differ by more than
+    ATOL, or a written folder timm reads differently, raise AssertionError."""
+    from timm.models._hub import save_for_hf
+
+    from vit.checkpoints import load_checkpoint, save_checkpoint
+    from vit.errors import CheckpointError
+
+    args, outcome = tiny_args(arch), Outcome(arch)
+    model = timm_model(timm, arch, args)
+    save_for_hf(model, str(folder / "src"), model_args=args, safe_serialization=True)
+    images = images_for(args)
+    ref = timm_probs(model, images)
+    assert np.ptp(ref, axis=-1).min() > 1e-3, f"{arch}: timm's probabilities are uniform"
+    try:
+        loaded = load_checkpoint(folder / "src")
+    except CheckpointError as err:
+        outcome.refused = str(err)
+        return outcome
+    np.testing.assert_allclose(our_probs(loaded, images), ref, atol=ATOL, err_msg=arch)
+    outcome.read = True
+    try:
+        save_checkpoint(loaded, folder / "out", "timm")
+    except CheckpointError as err:
+        outcome.refused = str(err)
+        return outcome
+    theirs = timm.create_model(f"local-dir:{folder / 'out'}", pretrained=True).eval()
+    np.testing.assert_allclose(timm_probs(theirs, images), ref, atol=ATOL,
+                               err_msg=f"{arch} written back")
+    outcome.written = True
+    return outcome
+
+
+def sweep(timm, archs=None) -> list[Outcome]:
+    from timm_reference import architectures
+
+    out = []
+    for arch in archs or architectures(timm):
+        with tempfile.TemporaryDirectory() as tmp:
+            out.append(check(timm, arch, Path(tmp)))
+    return out
+
+
+# -- the coverage table -----------------------------------------------------------------------
+# A family per name: the first of these tags the name holds (timm's names say the recipe).
+_TAGS = (("aimv2", "AIMv2"), ("beit3", "BEiT-3"), ("eva_", "EVA"), ("flexivit", "FlexiViT"),
+         ("test_vit", "timm's test models"), ("_xp_", "ViT-22B style (parallel scaling)"),
+         ("pwee", "parallel scaling (pwee)"), ("dlittle", "differential attention"),
+         ("dwee", "differential attention"), ("18x2", "parallel blocks (18x2)"),
+         ("rpn", "res-post norm (rpn)"), ("clip", "CLIP"), ("siglip", "SigLIP"),
+         ("dinov2", "DINOv2"), ("tipsv2", "TIPSv2"), ("radio", "RADIO"),
+         ("intern", "InternViT"), ("reg", "registers (timm-trained)"),
+         ("gap", "average pooling (timm-trained)"))
+
+
+def family(arch: str) -> str:
+    return next((name for tag, name in _TAGS if tag in arch), "ViT (original, DeiT-III, miil)")
+
+
+def _reason(message: str) -> str:
+    """A refusal without the file path it starts with (the same reason for every folder)."""
+    found = re.search(r"timm architecture \S+ has (.*?); no option", message)
+    if found:
+        return found.group(1)
+    return re.sub(r"^\S+: ", "", message).replace("|", "\\|")
+
+
+def coverage_rows(outcomes: list[Outcome], version: str) -> str:
+    """The markdown between the markers: one row per family."""
+    families: dict[str, list[Outcome]] = {}
+    for o in outcomes:
+        families.setdefault(family(o.arch), []).append(o)
+    read = sum(o.read for o in outcomes)
+    written = sum(o.written for o in outcomes)
+    lines = [f"timm {version}'s `vision_transformer` module, {len(outcomes)} architectures: "
+             f"**{read} read** to timm's probabilities (within {ATOL:g}), **{written} written "
+             f"back** and reopened by timm to the same probabilities, "
+             f"{len(outcomes) - read} refused by name. Each is built tiny by timm itself and "
+             f"saved with its hub writer (tests/test_timm_zoo.py; regenerate with "
+             f"`{REGENERATE}`).", "",
+             "| family | architectures | read | written back | refused, and why |",
+             "|---|---|---|---|---|"]
+    for name in sorted(families, key=lambda n: (-len(families[n]), n)):
+        group = families[name]
+        refused = "; ".join(f"`{o.arch}`: {_reason(o.refused)}" for o in group if o.refused)
+        lines.append(f"| {name} | {len(group)} | {sum(o.read for o in group)} | "
+                     f"{sum(o.written for o in group)} | {refused or '-'} |")
+    return "\n".join(lines)
+
+
+def replace_section(text: str, rows: str) -> str:
+    if BEGIN not in text or END not in text:
+        raise ValueError(f"{DOC} has no {BEGIN} ... {END} markers")
+    head, rest = text.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    return f"{head}{BEGIN}\n{rows}\n{END}{tail}"
+
+
+def main() -> int:
+    sys.path.insert(0, str(Path(__file__).parent))
+    from timm_reference import import_timm
+
+    timm = import_timm()
+    if timm is None:
+        print("timm is not installed (scripts/setup_env.sh installs it)", file=sys.stderr)
+        return 1
+    outcomes = sweep(timm)
+    DOC.write_text(replace_section(DOC.read_text(), coverage_rows(outcomes, timm.__version__)))
+    print(f"{sum(o.read for o in outcomes)} read, {sum(o.written for o in outcomes)} written "
+          f"back, {sum(not o.read for o in outcomes)} refused of {len(outcomes)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
