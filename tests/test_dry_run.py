@@ -92,8 +92,9 @@ def test_the_whole_run_estimate_adds_every_part_from_injected_timings():
                      load=(1.0, 2))
     parts = e["parts"]
     assert parts["steps_s"] == pytest.approx(10.0)  # 100 x the median 0.1
-    # 2 x 60 images at 0.1 s / 10 images / 3, and a compile of 3 s / 3.
-    assert parts["evaluations_s"] == pytest.approx(0.4 + 1.0)
+    # Two validations of 60 images at a third of the step's per-image time, and a third of
+    # its compile.
+    assert parts["evaluations_s"] == pytest.approx(2 * 60 * (0.1 / 10) / 3 + 3.0 / 3)
     assert parts["checkpoints_s"] == 1.5 and parts["startup_s"] == parts["compile_s"] == 3.0
     assert e["total_s"] == pytest.approx(3 + 3 + 10 + 1.4 + 1.5)
     # The range scales what the steps' speed sets (steps and evaluations) by 0.08 / 0.1 and

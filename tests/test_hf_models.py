@@ -149,14 +149,13 @@ def test_damaged_files_are_refused_naming_the_arrays(tmp_path, saved, c):
             {renamed: a.pop(victim)})))
 
 
-def test_a_model_no_hf_class_holds_is_refused_naming_the_nearest(tmp_path):
-    import vit
+def test_a_model_no_hf_class_holds_is_refused_naming_the_nearest(tmp_path, saved):
+    import dataclasses
 
-    deit_gap = vit.create_model("Ti/16", width=32, depth=1, mlp_dim=64, num_heads=2,
-                                patch_size=8, image_size=32, num_classes=3, dist_token=True,
-                                dist_head=False, layer_scale=0.5)
+    deit = load_checkpoint(saved(next(c for c in CASES if c.id == "deit-teacher"))[0])
+    scaled = dataclasses.replace(deit, config=deit.config.replace(layer_scale=0.5))
     with pytest.raises(CheckpointError, match="cannot hold layer scale.*model_type deit"):
-        save_checkpoint(deit_gap, tmp_path / "hf", "hf")
+        save_checkpoint(scaled, tmp_path / "hf", "hf")
     assert not (tmp_path / "hf").exists()
 
 

@@ -26,6 +26,7 @@ from PIL import Image
 from timm_reference import import_timm
 
 from vit.errors import ConfigError
+from vit.images import to_rgb
 from vit.preprocess import HF_PROCESSORS, Preprocessing, resize_crop
 
 timm = import_timm()  # first: it fixes which transformers backend this process sees
@@ -44,7 +45,7 @@ IMAGENET = {"mean": (0.485, 0.456, 0.406), "std": (0.229, 0.224, 0.225)}
 # -- the photos -------------------------------------------------------------------------------
 def _alpha(image: np.ndarray) -> np.ndarray:
     """The photo with a real alpha channel: a ramp from clear (left) to opaque (right) and a
-    clear disc, so compositing onto white and dropping alpha give different pixels."""
+    clear disc, so compositing onto white is seen."""
     h, w = image.shape[:2]
     ramp = np.linspace(0, 255, w)[None, :].repeat(h, 0)
     yy, xx = np.mgrid[:h, :w]
@@ -93,10 +94,9 @@ def test_the_photos_are_what_the_tests_need():
     sizes = {im.size for im in images.values()}
     assert any(w > h for w, h in sizes) and any(w < h for w, h in sizes)
     assert any(max(w, h) < 224 for w, h in sizes)
-    rgba = images["chelsea_rgba"]
-    white = np.asarray(Preprocessing(alpha="white").rgb(rgba))
-    dropped = np.asarray(Preprocessing(alpha="drop").rgb(rgba))
-    assert np.abs(white.astype(int) - dropped).max() > 100  # the two rules really differ
+    rgba = images["chelsea_rgba"]  # compositing onto white is not throwing alpha away
+    assert np.abs(np.asarray(to_rgb(rgba)).astype(int) - np.asarray(rgba.convert("RGB"))).max(
+        ) > 100
 
 
 def _check(ours8: np.ndarray, ref8: np.ndarray, ours: np.ndarray, ref: np.ndarray,
@@ -122,8 +122,9 @@ def timm_transforms(cfg: dict):
 
 
 def timm_input(transform, image: Image.Image) -> np.ndarray:
-    """timm's output as NHWC numpy, for an image loaded as timm's datasets load it."""
-    return transform(image.convert("RGB")).numpy().transpose(1, 2, 0)
+    """timm's output as NHWC numpy. timm's transform takes RGB only: grayscale and RGBA photos
+    become RGB as ours do (`to_rgb`; timm's own loaders would drop transparency instead)."""
+    return transform(to_rgb(image)).numpy().transpose(1, 2, 0)
 
 
 def compare_timm(cfg: dict, names=QUICK) -> float:
@@ -131,7 +132,7 @@ def compare_timm(cfg: dict, names=QUICK) -> float:
     pre = Preprocessing.from_timm(cfg)
     worst = 0.0
     for name, image in some_photos(names).items():
-        worst = max(worst, _check(np.asarray(resize_crop(pre.rgb(image), pre)),
+        worst = max(worst, _check(np.asarray(resize_crop(to_rgb(image), pre)),
                                   timm_input(to_uint8, image), pre(image),
                                   timm_input(to_float, image), image, f"{cfg} {name}"))
     return worst
@@ -188,8 +189,7 @@ def test_timm_defaults_as_resolve_data_config_resolves_them(cfg):
 
 def test_squash_at_crop_pct_1_is_a_plain_resize():
     pre = Preprocessing.from_timm(_cfg(224, 1.0, "squash", "bicubic"))
-    assert pre.crop_pct is None and pre == Preprocessing(resample="bicubic", **IMAGENET,
-                                                         alpha="drop")
+    assert pre.crop_pct is None and pre == Preprocessing(resample="bicubic", **IMAGENET)
 
 
 def _old_resize_crop(image, size, crop_pct, resample):
@@ -207,7 +207,7 @@ def test_the_comparisons_see_one_pixel_of_rounding():
     floors to 248), and transformers' offset rule in place of torchvision's."""
     cfg = _cfg(224, 0.9, "center", "bicubic")
     to_uint8, _ = timm_transforms(cfg)
-    old = [np.array_equal(np.asarray(_old_resize_crop(im.convert("RGB"), (224, 224), 0.9,
+    old = [np.array_equal(np.asarray(_old_resize_crop(to_rgb(im), (224, 224), 0.9,
                                                       "bicubic")), timm_input(to_uint8, im))
            for im in some_photos().values()]
     assert not any(old)
@@ -215,7 +215,7 @@ def test_the_comparisons_see_one_pixel_of_rounding():
     # rounding: floor (transformers) against half-to-even (torchvision). Some photos tell.
     to_uint8, _ = timm_transforms(_cfg(224, 0.875, "center", "bicubic"))
     hf_rule = Preprocessing(resample="bicubic", shortest_edge=256)
-    same = [np.array_equal(np.asarray(resize_crop(im.convert("RGB"), hf_rule)),
+    same = [np.array_equal(np.asarray(resize_crop(to_rgb(im), hf_rule)),
                            timm_input(to_uint8, im)) for im in some_photos().values()]
     assert any(same) and not all(same)
 
@@ -227,10 +227,10 @@ def hf_class(model_type: str):
     return getattr(transformers, name + "Pil", None) or getattr(transformers, name)
 
 
-def hf_input(processor, image: Image.Image, pre: Preprocessing, **kw) -> np.ndarray:
-    # Processors without do_convert_rgb take RGB only: their users (and pipeline's
-    # load_image) convert("RGB") first, which is what alpha="drop" copies.
-    feed = image if pre.alpha == "white" else image.convert("RGB")
+def hf_input(processor, image: Image.Image, **kw) -> np.ndarray:
+    # With do_convert_rgb the processor converts grayscale and RGBA itself (onto white, as
+    # to_rgb); without it, it takes RGB only, and gets ours.
+    feed = image if getattr(processor, "do_convert_rgb", None) else to_rgb(image)
     return processor(feed, return_tensors="np", **kw)["pixel_values"][0].transpose(1, 2, 0)
 
 
@@ -240,9 +240,9 @@ def compare_hf(processor_dict: dict, model_type: str, processor=None, pre=None,
     processor = processor or hf_class(model_type)(**processor_dict)
     worst = 0.0
     for name, image in some_photos(names).items():
-        ref8 = hf_input(processor, image, pre, do_rescale=False, do_normalize=False)
-        worst = max(worst, _check(np.asarray(resize_crop(pre.rgb(image), pre)), ref8,
-                                  pre(image), hf_input(processor, image, pre), image,
+        ref8 = hf_input(processor, image, do_rescale=False, do_normalize=False)
+        worst = max(worst, _check(np.asarray(resize_crop(to_rgb(image), pre)), ref8,
+                                  pre(image), hf_input(processor, image), image,
                                   f"{model_type} {processor_dict} {name}"))
     return worst
 
@@ -341,7 +341,7 @@ WRITABLE = {
     "plain": Preprocessing(size=(224, 224), resample="bicubic"),
     "plain_nonsquare": Preprocessing(size=(192, 256), resample="bilinear", **IMAGENET),
     "hf_resize_then_crop": Preprocessing(size=(224, 224), resample="bicubic",
-                                         resize_to=(256, 256), alpha="drop"),
+                                         resize_to=(256, 256)),
     "timm_squash": Preprocessing(size=(224, 224), resample="bicubic", crop_pct=0.875,
                                  crop_mode="squash", **IMAGENET),
 }
@@ -355,9 +355,8 @@ def test_timm_pretrained_cfg_prepares_as_we_do(name):
     json.dumps(cfg)
     to_uint8, to_float = timm_transforms(cfg)
     for image_name, image in some_photos().items():
-        rgb = pre.rgb(image)  # the alpha rule is ours to apply; timm's transform takes RGB
-        _check(np.asarray(resize_crop(rgb, pre)), timm_input(to_uint8, rgb), pre(image),
-               timm_input(to_float, rgb), image, f"{name} {image_name}")
+        _check(np.asarray(resize_crop(to_rgb(image), pre)), timm_input(to_uint8, image),
+               pre(image), timm_input(to_float, image), image, f"{name} {image_name}")
 
 
 @pytest.mark.parametrize("pre,words", [
@@ -376,7 +375,7 @@ HF_WRITABLE = {
                                       mean=(0.48145466, 0.4578275, 0.40821073),
                                       std=(0.26862954, 0.26130258, 0.27577711)),
     "rescaled": Preprocessing(size=(160, 160), rescale_factor=1 / 127.5, mean=(1.0,) * 3,
-                              std=(1.0,) * 3, alpha="drop"),
+                              std=(1.0,) * 3),
 }
 
 
@@ -409,12 +408,12 @@ def test_hf_cannot_say_timms_crops(pre):
 # -- our own checkpoints ----------------------------------------------------------------------
 def test_old_dicts_keep_their_meaning():
     """A dict saved before crop_mode and the transformers rules existed: crop_pct is timm's
-    centre crop (now with timm's own arithmetic), pixels / 255, transparency onto white."""
+    centre crop (now with timm's own arithmetic), pixels / 255."""
     old = {"size": [224, 224], "resample": "bicubic", "crop_pct": 0.9, "mean": [0.5] * 3,
            "std": [0.5] * 3}
     pre = Preprocessing.from_dict(old)
     assert pre == Preprocessing(size=(224, 224), resample="bicubic", crop_pct=0.9,
-                                crop_mode="center", rescale_factor=1 / 255, alpha="white")
+                                crop_mode="center", rescale_factor=1 / 255)
     assert Preprocessing.from_dict({**old, "crop_pct": None}).describe_geometry() == (
         "resize to 224x224")
     to_uint8, _ = timm_transforms(_cfg(224, 0.9, "center", "bicubic"))
@@ -423,7 +422,7 @@ def test_old_dicts_keep_their_meaning():
 
 
 @pytest.mark.parametrize("pre", [*HF_WRITABLE.values(), Preprocessing(
-    crop_pct=0.95, crop_mode="border", alpha="drop")])
+    crop_pct=0.95, crop_mode="border")])
 def test_dicts_round_trip_through_json(pre):
     assert Preprocessing.from_dict(json.loads(json.dumps(pre.to_dict()))) == pre
 
@@ -432,7 +431,7 @@ def test_dicts_round_trip_through_json(pre):
     ({"crop_mode": "diagonal"}, "crop_mode"), ({"crop_pct": 0.9, "shortest_edge": 256},
                                                "crop_pct and shortest_edge"),
     ({"resize_to": (256,)}, "resize_to"), ({"shortest_edge": 0}, "shortest_edge"),
-    ({"rescale_factor": -1.0}, "rescale_factor"), ({"alpha": "black"}, "alpha"),
+    ({"rescale_factor": -1.0}, "rescale_factor"),
     ({"crop_pct": math.inf}, "crop_pct"),
 ])
 def test_values_it_cannot_honour(kw, field):

@@ -33,10 +33,6 @@ CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 # timm's names: "center" keeps the aspect and crops; "squash" resizes both sides to
 # size / crop_pct; "border" fits the longer side and pads with the mean colour.
 CROP_MODES = ("center", "squash", "border")
-# What becomes of transparency: "white" composites onto white (`vit.images.to_rgb`, transformers'
-# `convert_to_rgb`); "drop" throws the alpha channel away (PIL's `convert("RGB")`, what timm's
-# dataset readers and transformers' `load_image` do).
-ALPHA = ("white", "drop")
 RESCALE = 1 / 255
 # timm's resolve_data_config, for a pretrained_cfg key that is absent (or empty, or null).
 TIMM_DEFAULTS = {"input_size": (3, 224, 224), "interpolation": "bicubic", "mean": IMAGENET_MEAN,
@@ -91,8 +87,9 @@ class Preprocessing:
       (offset `(h - crop_h) // 2`);
     - `resize_to` (transformers): resize to that `(height, width)`, then its centre crop to `size`.
 
-    Pixels become `x * rescale_factor` (1/255: [0, 1]), then `(x - mean) / std`. `alpha` says what
-    becomes of transparency (see `ALPHA`).
+    Pixels become `x * rescale_factor` (1/255: [0, 1]), then `(x - mean) / std`. Any image mode
+    becomes RGB first (`vit.images.to_rgb`: transparency onto white, as transformers'
+    `convert_to_rgb`; timm's transform takes RGB only, its loaders drop transparency instead).
     """
 
     size: tuple[int, int] = (224, 224)
@@ -104,7 +101,6 @@ class Preprocessing:
     shortest_edge: int | None = None
     resize_to: tuple[int, int] | None = None
     rescale_factor: float = RESCALE
-    alpha: str = "white"
 
     def __post_init__(self):
         object.__setattr__(self, "size", _numbers("image size", self.size, int))
@@ -149,9 +145,6 @@ class Preprocessing:
         if not (self.rescale_factor > 0 and math.isfinite(self.rescale_factor)):
             raise ConfigError(f"rescale_factor={self.rescale_factor}: must be above 0 (pixels "
                               "are multiplied by it; 1/255 gives [0, 1])")
-        if self.alpha not in ALPHA:
-            raise ConfigError(f"alpha={self.alpha!r}: use 'white' (composite onto white) or "
-                              "'drop' (discard transparency)")
         for name in ("mean", "std"):
             if len(getattr(self, name)) not in (1, 3):
                 raise ConfigError(f"{name}={list(getattr(self, name))}: give 3 values, one per "
@@ -186,14 +179,8 @@ class Preprocessing:
 
     def __call__(self, image: Image.Image) -> np.ndarray:
         """PIL image of any mode -> float32 `[h, w, 3]` array."""
-        image = resize_crop(self.rgb(image), self)
+        image = resize_crop(to_rgb(image), self)
         return normalize(image, self.mean, self.std, self.rescale_factor)
-
-    def rgb(self, image: Image.Image) -> Image.Image:
-        """Any PIL mode -> 8-bit RGB, transparency treated as `alpha` says."""
-        if self.alpha == "drop" and image.mode in ("RGBA", "RGBa", "LA", "La", "PA", "P"):
-            return image.convert("RGB")
-        return to_rgb(image)
 
     # -- the geometry ---------------------------------------------------------------------------
     def geometry(self, image_wh: tuple[int, int]
@@ -257,11 +244,10 @@ class Preprocessing:
     def from_timm(cls, pretrained_cfg: dict, image_size: tuple[int, int] | None = None
                   ) -> Preprocessing:
         """What timm's `create_transform(**resolve_data_config(pretrained_cfg=cfg),
-        is_training=False)` does to an image loaded as timm's datasets load it
-        (`convert("RGB")`). A key that is absent, null or empty takes timm's default
-        (`TIMM_DEFAULTS`), except `input_size`, which falls back to `image_size` when given
-        (the model's size). A value timm would fail on, or silently replace, is a ConfigError
-        naming the key."""
+        is_training=False)` does to an RGB image. A key that is absent, null or empty takes
+        timm's default (`TIMM_DEFAULTS`), except `input_size`, which falls back to `image_size`
+        when given (the model's size). A value timm would fail on, or silently replace, is a
+        ConfigError naming the key."""
         if not isinstance(pretrained_cfg, dict):
             raise ConfigError(f"pretrained_cfg is {_shown(pretrained_cfg)}, not a dict")
         pc = pretrained_cfg
@@ -293,8 +279,6 @@ class Preprocessing:
         values = {}
         for key in ("mean", "std"):
             value = get(key)
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
-                value = [value]
             if not isinstance(value, (list, tuple)) or not all(_is_number(v, float)
                                                                 for v in value):
                 raise ConfigError(f"pretrained_cfg.{key}={_shown(value)}: expected a list of "
@@ -309,14 +293,13 @@ class Preprocessing:
             crop_pct, crop_mode = None, "center"  # resized straight to the size, nothing cut
         try:
             return cls(size=hw, resample=interpolation, crop_pct=crop_pct, crop_mode=crop_mode,
-                       alpha="drop", **values)
+                       **values)
         except (ConfigError, DataError) as err:
             raise ConfigError(f"pretrained_cfg: {err}") from None
 
     def to_timm_pretrained_cfg(self) -> dict[str, Any]:
-        """The pretrained_cfg keys with which timm prepares images as this does (transparency
-        aside: timm's transform takes RGB, and its readers drop alpha). A ConfigError when timm
-        cannot say it."""
+        """The pretrained_cfg keys with which timm prepares RGB images as this does. A
+        ConfigError when timm cannot say it."""
         if self.rescale_factor != RESCALE:
             raise ConfigError(f"rescale_factor={self.rescale_factor:g}: timm always divides by "
                               "255; fold the factor into mean and std instead")
@@ -343,7 +326,9 @@ class Preprocessing:
         """What transformers' PIL image processor for `model_type` does with this
         `preprocessor_config.json` (`processor`); absent or null keys take that class's
         defaults (`HF_PROCESSORS`). `where` (the file) starts every error message. A value
-        transformers would fail on, or that makes each image another size, is a ConfigError."""
+        transformers would fail on, or that makes each image another size, is a ConfigError.
+        Other modes become RGB as the processors do with do_convert_rgb (without it they take
+        RGB only)."""
         if model_type not in HF_PROCESSORS:
             raise ConfigError(f"{where}: model_type {model_type!r} has no known image processor; "
                               f"one of {', '.join(HF_PROCESSORS)}")
@@ -352,9 +337,10 @@ class Preprocessing:
         defaults = HF_PROCESSORS[model_type][1]
         pc = {**defaults, **{k: v for k, v in processor.items() if v is not None}}
 
-        def bad(key, want):
-            return ConfigError(f"{where}: {key} is {_shown(pc[key])}, not {want}; fix or "
-                               "replace the file")
+        def bad(key, want, value=None):
+            # key: a processor key, or key.inner for a value inside one (value then given)
+            shown = _shown(pc[key] if value is None else value)
+            return ConfigError(f"{where}: {key} is {shown}, not {want}; fix or replace the file")
 
         for key in ("do_resize", "do_center_crop", "do_rescale", "do_normalize",
                     "do_convert_rgb", "do_pad", "default_to_square"):
@@ -367,12 +353,12 @@ class Preprocessing:
                       "model takes one size)")
         if pc.get("do_pad"):
             raise bad("do_pad", "false (padding after normalisation is not supported)")
-        size = _hf_size(pc["size"], pc["default_to_square"], lambda want: bad("size", want))
+        size = _hf_size(pc["size"], pc["default_to_square"], "size", bad)
         crop = None
         if pc.get("do_center_crop"):
             if pc.get("crop_size") is None:
                 raise bad("do_center_crop", "true without a crop_size")
-            crop = _hf_size(pc["crop_size"], True, lambda want: bad("crop_size", want))
+            crop = _hf_size(pc["crop_size"], True, "crop_size", bad)
             if "height" not in crop:
                 raise bad("crop_size", '{"height": H, "width": W}')
             crop = crop["height"], crop["width"]
@@ -390,7 +376,7 @@ class Preprocessing:
             mean = _hf_channels(pc, "image_mean", bad)
             std = _hf_channels(pc, "image_std", bad)
         kw = {"resample": PIL_RESAMPLE[resample], "mean": mean, "std": std,
-              "rescale_factor": rescale, "alpha": "white" if pc.get("do_convert_rgb") else "drop"}
+              "rescale_factor": rescale}
         if "shortest_edge" in size:
             if crop is None:
                 raise bad("size", "{\"shortest_edge\": ...} without a centre crop (each image "
@@ -407,8 +393,8 @@ class Preprocessing:
 
     def to_hf_processor(self, model_type: str) -> dict[str, Any]:
         """A `preprocessor_config.json` with which transformers' image processor for
-        `model_type` (AutoImageProcessor opens it) prepares images as this does. A ConfigError
-        when transformers cannot say it."""
+        `model_type` (AutoImageProcessor opens it) prepares images as this does, of any mode
+        (do_convert_rgb). A ConfigError when transformers cannot say it."""
         if model_type not in HF_PROCESSORS:
             raise ConfigError(f"model_type {model_type!r} has no known image processor; one of "
                               f"{', '.join(HF_PROCESSORS)}")
@@ -437,7 +423,7 @@ class Preprocessing:
                 "do_center_crop": size != crop, "crop_size": crop, "do_rescale": True,
                 "rescale_factor": self.rescale_factor, "do_normalize": True,
                 "image_mean": _three(self.mean), "image_std": _three(self.std),
-                "do_convert_rgb": self.alpha == "white"}
+                "do_convert_rgb": True}
 
 
 def _is_number(value, kind) -> bool:
@@ -531,12 +517,12 @@ def _squash_crop_pct(size: tuple[int, int], resized: tuple[int, int]
     return None, "squash"
 
 
-def _hf_size(value, default_to_square: bool, bad) -> dict[str, int]:
+def _hf_size(value, default_to_square: bool, key: str, bad) -> dict[str, int]:
     """transformers' `get_size_dict`: a dict (one of the key sets its processors resize with
     here), a [height, width] list, or one number (square, or the shortest edge)."""
     if isinstance(value, dict):
         if set(value) not in ({"height", "width"}, {"shortest_edge"}):
-            raise bad('{"height": H, "width": W} or {"shortest_edge": S}')
+            raise bad(key, '{"height": H, "width": W} or {"shortest_edge": S}')
         out = value
     elif isinstance(value, (list, tuple)) and len(value) == 2:
         out = {"height": value[0], "width": value[1]}
@@ -544,10 +530,13 @@ def _hf_size(value, default_to_square: bool, bad) -> dict[str, int]:
         out = ({"height": value, "width": value} if default_to_square
                else {"shortest_edge": value})
     else:
-        raise bad('a size in pixels (a whole number, [height, width], {"height": H, "width": W} '
-                  'or {"shortest_edge": S})')
-    if not all(_is_number(v, int) and v >= 1 for v in out.values()):
-        raise bad("sizes of at least 1 pixel")
+        raise bad(key, 'a size in pixels (a whole number, [height, width], {"height": H, '
+                  '"width": W} or {"shortest_edge": S})')
+    for name, v in out.items():
+        if not (_is_number(v, int) and v >= 1):
+            if isinstance(value, dict):
+                raise bad(f"{key}.{name}", "a whole number of at least 1", v)
+            raise bad(key, "sizes in whole pixels, each at least 1")
     return {k: int(v) for k, v in out.items()}
 
 
