@@ -68,7 +68,7 @@ def pipeline_rate(recipe: str, sets: list[str], batches: int = 15) -> float:
     from vit.data import open_source, train_iterator
     from vit.recipes.load import load_config
     from vit.recipes.model_fields import model_field_types
-    from vit.train.from_recipe import augment_of, preprocessing_of
+    from vit.training.from_recipe import augment_of, preprocessing_of
 
     cfg = load_config(recipe, sets, model_field_types=model_field_types)
     src = open_source(cfg.data.name, cfg.data.train_split)

@@ -2,7 +2,7 @@
 same step, on the CPU, in float32 and in bfloat16.
 
 Ours is `vit train`'s own jitted step (benchmarks/train_step.py builds it from the recipe with the
-package's functions, as vit/train/loop.py does): `make_train_step` with the optimiser
+package's functions, as vit/training/loop.py does): `make_train_step` with the optimiser
 `make_optimizer` builds (global-norm clipping, then AdamW with weight decay on the weight
 matrices), the recipe's loss with its label smoothing, the accuracy metric and the check that
 the weights stayed finite. Theirs: `ViTForImageClassification` loaded from a Hugging Face folder

@@ -1,5 +1,5 @@
 """`vit train`'s jitted step for the benchmarks that time it, built from a recipe with the
-package's own functions in the order vit/train/loop.py calls them: the recipe's model (fresh
+package's own functions in the order vit/training/loop.py calls them: the recipe's model (fresh
 weights from its seed), the optimiser `make_optimizer` builds (clipping, weight-decay mask,
 schedule), `Placement` on the recipe's mesh, `new_state`, and `make_train_step` with the
 recipe's loss and its metrics. No data is read: batches are given, with the targets the data
@@ -35,7 +35,7 @@ def initial_weights(config, num_classes: int):
     (to write for another library: the same seed gives the same weights)."""
     from vit.checkpoints import LoadedCheckpoint
     from vit.checkpoints.tree import flatten, nest
-    from vit.train.model import build_model
+    from vit.training.model import build_model
 
     model, params = build_model(config, num_classes, init=config.get("init") or None)
     params = nest({k: np.asarray(v) for k, v in flatten(params).items()})
@@ -47,7 +47,7 @@ class TrainStep:
     """The step and the state it carries; calling it runs one training step."""
 
     config: Any
-    model: Any  # vit.train.model.Model: its config, preprocessing and graphdef
+    model: Any  # vit.training.model.Model: its config, preprocessing and graphdef
     num_classes: int
     mesh: Any
     step_fn: Any
@@ -83,14 +83,14 @@ class TrainStep:
 def build(config, num_classes: int, whole_batch: bool = False) -> TrainStep:
     """`vit train`'s step for `config` (a loaded recipe) with `num_classes` classes.
     `whole_batch`: the step without splitting a large batch into cache-sized micro-batches on a
-    CPU (vit/train/step.py `MICRO_TOKENS`), for comparison."""
-    from vit.train import parallel
-    from vit.train.losses import DEFAULT, TEXT_LOSSES, get_loss
-    from vit.train.model import build_model
-    from vit.train.optim import make_optimizer
-    from vit.train.placement import Placement
-    from vit.train.state import new_state
-    from vit.train.step import MICRO_TOKENS, make_train_step
+    CPU (vit/training/step.py `MICRO_TOKENS`), for comparison."""
+    from vit.training import parallel
+    from vit.training.losses import DEFAULT, TEXT_LOSSES, get_loss
+    from vit.training.model import build_model
+    from vit.training.optim import make_optimizer
+    from vit.training.placement import Placement
+    from vit.training.state import new_state
+    from vit.training.step import MICRO_TOKENS, make_train_step
 
     tc = config.train
     loss_name = tc.get("loss", DEFAULT)

@@ -14,7 +14,7 @@ What makes colour x shape pairs never asked in training answerable is two choice
   trained): opened, they let the prompt reshape the patch features jointly, which fits the
   pairs seen in training and not the others.
 
-Three stages (vit/train/stages.py), one command, resumable across them:
+Three stages (vit/training/stages.py), one command, resumable across them:
 - `vit`: the ViT learns the scenes' own labels. No pretrained ViT can be downloaded here;
   `--init CHECKPOINT` skips this stage.
 - `text`: the ViT frozen, the text encoder and the prompt head learn to answer prompts.

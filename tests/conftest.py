@@ -148,9 +148,9 @@ class TinyStep:
         import numpy as np
 
         from vit import device_mesh
-        from vit.train.model import fresh_params
-        from vit.train.placement import Placement
-        from vit.train.step import make_train_step
+        from vit.training.model import fresh_params
+        from vit.training.placement import Placement
+        from vit.training.step import make_train_step
 
         self.config, self.tx = model_config, tx
         self.graphdef, self.params = fresh_params(model_config, seed)
@@ -300,7 +300,7 @@ def trained_digits(once):
     full of float32 near-ties."""
     def build(folder):
         from vit.recipes.load import load_config
-        from vit.train.loop import train
+        from vit.training.loop import train
 
         result = train(load_config(DIGITS_RECIPE, TRAINED_DIGITS), folder / "run")
         assert result["step"] == 300

@@ -31,7 +31,7 @@ TINY = tiny_recipe_sets()
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     """(a finished 2-step workdir, a 3-class image folder)."""
-    from vit.train.loop import train
+    from vit.training.loop import train
 
     root = tmp_path_factory.mktemp("train_run")
     train(load_config(RECIPE, TINY), root / "wd")
@@ -137,7 +137,7 @@ def test_crash_before_the_first_save_keeps_the_old_config_json(run, tmp_path, mo
             raise RuntimeError("a bug inside the step")
         return step
 
-    monkeypatch.setattr("vit.train.loop.make_train_step", crashing_step)
+    monkeypatch.setattr("vit.training.loop.make_train_step", crashing_step)
     with pytest.raises(RuntimeError, match="a bug inside the step"):
         main(_argv(workdir, "train.steps=3", "optim.lr=0.001"))
     assert (workdir / "config.json").read_bytes() == config_json
@@ -151,7 +151,7 @@ def test_unexpected_error_removes_the_new_workdir_and_is_reraised(tmp_path, monk
     def broken_source(*args, **kwargs):
         raise RuntimeError("a bug in the data pipeline")
 
-    monkeypatch.setattr("vit.train.loop.open_source", broken_source)
+    monkeypatch.setattr("vit.training.loop.open_source", broken_source)
     with pytest.raises(RuntimeError, match="a bug in the data pipeline"):
         main(_argv(tmp_path / "new" / "run"))
     assert not (tmp_path / "new").exists()
@@ -163,7 +163,7 @@ def test_checkpoint_manager_is_closed_before_the_new_workdir_is_removed(tmp_path
     the error line (a race, about 1 run in 3): the order is what makes it impossible."""
     import orbax.checkpoint as ocp
 
-    from vit.train.workdir import Claim
+    from vit.training.workdir import Claim
 
     events = []
     close, undo = ocp.CheckpointManager.close, Claim.undo
@@ -326,7 +326,7 @@ def test_a_run_saved_with_a_concrete_dtype_resumes_under_auto(run, tmp_path, run
 
 
 def test_a_dtype_named_again_fits_the_auto_it_was_saved_with():
-    from vit.train.resume import _same_dtype
+    from vit.training.resume import _same_dtype
 
     meta = {"model_config": {"dtype": "bfloat16"}}
     assert _same_dtype(("model.dtype", "auto", "bfloat16"), meta)

@@ -403,6 +403,10 @@ def test_round_trip_of_model_features(tmp_path, features, fmt):
 def test_hf_folder_refuses_what_it_cannot_hold(tmp_path, features, words):
     model = vit.create_model("Ti/16", width=32, depth=1, mlp_dim=64, num_heads=4, patch_size=8,
                              image_size=32, num_classes=3, **features)
+    # As a trained model's, the key bias is not zero (a fresh one's is, and transformers' BEiT,
+    # whose attention has no key bias, would then hold layer scale).
+    qkv = model.blocks[0].attn.qkv
+    qkv.bias.value = qkv.bias.value + 0.5
     with pytest.raises(CheckpointError, match=words):
         save_checkpoint(model, tmp_path / "hf", "hf")
 

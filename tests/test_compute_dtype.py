@@ -10,7 +10,7 @@ from conftest import tiny_recipe
 
 from vit.errors import ConfigError
 from vit.recipes.load import _run_recipe
-from vit.train.from_recipe import dtype_line, model_fields, resolved_dtype
+from vit.training.from_recipe import dtype_line, model_fields, resolved_dtype
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -86,7 +86,7 @@ def test_the_shipped_recipes_let_the_host_choose_bfloat16():
 
 
 def test_a_recipe_with_auto_dry_runs_printing_the_choice_once(host, capsys):
-    from vit.train.dry_run import dry_run
+    from vit.training.dry_run import dry_run
 
     host(())
     lines = []

@@ -57,7 +57,7 @@ def test_without_dry_run_the_workdir_is_still_required(run_vit):
 def test_every_shipped_recipe_compiles_at_full_size(name):
     """Each recipe's own model, batch and accumulation, as `vit train` would run them here.
     The one step runs where it is short (`MEASURE_LIMIT_S`)."""
-    from vit.train.dry_run import dry_run
+    from vit.training.dry_run import dry_run
 
     config = load_config(name)
     results = dry_run(config, out=lambda line: None)
@@ -85,7 +85,7 @@ def test_the_whole_run_estimate_adds_every_part_from_injected_timings():
     warm-up, left out) within their fastest and slowest, each validation a forward pass per
     image at a third of a step's per-image time plus one forward compile at a third of the
     step's, and the last save waited for."""
-    from vit.train.dry_run import describe_estimate, estimate_run
+    from vit.training.dry_run import describe_estimate, estimate_run
 
     e = estimate_run(steps=100, step_times=[0.5, 0.1, 0.12, 0.08, 0.1], startup_s=3.0,
                      compile_s=3.0, batch_size=10, evaluations=(2, 60), saves=4, save_s=1.5,
@@ -111,7 +111,7 @@ def test_the_whole_run_estimate_adds_every_part_from_injected_timings():
 
 
 def test_the_estimate_says_what_it_could_not_count_and_a_busy_host():
-    from vit.train.dry_run import describe_estimate, estimate_run
+    from vit.training.dry_run import describe_estimate, estimate_run
 
     e = estimate_run(steps=10, step_times=[2.0], startup_s=1.0, compile_s=4.0, batch_size=8,
                      evaluations=(3, None), saves=2, save_s=None, load=(5.0, 2))
@@ -132,7 +132,7 @@ def test_the_dry_run_prints_the_whole_run_estimate(capsys):
     above, with injected timings, never here."""
     from conftest import tiny_recipe
 
-    from vit.train.dry_run import dry_run
+    from vit.training.dry_run import dry_run
 
     lines = []
     (result,) = dry_run(tiny_recipe("train.steps=40", "train.eval_every=20"), out=lines.append)

@@ -1,6 +1,6 @@
 """Import layering: dependencies point one way, and packages hold no import cycles.
 
-    cli -> commands -> train -> inference / explanations -> checkpoints, data -> models -> ops
+    cli -> commands -> training -> inference / explanations -> checkpoints, data -> models -> ops
 
 (`errors`, `paths`, `step_folders` and the CPU backend `cpu` are below everything; `images`
 lists and opens image files, `preprocess` turns them into model inputs; `device_mesh` is the
@@ -28,7 +28,7 @@ _MODEL = _BASE | {"ops", "models"}
 _IMAGES = _BASE | {"images", "preprocess"}
 _CHECKPOINTS = _MODEL | _IMAGES | {"checkpoints"}
 _APPS = _CHECKPOINTS | {"data", "device_mesh"}  # what inference and explanations stand on
-_ABOVE_APPS = _APPS | {"inference", "explanations", "recipes", "train"}
+_ABOVE_APPS = _APPS | {"inference", "explanations", "recipes", "training"}
 # The part of vit (`vit.<unit>...`) each part may import: itself and the layers below it.
 ALLOWED = {
     "errors": {"errors"},
@@ -45,7 +45,7 @@ ALLOWED = {
     "recipes": _MODEL | {"recipes"},
     "inference": _APPS | {"inference"},
     "explanations": _APPS | {"explanations"},
-    "train": _ABOVE_APPS,
+    "training": _ABOVE_APPS,
     "commands": _ABOVE_APPS | {"commands"},
     "cli": _ABOVE_APPS | {"commands", "cli"},
     # vit/__init__.py names its lazy attributes by string; it imports the modules that define

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from vit.train.metrics import read_metrics
+from vit.training.metrics import read_metrics
 
 pytestmark = pytest.mark.timeout(600)
 

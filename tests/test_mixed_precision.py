@@ -79,7 +79,7 @@ def test_cpu_features_are_read_from_cpuinfo():
 
 
 def test_training_in_bfloat16_prints_one_note_where_it_cannot_pay(monkeypatch, capsys):
-    from vit.train import model
+    from vit.training import model
 
     monkeypatch.setattr(cpu_features, "cpu_bfloat16_features", lambda: ())
     model._note_dtype("bfloat16")

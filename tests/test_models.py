@@ -297,6 +297,6 @@ def test_import_vit_stays_light():
 
     code = ("import sys, vit; m = vit.create_model; "
             "heavy = [n for n in ('grain', 'tensorflow_datasets', 'orbax', 'ml_collections', "
-            "'torch', 'vit.cli', 'vit.train', 'vit.data') if n in sys.modules]; "
+            "'torch', 'vit.cli', 'vit.training', 'vit.data') if n in sys.modules]; "
             "print(heavy); assert not heavy")
     subprocess.run([sys.executable, "-c", code], check=True)

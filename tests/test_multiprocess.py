@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from conftest import tiny_recipe_sets
 
-from vit.train.metrics import read_metrics
+from vit.training.metrics import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 # Each process gets half of the batch; each launch sets its own steps and intervals. With 2x2
@@ -34,12 +34,12 @@ ENV = {**os.environ, "JAX_PLATFORMS": "cpu",
 DRIVER = r"""
 import json, sys
 from vit.recipes.load import load_config
-from vit.train.parallel import start_processes
+from vit.training.parallel import start_processes
 port, pid, workdir, *sets = sys.argv[1:]
 config = load_config("configs/digits.py", sets)
 start_processes(f"127.0.0.1:{port}", 2, int(pid))
 import jax
-from vit.train.loop import train
+from vit.training.loop import train
 assert jax.process_count() == 2 and jax.device_count() == 4 and jax.local_device_count() == 2
 out = train(config, workdir)
 print("RESULT", json.dumps({"process": jax.process_index(), "step": out["step"],

@@ -15,7 +15,7 @@ from jax.sharding import PartitionSpec as P
 from vit import device_mesh
 from vit.errors import ConfigError
 from vit.recipes.load import load_config
-from vit.train import parallel
+from vit.training import parallel
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -121,15 +121,15 @@ from vit.recipes.load import load_config
 from vit.errors import ConfigError
 from vit.models.config import variant_config
 from vit import device_mesh
-from vit.train import parallel
-from vit.train.checkpointing import TrainCheckpoints
-from vit.train.losses import softmax_xent
-from vit.train.optim import make_optimizer
-from vit.train.placement import Placement
-from vit.train.from_recipe import model_fields
-from vit.train.model import fresh_params
-from vit.train.state import new_state, restore_state
-from vit.train.step import make_train_step
+from vit.training import parallel
+from vit.training.checkpointing import TrainCheckpoints
+from vit.training.losses import softmax_xent
+from vit.training.optim import make_optimizer
+from vit.training.placement import Placement
+from vit.training.from_recipe import model_fields
+from vit.training.model import fresh_params
+from vit.training.state import new_state, restore_state
+from vit.training.step import make_train_step
 
 assert jax.device_count() == 8, jax.devices()
 config = load_config("configs/digits.py", ["model.width=32", "model.mlp_dim=64",

@@ -86,14 +86,14 @@ def test_the_added_names_are_the_real_things_and_listed():
 
 def test_vit_explain_is_the_function_whatever_is_imported(make_tiny):
     """`vit.explain` is `vit.explanations.maps.explain`, a plain function, before and after the
-    package's modules are imported; `vit.train` is callable and `vit.train.loop` imports."""
+    package's modules are imported; `vit.train` is callable and `vit.training.loop` imports."""
     import jax.numpy as jnp
 
     import vit
 
     first = vit.explain
     import vit.explanations.maps as maps
-    import vit.train.loop
+    import vit.training.loop
 
     assert vit.explain is first is maps.explain and "explain" in vit.__all__
     assert callable(vit.train)

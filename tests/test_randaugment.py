@@ -188,7 +188,7 @@ def test_pipeline_augmentations_replay_for_a_seed_and_vary_across_seeds():
 
 
 def test_the_recipe_keys_reach_the_pipeline():
-    from vit.train.from_recipe import augment_of
+    from vit.training.from_recipe import augment_of
 
     root = __import__("pathlib").Path(__file__).resolve().parents[1]
     config = load_config(root / "configs" / "digits.py",

@@ -149,7 +149,7 @@ def _fallbacks() -> dict:
     """What training used for a key a spelt-out recipe left out, taken from the code that read
     it (a `.get` default or the augmentation dataclass), not from the recipe defaults."""
     from vit.data import Augment
-    from vit.train.losses import DEFAULT
+    from vit.training.losses import DEFAULT
 
     return {"train.loss": DEFAULT, "optim.lr_mults": [], "optim.no_decay": "",
             "data.heldout_split": None, "data.labels": None,
@@ -328,7 +328,7 @@ def _old_tiny_digits(steps: int) -> dict:
 @pytest.mark.slow
 def test_an_old_workdir_resumes_under_the_trimmed_recipe(tmp_path, capsys):
     from vit.cli import main
-    from vit.train.loop import train
+    from vit.training.loop import train
 
     workdir = tmp_path / "wd"
     old = _old_tiny_digits(steps=2)

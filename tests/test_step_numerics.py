@@ -1,6 +1,6 @@
 """The training step computes what it claims: its loss and gradients against a plain
 `jax.grad` of the same objective, written here from the formula rather than taken from
-vit.train."""
+vit.training."""
 
 import jax
 import jax.numpy as jnp
@@ -12,10 +12,10 @@ from flax import nnx
 from vit import device_mesh
 from vit.cpu import xla_options
 from vit.models.config import variant_config
-from vit.train.losses import softmax_xent
-from vit.train.model import fresh_params
-from vit.train.placement import Placement
-from vit.train.step import make_train_step
+from vit.training.losses import softmax_xent
+from vit.training.model import fresh_params
+from vit.training.placement import Placement
+from vit.training.step import make_train_step
 
 # Compiles whole models or imports torch: with the slow set.
 pytestmark = pytest.mark.slow

@@ -16,7 +16,7 @@ from vit.data.prompt_controls import PromptControl
 from vit.models.text import detokenize, tokenize
 from vit.preprocess import Preprocessing
 from vit.recipes.load import load_config
-from vit.train.losses import prompt_xent, sigmoid_xent
+from vit.training.losses import prompt_xent, sigmoid_xent
 
 RECIPE = Path(__file__).resolve().parents[1] / "configs" / "promptshapes.py"
 
@@ -98,7 +98,7 @@ def test_controls_keep_answers_and_take_one_modality_away():
 def test_lr_mults_scale_the_matching_parameters_and_no_decay_spares_them():
     import ml_collections
 
-    from vit.train.optim import make_optimizer
+    from vit.training.optim import make_optimizer
 
     params = {"xattn": {"0": {"attn_gate": jnp.ones(()), "q": {"kernel": jnp.ones((2, 2))}}}}
     cfg = ml_collections.ConfigDict(dict(
@@ -118,7 +118,7 @@ def test_lr_mults_scale_the_matching_parameters_and_no_decay_spares_them():
 def test_lr_mults_and_layer_decay_work_with_frozen_parameters():
     import ml_collections
 
-    from vit.train.optim import make_optimizer
+    from vit.training.optim import make_optimizer
 
     params = {"blocks": {"0": {"w": {"kernel": jnp.ones((2,))}}},
               "xattn": {"0": {"attn_gate": jnp.ones(())}}}
@@ -147,7 +147,7 @@ def test_staged_run_resumes_across_stages_and_learns_to_read_the_prompt(tmp_path
     from vit.data.prompt_controls import PromptControl
     from vit.inference.evaluate import evaluate_prompts, make_logits_fn
     from vit.recipes.load import load_config
-    from vit.train.stages import train_stages
+    from vit.training.stages import train_stages
 
     cfg = load_config("configs/promptshapes.py", [
         "model.width=96", "model.mlp_dim=192", "model.depth=2", "model.text.xattn_start=1",

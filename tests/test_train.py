@@ -17,7 +17,7 @@ from conftest import tiny_recipe, tiny_recipe_sets, tiny_train_step
 
 from vit.checkpoints import orbax_format
 from vit.recipes.load import load_config
-from vit.train.metrics import read_metrics
+from vit.training.metrics import read_metrics
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -47,7 +47,7 @@ def restore_params(workdir, step, item=orbax_format.PARAMS):
 
 @pytest.fixture(scope="module")
 def straight_run(tmp_path_factory):
-    from vit.train.loop import train
+    from vit.training.loop import train
 
     workdir = tmp_path_factory.mktemp("straight")
     result = train(tiny(), workdir)
@@ -56,7 +56,7 @@ def straight_run(tmp_path_factory):
 
 @pytest.mark.slow
 def test_resumed_run_matches_uninterrupted_run_step_for_step(straight_run, tmp_path, capsys):
-    from vit.train.loop import train
+    from vit.training.loop import train
 
     workdir, result = straight_run
     train(tiny(), tmp_path, stop_after=3)  # "interrupted" after step 3 (saved there)
@@ -133,8 +133,8 @@ def test_eval_on_arrays_matches_predict_on_exported_pngs(trained_digits, tmp_pat
 @pytest.mark.slow
 def test_init_replaces_head_and_resizes_posemb(straight_run, tmp_path):
     from vit.checkpoints import load_checkpoint
-    from vit.train.loop import train
-    from vit.train.model import start_from_init
+    from vit.training.loop import train
+    from vit.training.model import start_from_init
 
     workdir, _ = straight_run
     src = load_checkpoint(str(workdir))
@@ -172,7 +172,7 @@ def test_adapt_params_zero_head_and_shape_errors():
     from vit.checkpoints.fit import adapt_params
     from vit.errors import CheckpointError
     from vit.models.config import variant_config
-    from vit.train.model import abstract_params
+    from vit.training.model import abstract_params
 
     src_cfg = variant_config("Ti/16", width=16, depth=1, mlp_dim=32, num_heads=2, patch_size=4,
                          image_size=16, num_classes=5, representation_size=8)
@@ -196,7 +196,7 @@ def test_optimizer_recipes():
     import ml_collections
     import optax
 
-    from vit.train.optim import layer_id, make_optimizer, path_names
+    from vit.training.optim import layer_id, make_optimizer, path_names
 
     params = {"patch_kernel": jnp.ones((2, 2, 3, 4)), "pos_embed": jnp.ones((1, 5, 4)),
               "blocks": {0: {"norm1": {"scale": jnp.ones(4)}, "mlp": {"fc1": {
@@ -252,7 +252,7 @@ def test_optimizer_recipes():
 def test_cpu_step_splits_a_large_batch_into_micro_batches_of_enough_tokens():
     """cache_splits: the most equal pieces that each keep `min_tokens` tokens (worked by hand:
     ViT-S/16 batch 32 has 32 x 197 = 6,304 tokens, four pieces of 1,576)."""
-    from vit.train.step import MICRO_TOKENS, cache_splits
+    from vit.training.step import MICRO_TOKENS, cache_splits
 
     assert MICRO_TOKENS == 1536
     assert cache_splits(32, 197, 1536) == 4  # 8 x 197 = 1,576; 4 x 197 = 788 is too few
@@ -268,8 +268,8 @@ def test_cpu_step_splits_a_large_batch_into_micro_batches_of_enough_tokens():
 @pytest.mark.slow
 def test_gradient_accumulation_equals_one_big_batch():
     from vit.models.config import variant_config
-    from vit.train.from_recipe import model_fields
-    from vit.train.optim import make_optimizer
+    from vit.training.from_recipe import model_fields
+    from vit.training.optim import make_optimizer
 
     config = tiny("model.drop_path=0.0")
     cfg = variant_config("Ti/16", num_classes=10, image_size=8, **model_fields(config))
@@ -291,9 +291,9 @@ def test_trainable_mask_freezes_in_the_step_and_losses_are_chosen_by_name():
     everything (AdamW decays kernels), and trains the rest exactly as freezing by optimiser."""
     from vit.errors import ConfigError
     from vit.models.config import variant_config
-    from vit.train.from_recipe import model_fields
-    from vit.train.losses import get_loss, softmax_xent
-    from vit.train.optim import make_optimizer, path_names
+    from vit.training.from_recipe import model_fields
+    from vit.training.losses import get_loss, softmax_xent
+    from vit.training.optim import make_optimizer, path_names
 
     config = tiny("model.drop_path=0.0", "optim.warmup_steps=0")
     cfg = variant_config("Ti/16", num_classes=10, image_size=8, **model_fields(config))
@@ -322,11 +322,11 @@ import jax, jax.numpy as jnp, numpy as np
 from vit.recipes.load import load_config
 from vit.models.config import variant_config
 from vit import device_mesh
-from vit.train.from_recipe import model_fields
-from vit.train.model import fresh_params
-from vit.train.step import make_train_step
-from vit.train.optim import make_optimizer
-from vit.train.placement import Placement
+from vit.training.from_recipe import model_fields
+from vit.training.model import fresh_params
+from vit.training.step import make_train_step
+from vit.training.optim import make_optimizer
+from vit.training.placement import Placement
 assert jax.device_count() == 2, jax.devices()
 config = load_config("configs/digits.py", %r)
 cfg = variant_config("Ti/16", num_classes=10, image_size=8, **model_fields(config))
@@ -364,8 +364,8 @@ def test_two_device_data_parallel_step_equals_one_device_step():
 
 
 def test_nan_loss_stops_with_a_clear_message_and_keeps_good_checkpoint(tmp_path):
-    from vit.train.checkpointing import Diverged
-    from vit.train.loop import train
+    from vit.training.checkpointing import Diverged
+    from vit.training.loop import train
 
     config = tiny("optim.name=sgd", "optim.lr=1e30", "optim.clip_norm=0.0",
                   "optim.warmup_steps=0", "optim.schedule=constant", "train.checkpoint_every=1",
@@ -432,7 +432,7 @@ def test_sigterm_saves_and_sigkill_mid_save_leaves_a_usable_checkpoint(tmp_path)
     time.sleep(0.3)
     proc.kill()
     proc.communicate()
-    from vit.train.checkpointing import TrainCheckpoints
+    from vit.training.checkpointing import TrainCheckpoints
 
     latest = TrainCheckpoints(work).latest_step()
     assert latest is not None
@@ -449,7 +449,7 @@ def test_sigterm_saves_and_sigkill_mid_save_leaves_a_usable_checkpoint(tmp_path)
 def test_finetune_recipes_smoke(recipe, straight_run, tiny_tfds, tmp_path):
     """The big recipes as shipped (SGD, inception crop, flip, accumulation), shrunk with --set
     to two steps on a tiny TFDS dataset, starting from a tiny checkpoint."""
-    from vit.train.loop import train
+    from vit.training.loop import train
 
     workdir, _ = straight_run
     config = load_config(ROOT / "configs" / f"{recipe}.py", [

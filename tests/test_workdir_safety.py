@@ -48,7 +48,7 @@ def wait_for(name):
         time.sleep(0.01)
 
 if hook == "together":  # both processes reach the lock, then race for it
-    from vit.train import workdir
+    from vit.training import workdir
     acquire = workdir.WorkdirLock.acquire
     def at_barrier(self):
         (sync / f"ready-{os.getpid()}").touch()
@@ -57,7 +57,7 @@ if hook == "together":  # both processes reach the lock, then race for it
         acquire(self)
     workdir.WorkdirLock.acquire = at_barrier
 elif hook == "pause":  # holds the lock, checkpoints 1 and 2 finished, until told to go on
-    from vit.train.checkpointing import TrainCheckpoints
+    from vit.training.checkpointing import TrainCheckpoints
     wait = TrainCheckpoints.wait
     def paused(self):
         wait(self)
@@ -66,7 +66,7 @@ elif hook == "pause":  # holds the lock, checkpoints 1 and 2 finished, until tol
             wait_for("go")
     TrainCheckpoints.wait = paused
 elif hook == "sigint":  # says when the first SIGINT was handled
-    from vit.train.signals import StopSignals
+    from vit.training.signals import StopSignals
     handle = StopSignals._handle
     def handled(self, signum, frame):
         first = self.received is None
@@ -303,7 +303,7 @@ def test_a_lock_left_by_a_killed_run_is_no_lock(finished, copy_of, vit_train):
     """Guards: a SIGKILLed run must not leave a stale lock: the kernel releases it."""
     workdir = copy_of(finished)
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from vit.train.workdir import WorkdirLock; "
+        [sys.executable, "-c", "import sys, time; from vit.training.workdir import WorkdirLock; "
          "WorkdirLock(sys.argv[1]).acquire(); print('locked', flush=True); time.sleep(600)",
          str(workdir)], cwd=ROOT, env=ENV, stdout=subprocess.PIPE, text=True)
     SPAWNED.append(holder)
@@ -363,7 +363,7 @@ def _drop_while_read(monkeypatch, workdir: Path) -> list[int]:
     """On the first params read, a new step is finished (renamed into place, as orbax does) and
     the keep policy's own removal drops the step being read. Returns the steps dropped."""
     import vit.checkpoints.orbax_io as orbax_io
-    from vit.train.checkpointing import TrainCheckpoints
+    from vit.training.checkpointing import TrainCheckpoints
 
     read, dropped = orbax_io._restore_params, []
 
@@ -525,7 +525,7 @@ def _disk_fills_at(where: str, monkeypatch) -> None:
 
         monkeypatch.setattr(Path, "write_text", writing)
     elif where == "metrics.jsonl":
-        import vit.train.metrics
+        import vit.training.metrics
 
         class HalfAppend:
             def __init__(self, path, mode):
@@ -550,7 +550,7 @@ def _disk_fills_at(where: str, monkeypatch) -> None:
                 return HalfAppend(path, mode)
             return open(path, mode, *args, **kwargs)
 
-        monkeypatch.setattr(vit.train.metrics, "open", opening, raising=False)
+        monkeypatch.setattr(vit.training.metrics, "open", opening, raising=False)
     else:
         from matplotlib.figure import Figure
 
@@ -676,7 +676,7 @@ def test_a_finished_step_means_the_same_to_training_and_to_the_readers(tmp_path)
     from vit import step_folders
     from vit.checkpoints import orbax_format
     from vit.checkpoints.orbax_io import finished_steps
-    from vit.train import workdir
+    from vit.training import workdir
 
     assert (step_folders.PARAMS, step_folders.META) == (orbax_format.PARAMS, orbax_format.META)
     run = tmp_path / "run"

@@ -40,12 +40,9 @@ _LAZY = {
     "OutOfSpace": "vit.errors",
     "OutOfMemory": "vit.errors",
     "explain": "vit.explanations.maps",  # the package is vit.explanations
+    "train": "vit.training.api",  # the package is vit.training
 }
-
-# `train` is still a subpackage that is callable itself: `vit.train(config, workdir, ...)` runs
-# vit/train/api.py, and importing `vit.train.loop` binds the same object here.
-_CALLABLE_PACKAGES = ("train",)
-__all__ = sorted([*_LAZY, *_CALLABLE_PACKAGES])
+__all__ = sorted(_LAZY)
 
 if TYPE_CHECKING:  # what type checkers and IDEs follow; at run time `_LAZY` loads each on use
     from vit.checkpoints import load_checkpoint as load_checkpoint
@@ -67,11 +64,10 @@ if TYPE_CHECKING:  # what type checkers and IDEs follow; at run time `_LAZY` loa
     from vit.models.vit import VisionTransformer as VisionTransformer
     from vit.models.vit import create_model as create_model
     from vit.ops.attention import dot_product_attention as dot_product_attention
+    from vit.training.api import train as train
 
 
 def __getattr__(name):
-    if name in _CALLABLE_PACKAGES:  # a subpackage: importing it binds it here
-        return importlib.import_module(f"vit.{name}")
     if name in _LAZY:
         value = getattr(importlib.import_module(_LAZY[name]), name)
         globals()[name] = value

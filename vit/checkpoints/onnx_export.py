@@ -4,8 +4,8 @@ The graph is the model's forward in float32 with XLA attention (no Pallas kernel
 preprocessed images to two outputs: `logits` and `probabilities` (their softmax, what
 `vit predict` ranks). Its input `pixel_values` is `[batch, 3, height, width]` (NCHW, as
 transformers and timm feed their models) with a dynamic batch; height and width are the
-model's. Preprocessing is not in the graph: its settings (size, resample, crop_pct, mean, std)
-and the class names are stored in the file's metadata (`metadata_props`, keys
+model's. Preprocessing is not in the graph: its settings (`Preprocessing.to_dict`, and the
+resize rule in words) and the class names are stored in the file's metadata (`metadata_props`, keys
 `vit.preprocessing` and `vit.labels`; onnxruntime shows them in
 `InferenceSession(path).get_modelmeta().custom_metadata_map`).
 """

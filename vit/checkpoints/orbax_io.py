@@ -6,7 +6,7 @@ Parameters are restored as host numpy arrays, whatever sharding they were saved 
 
 A workdir may be read while a run writes into it, without its lock. Orbax makes a step appear
 by renaming its finished folder (`N.orbax-checkpoint-tmp-*` is a save in flight, not a step),
-and training's keep policy makes one disappear by a rename too (`vit.train.checkpointing`). So
+and training's keep policy makes one disappear by a rename too (`vit.training.checkpointing`). So
 a step that fails to read and is gone afterwards was dropped while it was read: the reader takes
 the next finished step. One that fails and is still there is damaged, and only then is it
 called so.

@@ -1,18 +1,18 @@
 """`vit train --config RECIPE --workdir DIR [--set KEY=VALUE ...] [--init CHECKPOINT]
 [--coordinator HOST:PORT --num-processes N --process-id I]`; `vit train --list-configs`;
-`vit train --config RECIPE --dry-run` (vit/train/dry_run.py: the recipe's model and step at
+`vit train --config RECIPE --dry-run` (vit/training/dry_run.py: the recipe's model and step at
 full size, compiled and measured, nothing written).
 
 RECIPE is a shipped recipe's name (`digits`; `--list-configs` lists them with their purpose)
 or a recipe file: what differs from the defaults in vit/recipes/defaults.py, where every key
 has its meaning; `--set` changes any key, one the recipe leaves out included. The run itself is
-`vit.train(...)` (vit/train/api.py), the same from Python.
+`vit.train(...)` (vit/training/api.py), the same from Python.
 
 Running the same command again resumes from the workdir's latest checkpoint. With the three
 process flags (or under SLURM / Open MPI / a multi-host TPU, detected) every process runs the
 same command and `jax.distributed` joins them; the mesh is `parallel.data` x `parallel.fsdp`.
 
-The workdir is a new or empty folder or a run's own (`vit.train.workdir`): another program's
+The workdir is a new or empty folder or a run's own (`vit.training.workdir`): another program's
 folder is refused before anything loads, and a workdir another run is training is refused at
 once (exit 2, naming that run). A run that fails before its first checkpoint takes back what it
 added.
@@ -69,7 +69,7 @@ def run(args) -> int:
     # Config mistakes fail before the heavy imports.
     config = load_config(args.config, args.set, model_field_types=model_field_types)
     if args.dry_run:  # touches no workdir, given or not
-        from vit.train.dry_run import dry_run
+        from vit.training.dry_run import dry_run
 
         dry_run(config, init=args.init)
         return 0
@@ -79,16 +79,16 @@ def run(args) -> int:
         raise ConfigError("vit train needs --workdir DIR (where the run's checkpoints go), "
                           "or --dry-run")
     from vit.commands.checks import check_output_dir
-    from vit.train.workdir import refuse_foreign
+    from vit.training.workdir import refuse_foreign
 
     workdir = check_output_dir(args.workdir, "--workdir")  # before any work, not after it
     refuse_foreign(workdir)  # checked again under the lock; this spares the imports
-    from vit.train import signals
-    from vit.train.parallel import start_processes
+    from vit.training import signals
+    from vit.training.parallel import start_processes
 
     # Before anything touches a device: joining the other processes fixes the device list.
     start_processes(args.coordinator, args.num_processes, args.process_id)
-    from vit.train.api import train
+    from vit.training.api import train
 
     with signals.ending_process_on_second_interrupt():
         train(config, workdir, init=args.init)  # a SIGINT/SIGTERM saves, then returns

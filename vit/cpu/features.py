@@ -64,7 +64,7 @@ def bfloat16_note() -> str | None:
             "TPUs and CPUs that have it")
 
 
-# A recipe's `model.dtype` that lets the host choose (`vit.train.from_recipe` resolves it).
+# A recipe's `model.dtype` that lets the host choose (`vit.training.from_recipe` resolves it).
 AUTO = "auto"
 
 

@@ -6,7 +6,7 @@ momentum, a cosine schedule, inception crop and flips at 224 px, from `--init CH
 A number whose sense has limits states them (`Range`), a name its choices; `load_config`
 refuses a value outside them, naming the key, so nothing trains to nonsense or fails later.
 The `model` section holds `name` and any `ViTConfig` field (vit/models/config.py, whose own
-defaults apply to the fields a recipe leaves out); `stages` (vit/train/stages.py) has no
+defaults apply to the fields a recipe leaves out); `stages` (vit/training/stages.py) has no
 defaults. Standard library only.
 """
 
@@ -163,7 +163,7 @@ DEFAULTS: dict[str, Key] = {
                           tuple[tuple[str, Any], ...]),
 }
 
-# Sections a recipe may hold besides those above: stages (vit/train/stages.py).
+# Sections a recipe may hold besides those above: stages (vit/training/stages.py).
 EXTRA_SECTIONS = ("stages",)
 
 

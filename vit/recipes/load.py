@@ -23,7 +23,7 @@ from vit.recipes.overrides import convert, expected_type, parse_value, split_ite
 from vit.recipes.shipped import resolve
 
 # The keys each section may hold, from the defaults. `model` holds `name` and ViTConfig's
-# fields (`load_config`'s `model_field_types`); `stages` is checked by vit/train/stages.py, and
+# fields (`load_config`'s `model_field_types`); `stages` is checked by vit/training/stages.py, and
 # a `stages.NAME.train` (`optim`, `input`) section may hold the keys of its base section.
 SECTION_KEYS = {name: keys for name, keys in sections().items() if name}
 TOP_KEYS = (*sections().get("", ()), *SECTION_KEYS, *EXTRA_SECTIONS)

@@ -10,7 +10,7 @@ text path with the gates at 0). Every stage but the last trains in `WORKDIR/stag
 last one trains in WORKDIR itself, so `vit eval --workdir` and `vit predict --checkpoint` see
 the finished model. Running the command again skips finished stages and resumes the one that
 was interrupted, from its own latest checkpoint. The run holds WORKDIR's lock throughout (see
-`vit.train.workdir`); each stage folder is claimed by its own stage as well.
+`vit.training.workdir`); each stage folder is claimed by its own stage as well.
 """
 
 from __future__ import annotations
@@ -23,11 +23,11 @@ import ml_collections
 
 from vit.errors import ConfigError
 from vit.models.config import variant_config
-from vit.train import parallel
-from vit.train import workdir as workdirs
-from vit.train.early_stop import REASON as STOPPED_EARLY
-from vit.train.from_recipe import model_fields
-from vit.train.loop import train, train_claimed
+from vit.training import parallel
+from vit.training import workdir as workdirs
+from vit.training.early_stop import REASON as STOPPED_EARLY
+from vit.training.from_recipe import model_fields
+from vit.training.loop import train, train_claimed
 
 SECTIONS = ("train", "optim", "input")
 STAGE_KEYS = {"order", "text", "skip_with_init", *SECTIONS}
@@ -58,7 +58,7 @@ def stage_configs(config) -> list[tuple[str, ml_collections.ConfigDict]]:
 
 def train_stages(config, workdir: str | Path, *, init: str | None = None,
                  stop_after: int | None = None, sources: dict | None = None) -> dict:
-    """Runs the stages in order (see the module); `sources` (as `vit.train.loop.train` takes
+    """Runs the stages in order (see the module); `sources` (as `vit.training.loop.train` takes
     them) feed every stage."""
     stages = stage_configs(config)
     for _, cfg in stages:  # a mistake in a later stage's model fails now, not after stage 0

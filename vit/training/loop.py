@@ -35,32 +35,32 @@ from vit.errors import ConfigError, OutOfMemory, OutOfSpace, is_out_of_memory
 from vit.inference.evaluate import evaluate_task, make_logits_fn, sharded_eval_batches
 from vit.models.text import tokenize
 from vit.step_folders import finished_steps
-from vit.train import parallel
-from vit.train import workdir as workdirs
-from vit.train.checkpointing import (
+from vit.training import parallel
+from vit.training import workdir as workdirs
+from vit.training.checkpointing import (
     METRIC,
     CheckpointPolicy,
     TrainCheckpoints,
     quiet_full_disk_logs,
 )
-from vit.train.early_stop import REASON as STOPPED_EARLY
-from vit.train.early_stop import EarlyStop
-from vit.train.from_recipe import augment_of
-from vit.train.iterator_records import iterator_states
-from vit.train.losses import DEFAULT as DEFAULT_LOSS
-from vit.train.losses import TEXT_LOSSES, get_loss
-from vit.train.metrics import MetricsLog, TrainMeter, plot_curves
-from vit.train.model import build_model
-from vit.train.optim import make_optimizer
-from vit.train.placement import Placement
-from vit.train.progress import progress
-from vit.train.resume import check_resume
-from vit.train.signals import StopSignals
-from vit.train.state import new_state, restore_state
-from vit.train.step import make_train_step
-from vit.train.tensorboard import FOLDER as TB_FOLDER
-from vit.train.tensorboard import EventLog
-from vit.train.workdir import has_finished_step, write_config
+from vit.training.early_stop import REASON as STOPPED_EARLY
+from vit.training.early_stop import EarlyStop
+from vit.training.from_recipe import augment_of
+from vit.training.iterator_records import iterator_states
+from vit.training.losses import DEFAULT as DEFAULT_LOSS
+from vit.training.losses import TEXT_LOSSES, get_loss
+from vit.training.metrics import MetricsLog, TrainMeter, plot_curves
+from vit.training.model import build_model
+from vit.training.optim import make_optimizer
+from vit.training.placement import Placement
+from vit.training.progress import progress
+from vit.training.resume import check_resume
+from vit.training.signals import StopSignals
+from vit.training.state import new_state, restore_state
+from vit.training.step import make_train_step
+from vit.training.tensorboard import FOLDER as TB_FOLDER
+from vit.training.tensorboard import EventLog
+from vit.training.workdir import has_finished_step, write_config
 
 VALIDATION = "the first validation"  # what an out-of-memory there names
 
@@ -73,12 +73,12 @@ def train(config, workdir: str | Path, *, init: str | None = None,
     runs at most that many steps in this call, then saves, as an interruption would.
     `sources` (`{"train": source, "validation": source}`, random-access as
     `vit.data.open_source` returns them) replace the recipe's dataset.
-    Raises `vit.train.checkpointing.Diverged` if the loss or the weights become non-finite,
-    `vit.train.workdir.WorkdirError` for a folder that is not a run's or one another run holds.
-    A recipe with `stages` is run by `vit.train.stages.train_stages`, one call per stage.
+    Raises `vit.training.checkpointing.Diverged` if the loss or the weights become non-finite,
+    `vit.training.workdir.WorkdirError` for a folder that is not a run's or one another run holds.
+    A recipe with `stages` is run by `vit.training.stages.train_stages`, one call per stage.
     """
     if "stages" in config:
-        raise ConfigError("a staged recipe runs through vit.train.stages.train_stages")
+        raise ConfigError("a staged recipe runs through vit.training.stages.train_stages")
     with workdirs.claim(workdir, primary=parallel.is_primary(),
                         agree=parallel.allgather_json) as claim:
         return train_claimed(config, Path(workdir), claim, init=init, stop_after=stop_after,

@@ -37,7 +37,7 @@ from orbax.checkpoint import checkpoint_managers as policies
 
 from vit.checkpoints import orbax_format
 from vit.errors import OutOfSpace, VitError, is_out_of_space
-from vit.train.workdir import replace_file
+from vit.training.workdir import replace_file
 
 METRIC = "val_accuracy"
 # Where dropped steps wait for removal; its name carries orbax's temporary suffix, so neither a

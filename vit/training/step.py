@@ -15,8 +15,8 @@ from flax import nnx
 
 from vit import device_mesh
 from vit.cpu.xla_options import jit_options, training_options
-from vit.train.losses import LossFn, softmax_xent
-from vit.train.placement import Placement
+from vit.training.losses import LossFn, softmax_xent
+from vit.training.placement import Placement
 
 # A float32 step on a CPU runs its batch in micro-batches of at least this many tokens (image
 # tokens, all examples together) when the batch holds several times more: the activations of

@@ -24,7 +24,7 @@ import socket
 import time
 from pathlib import Path
 
-from vit.train.metrics import append_whole, read_metrics
+from vit.training.metrics import append_whole, read_metrics
 
 FOLDER = "tb"
 SPLITS = ("train", "validation")

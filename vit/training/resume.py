@@ -14,7 +14,7 @@ from typing import Any
 from vit.checkpoints import orbax_format
 from vit.cpu.features import AUTO
 from vit.errors import CheckpointError, ConfigError
-from vit.train.checkpointing import TrainCheckpoints
+from vit.training.checkpointing import TrainCheckpoints
 
 # What a resume takes from the checkpoint, not from the recipe: a changed value would be
 # silently ignored (the saved model continues), so the resume refuses it.

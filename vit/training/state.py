@@ -16,11 +16,11 @@ import optax
 
 from vit import device_mesh
 from vit.checkpoints import orbax_format
-from vit.train import parallel
-from vit.train.checkpointing import TrainCheckpoints
-from vit.train.iterator_records import iterator_state_of_process
-from vit.train.placement import Placement, abstract
-from vit.train.resume import restore_error
+from vit.training import parallel
+from vit.training.checkpointing import TrainCheckpoints
+from vit.training.iterator_records import iterator_state_of_process
+from vit.training.placement import Placement, abstract
+from vit.training.resume import restore_error
 
 
 @dataclass

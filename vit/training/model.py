@@ -2,7 +2,7 @@
 to it, or rebuilt from a resumed checkpoint's own meta.
 
 A resume rebuilds the model from the checkpoint's meta, not from the recipe, so editing the
-recipe cannot silently change the architecture under a run (`vit.train.resume` refuses such an
+recipe cannot silently change the architecture under a run (`vit.training.resume` refuses such an
 edit, naming the key).
 """
 
@@ -23,7 +23,7 @@ from vit.models.config import ViTConfig, variant_config
 from vit.models.vit import VisionTransformer
 from vit.preprocess import Preprocessing
 from vit.step_folders import finished_steps
-from vit.train.from_recipe import dtype_line, model_fields, preprocessing_of
+from vit.training.from_recipe import dtype_line, model_fields, preprocessing_of
 
 # Model fields a fine-tuning config may change on a pretrained architecture.
 TRAINING_FIELDS = ("dropout", "attention_dropout", "drop_path", "dtype", "remat",

@@ -29,7 +29,7 @@ class MetricsLog:
         self.path, self.enabled = Path(workdir) / "metrics.jsonl", enabled
         self.resume_step = resume_step or 0
         self._settled = False
-        # The same records as TensorBoard events (`vit.train.tensorboard.EventLog`), or None.
+        # The same records as TensorBoard events (`vit.training.tensorboard.EventLog`), or None.
         self.events = events if enabled else None
 
     def write(self, record: dict) -> None:

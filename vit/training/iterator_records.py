@@ -6,7 +6,7 @@ from __future__ import annotations
 import jax
 
 from vit.errors import ConfigError
-from vit.train import parallel
+from vit.training import parallel
 
 
 def iterator_states(local_state: dict) -> dict:

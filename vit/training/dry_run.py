@@ -35,16 +35,16 @@ from vit.data import open_source, train_iterator
 from vit.data.sources import ArraySource
 from vit.errors import DataError
 from vit.inference import memory
-from vit.train import parallel
-from vit.train.from_recipe import augment_of, resolved_dtype
-from vit.train.loop import prompt_tokenizer
-from vit.train.losses import DEFAULT as DEFAULT_LOSS
-from vit.train.losses import get_loss
-from vit.train.model import build_model
-from vit.train.optim import make_optimizer
-from vit.train.placement import Placement
-from vit.train.state import new_state
-from vit.train.step import make_train_step
+from vit.training import parallel
+from vit.training.from_recipe import augment_of, resolved_dtype
+from vit.training.loop import prompt_tokenizer
+from vit.training.losses import DEFAULT as DEFAULT_LOSS
+from vit.training.losses import get_loss
+from vit.training.model import build_model
+from vit.training.optim import make_optimizer
+from vit.training.placement import Placement
+from vit.training.state import new_state
+from vit.training.step import make_train_step
 
 ASSUMED_CLASSES = 1000
 
@@ -56,7 +56,7 @@ def dry_run(config, *, init: str | None = None, measure: bool = True,
     out = out or (lambda line: print(line, flush=True))
     before = _process_age_s()  # the command's start-up so far: its imports, the recipe
     if "stages" in config:
-        from vit.train.stages import stage_configs
+        from vit.training.stages import stage_configs
 
         results = []
         for k, (name, stage) in enumerate(stage_configs(config)):
@@ -272,7 +272,7 @@ def _timed_save(args, model_config) -> float | None:
     if jax.process_count() > 1:
         return None
     from vit.checkpoints import orbax_format
-    from vit.train.checkpointing import TrainCheckpoints
+    from vit.training.checkpointing import TrainCheckpoints
 
     params, opt_state, ema = args[:3]
     try:

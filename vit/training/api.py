@@ -11,7 +11,7 @@ runs it; the command calls this.
 `ml_collections.ConfigDict` (a recipe's `get_config()` or a loaded config). `overrides` are
 `--set` items (`["train.steps=200"]`) or a dict of them. `data` replaces the recipe's dataset:
 a name or folder as `data.name` takes it, or the caller's own examples (see
-`vit.train.user_data`): `(images, labels)` arrays, `{"image": ..., "label": ...}`, a grain-style
+`vit.training.user_data`): `(images, labels)` arrays, `{"image": ..., "label": ...}`, a grain-style
 random-access source, or `{"train": ..., "validation": ...}` of those. The workdir is resumed
 when it holds a run, as with the command.
 """
@@ -41,7 +41,7 @@ def train(config, workdir: str | os.PathLike, *, overrides: Sequence[str] | Mapp
     `stop_after` runs at most that many steps in this call, then saves.
     Mistakes raise `vit.errors.ConfigError` / `DataError` with one line saying the fix.
     """
-    from vit.train.user_data import OWN, as_sources
+    from vit.training.user_data import OWN, as_sources
 
     sets = override_items(overrides)
     sources = None
@@ -57,10 +57,10 @@ def train(config, workdir: str | os.PathLike, *, overrides: Sequence[str] | Mapp
     if workdir.exists() and not workdir.is_dir():
         raise ConfigError(f"workdir {workdir}: is an existing file, not a folder; give a new "
                           "or existing folder")
-    if "stages" in config:  # several stages, each a run of the loop (vit/train/stages.py)
-        from vit.train.stages import train_stages as run
+    if "stages" in config:  # several stages, each a run of the loop (vit/training/stages.py)
+        from vit.training.stages import train_stages as run
     else:
-        from vit.train.loop import train as run
+        from vit.training.loop import train as run
     return run(config, workdir, init=init, stop_after=stop_after, sources=sources)
 
 

@@ -15,7 +15,7 @@ import jax
 import optax
 
 from vit import device_mesh
-from vit.train import parallel
+from vit.training import parallel
 
 
 @dataclass(frozen=True)
