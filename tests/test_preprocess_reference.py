@@ -192,8 +192,9 @@ def test_squash_at_crop_pct_1_is_a_plain_resize():
     assert pre.crop_pct is None and pre == Preprocessing(resample="bicubic", **IMAGENET)
 
 
-def _old_resize_crop(image, size, crop_pct, resample):
-    """The rule before this file: the scale rounded per side, the offset floored."""
+def _rounded_resize_crop(image, size, crop_pct, resample):
+    """A near miss of timm's rule: the scale rounded per side (249 for 224 / 0.9, where timm
+    floors to 248), the offset floored."""
     h, w = size
     scale = min(h, w) / crop_pct / min(image.size[1], image.size[0])
     rw, rh = max(w, round(image.size[0] * scale)), max(h, round(image.size[1] * scale))
@@ -203,14 +204,14 @@ def _old_resize_crop(image, size, crop_pct, resample):
 
 
 def test_the_comparisons_see_one_pixel_of_rounding():
-    """What the timm tests would catch: the old arithmetic (249 for 224 / 0.9 where timm
-    floors to 248), and transformers' offset rule in place of torchvision's."""
+    """What the timm tests would catch: the scale rounded where timm floors it, and
+    transformers' offset rule in place of torchvision's."""
     cfg = _cfg(224, 0.9, "center", "bicubic")
     to_uint8, _ = timm_transforms(cfg)
-    old = [np.array_equal(np.asarray(_old_resize_crop(to_rgb(im), (224, 224), 0.9,
-                                                      "bicubic")), timm_input(to_uint8, im))
-           for im in some_photos().values()]
-    assert not any(old)
+    rounded = [np.array_equal(np.asarray(_rounded_resize_crop(to_rgb(im), (224, 224), 0.9,
+                                                              "bicubic")),
+                              timm_input(to_uint8, im)) for im in some_photos().values()]
+    assert not any(rounded)
     # Same resize (shorter side to 256 = floor(224 / 0.875)), the crop offsets differ only by
     # rounding: floor (transformers) against half-to-even (torchvision). Some photos tell.
     to_uint8, _ = timm_transforms(_cfg(224, 0.875, "center", "bicubic"))

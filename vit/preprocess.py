@@ -302,12 +302,12 @@ class Preprocessing:
         ConfigError when timm cannot say it."""
         if self.rescale_factor != RESCALE:
             raise ConfigError(f"rescale_factor={self.rescale_factor:g}: timm always divides by "
-                              "255; fold the factor into mean and std instead")
+                              "255; orbax keeps it")
         if self.shortest_edge is not None:
             raise ConfigError(
                 f"preprocessing {self.describe_geometry()}: timm has no equal (its centre crop "
                 "rounds the offset half to even where transformers' rounds it down, a pixel "
-                "apart for some image sizes); convert with --lossy or keep it in orbax")
+                "apart for some image sizes); orbax keeps it")
         crop_pct, crop_mode = self.crop_pct, self.crop_mode
         if crop_pct is None:
             crop_pct, crop_mode = _squash_crop_pct(self.size, self.resize_to or self.size)
@@ -315,7 +315,7 @@ class Preprocessing:
                 raise ConfigError(
                     f"preprocessing {self.describe_geometry()}: timm's squash mode cannot "
                     "resize to that size before this crop, or crops it a pixel elsewhere; "
-                    "convert with --lossy or keep it in orbax")
+                    "orbax keeps it")
         return {"input_size": [3, *self.size], "interpolation": self.resample,
                 "mean": _three(self.mean), "std": _three(self.std), "crop_pct": crop_pct,
                 "crop_mode": crop_mode}
@@ -414,7 +414,7 @@ class Preprocessing:
                     raise ConfigError(
                         f"preprocessing {self.describe_geometry()}: transformers' processors "
                         "have no equal (they crop at another offset, or only after a fixed "
-                        "resize); convert with --lossy or keep it in orbax")
+                        "resize); orbax keeps it")
             resized = resized or self.size
             size = {"height": resized[0], "width": resized[1]}
         pil = {name: code for code, name in PIL_RESAMPLE.items()}

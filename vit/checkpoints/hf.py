@@ -77,7 +77,11 @@ def read(folder: Path) -> LoadedCheckpoint:
             patch_size=kernel.shape[:2], in_channels=kernel.shape[2], num_classes=num_classes,
             posemb_resize=METHOD_OF_SOURCE["hf"], **got.fields)
     except ConfigError as err:  # the weights and config.json disagree
-        raise CheckpointError(f"{config_file}: does not fit the weights: {err}; fix "
+        tower = hc.get("vision_config") if model_type in ("clip", "siglip") else hc
+        stated = isinstance(tower, dict) and tower.get("num_attention_heads") is not None
+        assumed = "" if stated else (" (num_attention_heads is not in it: 12 was assumed, as "
+                                     "transformers does)")
+        raise CheckpointError(f"{config_file}: does not fit the weights{assumed}: {err}; fix "
                               "config.json") from None
     warning = None if got.projection else zero_head_warning(params)
     labels = None if got.projection else _labels(hc, num_classes, config_file)

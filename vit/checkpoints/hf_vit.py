@@ -50,25 +50,25 @@ def read(model_type: str, hc: dict, arrays: dict, config_file) -> Read:
     params["blocks"] = {i: read_layer(get, f"encoder.layer.{i}", VIT_LAYER, qkv_bias=qkv_bias)
                         for i in range(fields["depth"])}
     params["norm"] = norm("layernorm")
-    fields.update(qkv_bias=qkv_bias, dist_token=deit)
+    fields["qkv_bias"] = qkv_bias
     name = "DeiT" if deit else "ViT"
     if deit and get.has("cls_classifier.weight"):
         params["head"], params["head_dist"] = linear("cls_classifier"), linear(
             "distillation_classifier")
-        arch, fields["dist_head"] = f"{name}ForImageClassificationWithTeacher", True
+        arch = f"{name}ForImageClassificationWithTeacher"
     elif get.has("classifier.weight"):
         params["head"] = linear("classifier")
-        arch, fields["dist_head"] = f"{name}ForImageClassification", False
+        arch = f"{name}ForImageClassification"
     else:
-        arch, fields["dist_head"] = f"{name}Model", False
+        arch = f"{name}Model"
         if get.has("pooler.dense.weight"):
             if f.raw("pooler_act") != "tanh":
                 raise CheckpointError(f"{config_file}: pooler_act {f.raw('pooler_act')!r} is "
                                       "not supported (only tanh)")
             params["pre_logits"] = linear("pooler.dense")
             fields["representation_size"] = params["pre_logits"]["kernel"].shape[1]
-    if not deit:
-        del fields["dist_head"], fields["dist_token"]
+    if deit:  # the distillation head only in ...WithTeacher
+        fields.update(dist_token=True, dist_head="head_dist" in params)
     skipped = NOT_A_CLASSIFIER
     if "head" in params:
         skipped += (("pooler.", f"the pooler, which {arch} does not use"),)
@@ -82,6 +82,9 @@ def cannot_hold(loaded, model_type: str) -> list[str]:
                                ("pre_logits",))
     if deit and not cfg.dist_token:
         problems.append("no distillation token (DeiT always has one)")
+    if deit and cfg.dist_token and cfg.dist_head and not cfg.num_classes:
+        problems.append("the mean of the class and distillation tokens as the output "
+                        "(DeiTModel pools the class token)")
     problems += head_problem(cfg, ("token",), "transformers' ViT and DeiT read the class token")
     return problems
 
