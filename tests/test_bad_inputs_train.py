@@ -12,7 +12,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import tiny_recipe_sets
+from builders import tiny_recipe_sets
 from PIL import Image
 
 from vit.cli import main

@@ -6,7 +6,7 @@ host is played by a patched feature check, both ways."""
 from pathlib import Path
 
 import pytest
-from conftest import tiny_recipe
+from builders import tiny_recipe
 
 from vit.errors import ConfigError
 from vit.recipes.load import _run_recipe

@@ -36,8 +36,9 @@ def test_timm_crop_to_hf_is_refused_naming_lossy_then_forced(tmp_path, timm_crop
     code, err = run_vit(["convert", timm_crop, tmp_path / "hf", "--format", "hf", "--lossy"])
     assert code == 0, err
     changes = [line for line in err if "--lossy:" in line]
-    assert changes == ["vit convert: --lossy: preprocessing crop_pct 1 becomes a plain resize "
-                       "to 8x8 (ViTImageProcessor resizes without a crop)"]
+    assert changes == ["vit convert: --lossy: preprocessing 'shorter side to 8, centre crop 8x8 "
+                       "(timm crop_pct 1, crop_mode center)' becomes 'resize to 8x8' "
+                       "(ViTImageProcessor resizes without a crop)"]
     src, out = load_checkpoint(timm_crop), load_checkpoint(tmp_path / "hf")
     assert out.preprocessing == dataclasses.replace(src.preprocessing, crop_pct=None)
     fs, fo = flatten(src.params), flatten(out.params)

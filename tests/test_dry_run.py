@@ -130,7 +130,7 @@ def test_the_estimate_says_what_it_could_not_count_and_a_busy_host():
 def test_the_dry_run_prints_the_whole_run_estimate(capsys):
     """The estimate's line from the real timings of a tiny step; its figures are checked
     above, with injected timings, never here."""
-    from conftest import tiny_recipe
+    from builders import tiny_recipe
 
     from vit.training.dry_run import dry_run
 

@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import tiny_text_model
+from builders import tiny_text_model
 from flax import nnx
 from PIL import Image
 

@@ -10,6 +10,7 @@ import pytest
 
 from vit.data import fashion_scenes as fs
 from vit.data import prompt_words as pw
+from vit.data.prompted import SplitError
 
 N = 60
 
@@ -192,9 +193,9 @@ def test_vocabulary_and_longest_prompt():
 
 
 def test_bad_split_and_size():
-    with pytest.raises(fs.SplitError, match="no split"):
+    with pytest.raises(SplitError, match="no split"):
         fs.generate("nope", 2, photos=_photos())
-    with pytest.raises(fs.SplitError, match="even"):
+    with pytest.raises(SplitError, match="even"):
         fs.generate("train", 3, photos=_photos())
     images, labels = _photos()
     with pytest.raises(fs.DataError, match="lack a class"):

@@ -153,10 +153,29 @@ def test_a_model_no_hf_class_holds_is_refused_naming_the_nearest(tmp_path, saved
     import dataclasses
 
     deit = load_checkpoint(saved(next(c for c in CASES if c.id == "deit-teacher"))[0])
-    scaled = dataclasses.replace(deit, config=deit.config.replace(layer_scale=0.5))
+    gamma = {"gamma": np.full(deit.config.width, 0.5, np.float32)}
+    blocks = {i: {**b, "ls1": gamma, "ls2": gamma} for i, b in deit.params["blocks"].items()}
+    scaled = dataclasses.replace(deit, config=deit.config.replace(layer_scale=0.5),
+                                 params={**deit.params, "blocks": blocks})
     with pytest.raises(CheckpointError, match="cannot hold layer scale.*model_type deit"):
         save_checkpoint(scaled, tmp_path / "hf", "hf")
     assert not (tmp_path / "hf").exists()
+
+
+@pytest.mark.parametrize("file,fields,words", [
+    ("config.json", {"use_shared_relative_position_bias": True}, "together"),
+    ("preprocessor_config.json", {"size": {"height": 40, "width": 40}},
+     "processor gives 40x40 images"),
+])
+def test_beit_settings_that_are_not_reproduced_are_refused(tmp_path, saved, file, fields, words):
+    import shutil
+
+    folder = tmp_path / "beit"
+    shutil.copytree(saved(next(c for c in CASES if c.id == "beit"))[0], folder)
+    path = folder / file
+    path.write_text(json.dumps({**json.loads(path.read_text()), **fields}))
+    with pytest.raises(CheckpointError, match=words):
+        load_checkpoint(folder)
 
 
 def test_the_coverage_table_is_current(saved):

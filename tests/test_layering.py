@@ -6,7 +6,8 @@
 lists and opens image files, `preprocess` turns them into model inputs; `device_mesh` is the
 one mesh helper of training and inference; `recipes` loads training configurations.) Every
 module under `vit/` is parsed, not imported, and every import of `vit.*` counts, whether at
-module level or inside a function: a local import is a dependency all the same.
+module level or inside a function: a local import is a dependency all the same. Datasets are
+chosen by name in one table, `vit.data.sources.BUILT_IN`.
 """
 
 import ast
@@ -132,6 +133,36 @@ def test_no_module_imports_its_own_packages_init():
             if target in ancestors:
                 wrong.append(where(module, line, text))
     assert not wrong, "imports through the package's own __init__:\n" + "\n".join(wrong)
+
+
+def _names_compared(tree) -> list[tuple[int, str]]:
+    """(line, string) for each string constant an `==`, `!=` or `in` compares against."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare):
+            for side in (node.left, *node.comparators):
+                items = side.elts if isinstance(side, (ast.Tuple, ast.List, ast.Set)) else [side]
+                found += [(node.lineno, c.value) for c in items
+                          if isinstance(c, ast.Constant) and isinstance(c.value, str)]
+    return found
+
+
+def test_datasets_are_chosen_by_name_only_in_the_registry():
+    # `vit.data.sources.BUILT_IN` is the one table of datasets by name: a prompt dataset's module
+    # (one built on `vit.data.prompted`) is imported there and nowhere else in vit, and no other
+    # module compares a value with a dataset's name.
+    from vit.data.sources import BUILT_IN
+
+    registry = "vit.data.sources"
+    prompted = {m for m in MODULES if any(t == "vit.data.prompted" for _, _, t in imports(m))}
+    assert {"vit.data.promptshapes", "vit.data.fashion_scenes"} <= prompted
+    wrong = [where(module, line, text) for module in MODULES if module != registry
+             for line, text, target in imports(module) if target in prompted - {module}]
+    for module, path in MODULES.items():
+        if module != registry:
+            wrong += [where(module, line, repr(name)) for line, name in
+                      _names_compared(ast.parse(path.read_text(), str(path))) if name in BUILT_IN]
+    assert not wrong, "datasets named outside vit.data.sources.BUILT_IN:\n" + "\n".join(wrong)
 
 
 def test_no_import_cycles():

@@ -348,11 +348,12 @@ def test_options_train_with_and_without_remat(fields):
     grads = {}
     for remat in (False, True):
         model = create_model(cfg.replace(remat=remat), rngs=nnx.Rngs(0))
-        grads[remat] = params_of(nnx.grad(loss)(model))
+        grads[remat] = params_of(nnx.jit(nnx.grad(loss))(model))
     assert all(np.isfinite(g).all() for g in grads[False].values())
     assert any(np.abs(g).sum() > 0 for p, g in grads[False].items() if p[0] == "blocks")
-    for path, g in grads[False].items():
-        np.testing.assert_allclose(grads[True][path], g, rtol=1e-5, atol=1e-5,
+    for path, g in grads[False].items():  # the same up to float rounding
+        scale = np.abs(g).max() + 1e-6
+        np.testing.assert_allclose(grads[True][path] / scale, g / scale, atol=1e-4,
                                    err_msg=str(path))
 
 

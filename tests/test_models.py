@@ -4,7 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import tiny_model
+from builders import tiny_model
 from flax import nnx
 
 import vit

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import tiny_recipe_sets
+from builders import tiny_recipe_sets
 
 from vit.training.metrics import read_metrics
 

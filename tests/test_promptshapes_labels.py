@@ -79,3 +79,17 @@ def test_a_resume_on_the_other_labels_names_data_labels(run_vit, tmp_path):
     assert "data.labels='attributes'" in err[-1] and "set data.labels to those" in err[-1]
     assert "has 24" in err[-1] and "10 classes" in err[-1]
     assert not (tmp_path / "wd" / "checkpoints" / "2").exists()
+
+
+def test_a_checkpoints_class_names_say_which_labels_it_learned():
+    """`vit eval --checkpoint` opens promptshapes with the labels the checkpoint's class names
+    are (the registry's `labels_named`); the default and datasets without a choice give None."""
+    from vit.data import fashion_scenes as fs
+    from vit.data.sources import labels_named
+
+    assert labels_named("promptshapes", ps.ATTRIBUTE_NAMES) == "attributes"
+    assert labels_named("promptshapes", ps.CLASS_NAMES) is None
+    assert labels_named("promptshapes", None) is None
+    assert labels_named("promptshapes", ["a", "b"]) is None
+    assert labels_named("digits", ps.ATTRIBUTE_NAMES) is None
+    assert labels_named("fashion_scenes", fs.CLASS_NAMES) is None

@@ -55,7 +55,7 @@ def _fake_run(table, data):
         build_model=lambda: LookupModel(table))
     source = types.SimpleNamespace(name="promptshapes",
                                    data=types.SimpleNamespace(images=indexed, labels=data.labels))
-    source.question_grid = lambda: ps.PromptShapesSource.question_grid(source)
+    source.question_grid = lambda: ps.DATASET.question_grid(source.data)
     return every_question(loaded, source)
 
 

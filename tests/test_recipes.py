@@ -8,7 +8,7 @@ from pathlib import Path
 
 import ml_collections
 import pytest
-from conftest import tiny_recipe_sets
+from builders import tiny_recipe_sets
 
 from vit.errors import ConfigError
 from vit.recipes.defaults import DEFAULTS, default_tree, type_of

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import tiny_recipe, tiny_recipe_sets, tiny_train_step
+from builders import tiny_program, tiny_recipe, tiny_recipe_sets
 
 from vit.checkpoints import orbax_format
 from vit.recipes.load import load_config
@@ -22,15 +22,15 @@ from vit.training.metrics import read_metrics
 pytestmark = pytest.mark.timeout(600)
 
 ROOT = Path(__file__).parent.parent
-# The shared tiny recipe over eight steps, validated and saved at 4 and 8, with the
-# stochastic parts (drop path, EMA) on, so a resume has them to replay.
-TINY = tiny_recipe_sets("model.patch_size=2", "train.batch_size=16", "train.steps=8",
+# The --set items of this file's runs: the tiny recipe over eight steps, validated and saved at
+# 4 and 8, with the stochastic parts (drop path, EMA) on, so a resume has them to replay.
+RUN_SETS = tiny_recipe_sets("model.patch_size=2", "train.batch_size=16", "train.steps=8",
                         "train.eval_every=4", "train.checkpoint_every=4",
                         "optim.warmup_steps=2", "model.drop_path=0.1", "train.ema_decay=0.9")
 
 
 def tiny(*extra):
-    return tiny_recipe(*TINY, *extra)
+    return tiny_recipe(*RUN_SETS, *extra)
 
 
 def train_losses(workdir):
@@ -252,9 +252,10 @@ def test_optimizer_recipes():
 def test_cpu_step_splits_a_large_batch_into_micro_batches_of_enough_tokens():
     """cache_splits: the most equal pieces that each keep `min_tokens` tokens (worked by hand:
     ViT-S/16 batch 32 has 32 x 197 = 6,304 tokens, four pieces of 1,576)."""
-    from vit.training.step import MICRO_TOKENS, cache_splits
+    from vit.recipes.defaults import DEFAULTS
+    from vit.training.program import cache_splits
 
-    assert MICRO_TOKENS == 1536
+    assert DEFAULTS["train.micro_tokens"].default == 1536
     assert cache_splits(32, 197, 1536) == 4  # 8 x 197 = 1,576; 4 x 197 = 788 is too few
     assert cache_splits(64, 197, 1536) == 8
     assert cache_splits(30, 197, 1536) == 3  # 10 each; 6 each (1,182) is too few
@@ -262,7 +263,28 @@ def test_cpu_step_splits_a_large_batch_into_micro_batches_of_enough_tokens():
     assert cache_splits(7, 197, 1536) == 1  # 1,379 tokens in all: nothing to split
     assert cache_splits(64, 17, 1536) == 1  # the digits demo: 1,088 tokens
     assert cache_splits(12, 257, 1536) == 2
-    assert cache_splits(32, 197, None) == 1  # never split
+    assert cache_splits(32, 197, None) == 1 == cache_splits(32, 197, 0)  # never split
+
+
+def test_the_recipe_decides_the_micro_batches_a_step_runs():
+    """`train.accum_steps`, each split on one CPU device by `train.micro_tokens` (ViT-Ti/16 at
+    32 px: 5 tokens an image, batch 64 in 4 accumulation steps of 16 = 80 tokens, so pieces of
+    at least 32 tokens are 2 per micro-batch); 0 leaves them whole, as do float16 and a mesh of
+    several devices."""
+    from vit.training import parallel
+    from vit.training.model import build_model
+    from vit.training.program import micro_batches
+
+    config = tiny_recipe("input.image_size=32", "model.patch_size=16", "train.batch_size=64",
+                         "train.accum_steps=4", "train.micro_tokens=32")
+    model, _ = build_model(config, 10)
+    mesh = parallel.mesh_from_config(config)
+    assert model.config.num_tokens == 4 and jax.devices()[0].platform == "cpu"
+    assert micro_batches(config, model.config, mesh) == 4 * 2  # 16 x 4 = 64 tokens: 2 pieces
+    config.train.micro_tokens = 0
+    assert micro_batches(config, model.config, mesh) == 4
+    config.train.micro_tokens = 32
+    assert micro_batches(config, model.config.replace(dtype="float16"), mesh) == 4
 
 
 @pytest.mark.slow
@@ -271,14 +293,13 @@ def test_gradient_accumulation_equals_one_big_batch():
     from vit.training.from_recipe import model_fields
     from vit.training.optim import make_optimizer
 
-    config = tiny("model.drop_path=0.0")
-    cfg = variant_config("Ti/16", num_classes=10, image_size=8, **model_fields(config))
-    params = tiny_train_step(cfg).params
-    tx, _ = make_optimizer(config.optim, params, cfg.depth, 8)
     outs = []
-    for accum in (1, 4):
-        p, _, _, m = tiny_train_step(cfg, tx=tx, accum_steps=accum)()
-        outs.append((p, float(m["loss"])))
+    for accum in (1, 4):  # no warmup: the first step moves the weights
+        program, batch = tiny_program(*RUN_SETS, "model.drop_path=0.0", "optim.warmup_steps=0",
+                                      f"train.accum_steps={accum}")
+        m = program(batch)
+        assert program.micro_batches == accum
+        outs.append((program.state.params, float(m["loss"])))
     np.testing.assert_allclose(outs[0][1], outs[1][1], rtol=1e-5)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6),
                  outs[0][0], outs[1][0])
@@ -357,7 +378,7 @@ print("OK", out[0][1], out[1][1])
 def test_two_device_data_parallel_step_equals_one_device_step():
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2",
            "JAX_PLATFORMS": "cpu"}
-    proc = subprocess.run([sys.executable, "-c", TWO_DEVICE_SCRIPT % (TINY,)], cwd=ROOT,
+    proc = subprocess.run([sys.executable, "-c", TWO_DEVICE_SCRIPT % (RUN_SETS,)], cwd=ROOT,
                           env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "OK" in proc.stdout
@@ -383,7 +404,7 @@ def test_nan_loss_stops_with_a_clear_message_and_keeps_good_checkpoint(tmp_path)
 def _vit_train(workdir, *extra):
     cmd = [sys.executable, "-m", "vit.cli", "train", "--config", "configs/digits.py",
            "--workdir", str(workdir)]
-    for item in TINY + list(extra):
+    for item in RUN_SETS + list(extra):
         cmd += ["--set", item]
     return cmd
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import tiny_recipe_sets
+from builders import tiny_recipe_sets
 
 from vit.errors import DataError
 from vit.training.metrics import read_metrics

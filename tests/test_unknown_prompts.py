@@ -138,7 +138,7 @@ def test_points_inside_reads_the_strongest_patch_centre():
 def promptshapes_run(tmp_path_factory):
     """A tiny text model saved inside a run folder whose config names promptshapes, and one
     image, as `vit predict --prompt` and `vit rollout --prompt` meet them."""
-    from conftest import tiny_text_model
+    from builders import tiny_text_model
     from PIL import Image
 
     from vit.checkpoints import save_orbax

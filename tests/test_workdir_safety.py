@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import tiny_recipe_sets
+from builders import tiny_recipe_sets
 from PIL import Image
 
 pytestmark = pytest.mark.timeout(300)

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import tiny_train_step
+from builders import tiny_train_step
 
 from vit.cpu import xla_options
 from vit.inference.predictor import Predictor

@@ -1,11 +1,14 @@
-"""Where a command or a checkpoint writer will create files: one check, made before any work,
-that the place can be created and written. Standard library only."""
+"""Where a command or a checkpoint writer will create files, and how an output file is written:
+one check, made before any work, that the place can be created and written; one writer that
+replaces a file whole or not at all. Standard library only."""
 
 from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import BinaryIO
 
 
 def unwritable_reason(path) -> str | None:
@@ -28,3 +31,18 @@ def unwritable_reason(path) -> str | None:
     except OSError as err:
         return f"{base} takes no new folders ({err.strerror or err})"
     return None
+
+
+def write_whole(path, write: Callable[[BinaryIO], object]) -> None:
+    """`write(file)` into a temporary sibling of `path`, renamed to `path` once complete: `path`
+    is replaced whole or left as it was, and no temporary file stays behind (a full disk
+    included; the caller, which knows the size, names it)."""
+    path = Path(path)
+    part = path.with_name(f".{path.name}.{os.getpid()}.part")
+    try:
+        with open(part, "wb") as f:
+            write(f)
+        os.replace(part, path)
+    except BaseException:
+        part.unlink(missing_ok=True)
+        raise

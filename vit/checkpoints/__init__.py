@@ -22,8 +22,9 @@ This file only re-exports; each thing lives in its own module:
 - `files`: JSON files read as one-line errors; destinations checked before any work and written
   through a temporary sibling, so nothing is left half-written; `written_whole`: around any
   writer, orbax's included, what a failed write began is removed and a full disk is one line;
-- one module per format (`npz`, `hf`, `timm`, `orbax_io`; `orbax_format` names our items;
-  `onnx_export` writes an ONNX classifier), `resolve` (format detection, names), `hub` (hub ids
+- one module per format (`npz`, `hf` with one module per transformers family in `hf_*`,
+  `timm`, `orbax_io`; `orbax_format` names our items; `onnx_export` writes an ONNX
+  classifier), `resolve` (format detection, names), `hub` (hub ids
   and timm names through huggingface_hub: cache first, else a download), `lossy` (what
   `--lossy` approximates) and `labels` (class names).
 

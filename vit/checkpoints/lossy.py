@@ -21,12 +21,12 @@ from vit.preprocess import INCEPTION
 
 def _plain_resize(loaded: LoadedCheckpoint, why: str) -> tuple[LoadedCheckpoint, str] | None:
     pre = loaded.preprocessing
-    if pre.crop_pct is None:
+    new = dataclasses.replace(pre, crop_pct=None, shortest_edge=None, resize_to=None)
+    if new == pre:
         return None
-    new = dataclasses.replace(pre, crop_pct=None)
-    size = f"{pre.size[0]}x{pre.size[1]}"
     return (dataclasses.replace(loaded, preprocessing=new),
-            f"preprocessing crop_pct {pre.crop_pct:g} becomes a plain resize to {size} ({why})")
+            f"preprocessing '{pre.describe_geometry()}' becomes '{new.describe_geometry()}' "
+            f"({why})")
 
 
 def _eps(loaded: LoadedCheckpoint, eps: float, who: str) -> tuple[LoadedCheckpoint, str] | None:

@@ -43,6 +43,7 @@ def run(args) -> int:
     inference_options.start(args)  # before anything compiles
     from vit.checkpoints import load_checkpoint
     from vit.data import open_source
+    from vit.data.sources import labels_named
     from vit.inference.evaluate import confusion_png, display_name, reliability_png
 
     require_positive(args, "batch_size")
@@ -60,7 +61,7 @@ def run(args) -> int:
         name, data_dir, split = args.data, args.data_dir, args.split or "test"
         out = check_output_dir(args.out or f"eval_{_safe(split)}", "--out")
         loaded = load_checkpoint(args.checkpoint, **inference_options.with_dtype(args, {}))
-        labels = _promptshapes_labels(name, loaded.labels)
+        labels = labels_named(name, loaded.labels)  # the labels the checkpoint learned
     source = open_source(name, split, data_dir=data_dir, labels=labels)
     if loaded.config.text is not None:  # a text model answers prompts: score its answers
         heldout = args.heldout_split if args.heldout_split is not None else (
@@ -144,16 +145,6 @@ def _per_class(shown: list[str], res: dict) -> dict:
     """{class: {precision, recall, f1, support}} in the dataset's class order."""
     keys = ("precision", "recall", "f1", "support")
     return {name: {k: res[k][i] for k in keys} for i, name in enumerate(shown)}
-
-
-def _promptshapes_labels(name: str, names) -> str | None:
-    """promptshapes' `data.labels` that a checkpoint's own class names are: "attributes" for a
-    ViT that learned colours and shapes apart, else None (pairs, or another dataset)."""
-    if name != "promptshapes" or not names:
-        return None
-    from vit.data.promptshapes import ATTRIBUTE_NAMES
-
-    return "attributes" if list(names) == list(ATTRIBUTE_NAMES) else None
 
 
 def _workdir_config(workdir):

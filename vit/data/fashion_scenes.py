@@ -20,27 +20,24 @@ never asked in `train`, `validation` or `test` (in any wording), only in `heldou
 wording); they are in the scenes of every split. `EVAL_TEMPLATES` (two class wordings, one of
 each other kind) are never asked in training: `grid_questions` asks them of the test scenes.
 
-Balance: as in `promptshapes`, scenes come in couples asking the same two strings (scene A holds
-p and not q, scene B the other way round), so every answerable prompt string is true in exactly
-half of its uses within a split.
+Balance, couples, wordings and caching: `vit.data.prompted`, as for `promptshapes`.
 
 Labels (for the ViT stage): multi-hot over the classes present, `CLASS_NAMES`. Where an item
 is comes only from the patch it lies on (its position embedding), never from a label, so a
 region word has to be bound to positions by the text stage.
-Deterministic for (split, num_images, seed); cached in-process. Photos come from
-`vit.data.real_sets.load_fashion_mnist` (Debian's `dataset-fashion-mnist`), or from `photos`
-given to `generate` (tests).
+Photos come from `vit.data.real_sets.load_fashion_mnist` (Debian's `dataset-fashion-mnist`), or
+from `photos` given to `generate` (tests).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import itertools
 
 import numpy as np
 
 import vit.data.prompt_words as prompt_words
+from vit.data.prompted import PromptedDataset, PromptedSource, PromptedSplit
 from vit.errors import DataError
 
 # Fashion-MNIST's classes in its label order, as one word each ("T-shirt/top" is read as its
@@ -76,7 +73,6 @@ EVAL_TEMPLATES = {"class": ("do you see a {k}?", "is there a {k} in this image?"
 KINDS = ("class", "region", "both")
 # Per couple of scenes: (kind of question, probability)
 _COUPLES = (("class", 0.3), ("region", 0.3), ("both", 0.25), ("never", 0.15))
-DROP_MARK, RECASE, UNKNOWN = 0.3, 0.2, 0.5
 
 SPLITS = ("train", "validation", "test", "heldout")
 PHOTO_SPLIT = {"train": "train", "validation": "validation", "test": "test", "heldout": "test"}
@@ -92,15 +88,6 @@ _CELL_REGIONS = tuple(({0: "left", 1: "right"}[c], {0: "top", 1: "bottom"}[r])
 ALL_BOTH = tuple(itertools.combinations(CLASSES, 2))
 
 
-class SplitError(DataError, ValueError):
-    """An unknown fashion_scenes split, or a bad size."""
-
-
-def _check_split(split: str) -> None:
-    if split not in SPLITS:
-        raise SplitError(f"fashion_scenes has no split {split!r}; use one of {', '.join(SPLITS)}")
-
-
 def _held(kind: str, item: tuple) -> bool:
     if kind == "region":
         return item in HELDOUT_REGIONS
@@ -111,39 +98,13 @@ def _held(kind: str, item: tuple) -> bool:
 
 def asked(kind: str, split: str) -> tuple:
     """What a split asks about for a kind: classes, (class, region) or (class, class) pairs."""
-    _check_split(split)
+    DATASET.check_split(split)
     items = {"class": tuple(CLASSES),
              "region": tuple((k, r) for k in CLASSES for r in REGIONS),
              "both": ALL_BOTH}[kind]
     if split == "heldout":
         return tuple(x for x in items if _held(kind, x))
     return tuple(x for x in items if not _held(kind, x))
-
-
-def question_text(kind: str, item, template: str | None = None) -> str:
-    """("region", ("bag", "left")) -> "is there a bag on the left?" (or in `template`)."""
-    if kind == "class":
-        return (template or CLASS_TEMPLATES[0]).format(k=item)
-    if kind == "region":
-        return (template or REGION_TEMPLATES[0]).format(k=item[0], w=PLACE[item[1]])
-    return (template or BOTH_TEMPLATES[0]).format(k=item[0], k2=item[1])
-
-
-@functools.cache
-def vocabulary() -> frozenset[str]:
-    """Every word of every training prompt (never-placed class words included)."""
-    everything = CLASSES + NEVER_CLASSES
-    prompts = [t.format(k=k, k2=k, w=PLACE[r]) for k in everything for r in REGIONS
-               for t in CLASS_TEMPLATES + REGION_TEMPLATES + BOTH_TEMPLATES]
-    return prompt_words.vocabulary_from(prompts)
-
-
-def longest_prompt() -> str:
-    k = max(CLASSES + NEVER_CLASSES, key=len)
-    w = max(PLACE.values(), key=len)
-    templates = (CLASS_TEMPLATES + REGION_TEMPLATES + BOTH_TEMPLATES
-                 + sum(EVAL_TEMPLATES.values(), ()))
-    return max((t.format(k=k, k2=k, w=w).upper() for t in templates), key=len)
 
 
 # A scene: tuple of 4 class indices or -1 per cell.
@@ -230,78 +191,12 @@ def _scene_for(rng, kind, yes_item, no_item, negative) -> tuple:
     return None
 
 
-class _Wording:
-    def __init__(self, rng, heldout: bool):
-        pick = (lambda ts: ts[0]) if heldout else (lambda ts: ts[int(rng.integers(len(ts)))])
-        self.templates = {"class": pick(CLASS_TEMPLATES), "region": pick(REGION_TEMPLATES),
-                          "both": pick(BOTH_TEMPLATES)}
-        self.drop_mark = not heldout and rng.random() < DROP_MARK
-        self.case = (["upper", "capitalize", "title"][int(rng.integers(3))]
-                     if not heldout and rng.random() < RECASE else None)
-
-    def __call__(self, kind: str, item) -> str:
-        text = item if kind == "unknown" else question_text(
-            "class" if kind == "never" else kind, item,
-            self.templates["class" if kind == "never" else kind])
-        if self.drop_mark:
-            text = text.rstrip("?")
-        return getattr(text, self.case)() if self.case else text
-
-
-def _never_question(rng) -> tuple[str, object]:
-    """("unknown", prompt) or ("never", a never-placed class word) asked as a class question."""
-    if rng.random() < UNKNOWN:
-        return "unknown", prompt_words.unknown_prompt(rng, vocabulary())
-    return "never", NEVER_CLASSES[int(rng.integers(len(NEVER_CLASSES)))]
-
-
-def _couple(rng, split: str, couple: str):
-    """Two scenes and, per scene, two (kind, item, answer, what-kind-of-answer)."""
-    if couple == "never":
-        kind = KINDS[int(rng.integers(3))]
-        items = asked(kind, split)
-        p = items[int(rng.integers(len(items)))]
-        negative = _negatives(kind)[int(rng.integers(len(_negatives(kind))))]
-        a = _random_scene(rng, _must(rng, kind, p, None))
-        b = None
-        while b is None:
-            b = _random_scene(rng, _must(rng, kind, p, negative))
-            b = b if share(b, kind, p) == negative else None
-        n1, n2 = _never_question(rng), _never_question(rng)
-        return [a, b], [[(kind, p, 1, "yes"), (*n1, 0, n1[0])],
-                        [(kind, p, 0, negative), (*n2, 0, n2[0])]]
-    kind = couple
-    items = asked(kind, split)
-    while True:
-        i, j = rng.choice(len(items), size=2, replace=False)
-        p, q = items[i], items[j]
-        negative = _negatives(kind)[int(rng.integers(len(_negatives(kind))))]
-        a = _scene_for(rng, kind, p, q, negative)
-        b = _scene_for(rng, kind, q, p, negative)
-        if a is not None and b is not None:
-            return [a, b], [[(kind, p, 1, "yes"), (kind, q, 0, negative)],
-                            [(kind, q, 1, "yes"), (kind, p, 0, negative)]]
-
-
 @dataclasses.dataclass
-class FashionScenes:
-    """One split, materialised. Examples 2i and 2i+1 ask about image i."""
+class FashionScenes(PromptedSplit):
+    """One split, materialised, with where each photo lies."""
 
-    images: np.ndarray  # [N, 64, 64, 3] uint8
-    labels: np.ndarray  # [N, len(CLASS_NAMES)] float32 multi-hot over the classes present
     scenes: np.ndarray  # [N, 4] int32: the class in each grid cell, -1 for none
     boxes: np.ndarray  # [N, 4, 4] int32: (y0, x0, y1, x1) of the photo in each cell
-    prompts: list[str]
-    answers: np.ndarray  # [2N] int32
-    kinds: list[str]  # [2N]: "yes", a kind of "no", "never" or "unknown"
-
-    @property
-    def num_images(self) -> int:
-        return len(self.images)
-
-    @property
-    def num_examples(self) -> int:
-        return len(self.prompts)
 
 
 def photos_of(split: str, data_dir=None) -> tuple[np.ndarray, np.ndarray]:
@@ -310,79 +205,6 @@ def photos_of(split: str, data_dir=None) -> tuple[np.ndarray, np.ndarray]:
 
     images, labels, _ = load_fashion_mnist(PHOTO_SPLIT[split], data_dir)
     return images, labels
-
-
-def generate(split: str, num_images: int | None = None, seed: int = 0, *,
-             photos: tuple[np.ndarray, np.ndarray] | None = None,
-             data_dir: str | None = None) -> FashionScenes:
-    """Materialise a split (`num_images` even; default `DEFAULT_SIZES[split]`). `photos`
-    (images [n, 28, 28] uint8, labels [n] in 0-9) replace Fashion-MNIST's."""
-    _check_split(split)
-    num_images = DEFAULT_SIZES[split] if num_images is None else int(num_images)
-    if num_images < 2 or num_images % 2:
-        raise SplitError(f"fashion_scenes: num_images must be an even number >= 2, "
-                         f"not {num_images}")
-    if photos is None:
-        return _cached(split, num_images, int(seed), data_dir)
-    return _generate(split, num_images, int(seed), *photos)
-
-
-@functools.lru_cache(maxsize=8)
-def _cached(split, num_images, seed, data_dir):
-    return _generate(split, num_images, seed, *photos_of(split, data_dir))
-
-
-def _generate(split: str, num_images: int, seed: int, photo_images: np.ndarray,
-              photo_labels: np.ndarray) -> FashionScenes:
-    rng = np.random.default_rng(np.random.SeedSequence([seed, SPLITS.index(split), 7]))
-    by_class = [np.flatnonzero(np.asarray(photo_labels) == c) for c in range(len(CLASSES))]
-    if any(len(b) == 0 for b in by_class):
-        raise DataError("fashion_scenes: the photos lack a class; every class 0-9 is needed")
-    heldout = split == "heldout"
-    names = [n for n, _ in _COUPLES]
-    chances = np.asarray([p for _, p in _COUPLES])
-    scenes, questions = [], []
-    for _ in range(num_images // 2):
-        if heldout:
-            couple = ("region", "both")[int(rng.integers(2))]
-        else:
-            couple = names[int(rng.choice(len(names), p=chances / chances.sum()))]
-        two, asks = _couple(rng, split, couple)
-        wording = _Wording(rng, heldout)
-        scenes += two
-        questions += [[(wording(k, item), a, what) for k, item, a, what in ask]
-                      for ask in asks]
-    order = rng.permutation(num_images)
-    images = np.empty((num_images, IMAGE_SIZE, IMAGE_SIZE, 3), np.uint8)
-    labels = np.zeros((num_images, len(CLASS_NAMES)), np.float32)
-    scene_arr = np.full((num_images, 4), -1, np.int32)
-    boxes = np.zeros((num_images, 4, 4), np.int32)
-    prompts, answers, kinds = [], [], []
-    for n, k in enumerate(order):
-        scene = scenes[k]
-        canvas = rng.integers(0, NOISE, size=(IMAGE_SIZE, IMAGE_SIZE), dtype=np.uint8)
-        for i, c in enumerate(scene):
-            if c < 0:
-                continue
-            row, col = _CELLS[i]
-            y0 = row * CELL + int(rng.integers(0, CELL - PHOTO + 1))
-            x0 = col * CELL + int(rng.integers(0, CELL - PHOTO + 1))
-            photo = photo_images[by_class[c][int(rng.integers(len(by_class[c])))]]
-            region = canvas[y0:y0 + PHOTO, x0:x0 + PHOTO]
-            np.maximum(region, photo, out=region)
-            boxes[n, i] = (y0, x0, y0 + PHOTO, x0 + PHOTO)
-            scene_arr[n, i] = c
-            labels[n, c] = 1.0
-        images[n] = canvas[..., None]
-        two = questions[k] if rng.integers(2) else questions[k][::-1]
-        for text, answer, what in two:
-            prompts.append(text)
-            answers.append(answer)
-            kinds.append(what)
-    answers = np.asarray(answers, np.int32)
-    for a in (images, labels, scene_arr, boxes, answers):
-        a.setflags(write=False)
-    return FashionScenes(images, labels, scene_arr, boxes, prompts, answers, kinds)
 
 
 def grid_questions() -> list[dict]:
@@ -409,44 +231,117 @@ def grid_questions() -> list[dict]:
     return out
 
 
-class FashionScenesSource:
-    """Random access over a split's (image, prompt) examples, as grain expects:
-    `{"image", "label", "prompt", "answer", "image_id"}`; examples 2i and 2i+1 share image i."""
+class FashionScenesDataset(PromptedDataset):
+    """Fashion-MNIST photos in a 2x2 grid; questions about a class, a class in a region, or two
+    classes (`form` "class", "region", "both": the `KINDS`)."""
 
     name = "fashion_scenes"
-    multi_label = True
+    splits = SPLITS
+    default_sizes = DEFAULT_SIZES
+    label_kinds = {"classes": CLASS_NAMES}
+    templates = {"class": CLASS_TEMPLATES, "region": REGION_TEMPLATES, "both": BOTH_TEMPLATES}
+    eval_templates = EVAL_TEMPLATES
+    field_words = {"k": CLASSES + NEVER_CLASSES, "k2": CLASSES + NEVER_CLASSES,
+                   "w": tuple(PLACE.values())}
+    couples = _COUPLES
+    heldout_couples = ("region", "both")
+    split_type = FashionScenes
+    seed_salt = (7,)
+    cache_size = 8
+
+    def fields(self, form: str, item) -> dict[str, str]:
+        if form == "class":
+            return {"k": item}
+        if form == "region":
+            return {"k": item[0], "w": PLACE[item[1]]}
+        return {"k": item[0], "k2": item[1]}
+
+    def two_questions(self, rng: np.random.Generator, split: str, couple: str):
+        items = asked(couple, split)
+        while True:
+            i, j = rng.choice(len(items), size=2, replace=False)
+            p, q = items[i], items[j]
+            negative = _negatives(couple)[int(rng.integers(len(_negatives(couple))))]
+            a = _scene_for(rng, couple, p, q, negative)
+            b = _scene_for(rng, couple, q, p, negative)
+            if a is not None and b is not None:
+                return (couple, p), (couple, q), negative, [a, b]
+
+    def never_couple(self, rng: np.random.Generator, split: str):
+        kind = KINDS[int(rng.integers(3))]
+        items = asked(kind, split)
+        p = items[int(rng.integers(len(items)))]
+        negative = _negatives(kind)[int(rng.integers(len(_negatives(kind))))]
+        a = _random_scene(rng, _must(rng, kind, p, None))
+        b = None
+        while b is None:
+            b = _random_scene(rng, _must(rng, kind, p, negative))
+            b = b if share(b, kind, p) == negative else None
+        return (kind, p), negative, [a, b]
+
+    def never_drawn(self, rng: np.random.Generator) -> tuple:
+        """A never-placed class word, asked as a class question."""
+        return "class", NEVER_CLASSES[int(rng.integers(len(NEVER_CLASSES)))]
+
+    def load_materials(self, split: str, data_dir: str | None):
+        return photos_of(split, data_dir)
+
+    def prepare(self, materials):
+        """(photos, labels) -> (photos, the photos of each class)."""
+        photo_images, photo_labels = materials
+        by_class = [np.flatnonzero(np.asarray(photo_labels) == c) for c in range(len(CLASSES))]
+        if any(len(b) == 0 for b in by_class):
+            raise DataError("fashion_scenes: the photos lack a class; every class 0-9 is needed")
+        return photo_images, by_class
+
+    def render(self, rng: np.random.Generator, scene, materials) -> dict[str, np.ndarray]:
+        photo_images, by_class = materials
+        canvas = rng.integers(0, NOISE, size=(IMAGE_SIZE, IMAGE_SIZE), dtype=np.uint8)
+        labels = np.zeros(len(CLASS_NAMES), np.float32)
+        cells = np.full(4, -1, np.int32)
+        boxes = np.zeros((4, 4), np.int32)
+        for i, c in enumerate(scene):
+            if c < 0:
+                continue
+            row, col = _CELLS[i]
+            y0 = row * CELL + int(rng.integers(0, CELL - PHOTO + 1))
+            x0 = col * CELL + int(rng.integers(0, CELL - PHOTO + 1))
+            photo = photo_images[by_class[c][int(rng.integers(len(by_class[c])))]]
+            region = canvas[y0:y0 + PHOTO, x0:x0 + PHOTO]
+            np.maximum(region, photo, out=region)
+            boxes[i] = (y0, x0, y0 + PHOTO, x0 + PHOTO)
+            cells[i] = c
+            labels[c] = 1.0
+        return {"images": np.repeat(canvas[..., None], 3, -1), "labels": labels,
+                "scenes": cells, "boxes": boxes}
+
+    def question_grid(self, data) -> tuple[list[dict], np.ndarray]:
+        grid = grid_questions()
+        found = np.asarray([[share(tuple(scene), q["kind"], q["item"]) for q in grid]
+                            for scene in data.scenes.tolist()])
+        return grid, found
+
+
+DATASET = FashionScenesDataset()
+question_text = DATASET.text
+vocabulary = DATASET.vocabulary
+longest_prompt = DATASET.longest_prompt
+
+
+def generate(split: str, num_images: int | None = None, seed: int = 0, *,
+             photos: tuple[np.ndarray, np.ndarray] | None = None,
+             data_dir: str | None = None) -> FashionScenes:
+    """Materialise a split (`vit.data.prompted.PromptedDataset.generate`). `photos` (images
+    [n, 28, 28] uint8, labels [n] in 0-9) replace Fashion-MNIST's."""
+    return DATASET.generate(split, num_images, seed, materials=photos, data_dir=data_dir)
+
+
+class FashionScenesSource(PromptedSource):
+    """fashion_scenes' examples for grain (`vit.data.prompted.PromptedSource`)."""
+
+    dataset = DATASET
 
     def __init__(self, split: str, num_images: int | None = None, seed: int = 0,
-                 data_dir: str | None = None, photos=None):
-        self.split = split
-        self.data = generate(split, num_images, seed, photos=photos, data_dir=data_dir)
-        self.class_names = list(CLASS_NAMES)
-        self.num_classes = len(CLASS_NAMES)
-        self.prompts = sorted(set(self.data.prompts))
-
-    def __len__(self) -> int:
-        return self.data.num_examples
-
-    @property
-    def image_ids(self) -> np.ndarray:
-        return np.arange(len(self)) // 2
-
-    def question_grid(self) -> tuple[list[dict], np.ndarray]:
-        """`grid_questions()` and `[images, questions]` what each scene makes of each
-        ("present" for a true one, else the kind of "no")."""
-        grid = grid_questions()
-        kind_of = [q["kind"] for q in grid]
-        shares = np.asarray([[share(tuple(scene), k, q["item"]) for k, q in zip(kind_of, grid,
-                                                                                strict=True)]
-                             for scene in self.data.scenes.tolist()])
-        return grid, shares
-
-    def __getitem__(self, i: int) -> dict:
-        n = len(self)
-        i = int(i)
-        if not -n <= i < n:
-            raise IndexError(f"fashion_scenes:{self.split} has {n} examples, no index {i}")
-        i %= n
-        return {"image": self.data.images[i // 2], "label": self.data.labels[i // 2],
-                "prompt": self.data.prompts[i], "answer": self.data.answers[i],
-                "image_id": np.int32(i // 2)}
+                 data_dir: str | None = None, photos=None, labels: str | None = None):
+        super().__init__(split, num_images, seed, labels=labels, data_dir=data_dir,
+                         materials=photos)

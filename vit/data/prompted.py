@@ -69,17 +69,16 @@ class Wording:
     their case."""
 
     def __init__(self, rng: np.random.Generator, templates: dict[str, tuple[str, ...]],
-                 vary: bool, fields):
+                 vary: bool, text):
         self.templates = {form: ts[int(rng.integers(len(ts)))] for form, ts in templates.items()}
         self.drop_mark = vary and rng.random() < DROP_MARK
         self.case = CASES[int(rng.integers(len(CASES)))] if vary and rng.random() < RECASE \
             else None
-        self.fields = fields
+        self.text = text  # (form, item, template) -> the question
 
     def __call__(self, question: tuple) -> str:
         form, item = question
-        text = item if form == "unknown" else \
-            self.templates[form].format(**self.fields(form, item))
+        text = item if form == "unknown" else self.text(form, item, self.templates[form])
         if self.drop_mark:
             text = text.rstrip("?")
         return getattr(text, self.case)() if self.case else text
@@ -92,7 +91,7 @@ class PromptedDataset:
     - `label_kinds`: {`data.labels` value: class names}, the first the default and the one a
       split's `labels` hold (`relabel` gives the others);
     - `templates` / `eval_templates`: {form: wordings} asked in training / kept for evaluation;
-      `fields(form, item)`: what fills a template; `words`: {field: every word that may fill
+      `fields(form, item)`: what fills a template; `field_words`: {field: every word that may fill
       it, the never-drawn ones included};
     - `couples`: ((couple, probability), ...) in training, "never" among them;
       `heldout_couples`, drawn evenly in ``heldout``; `two_questions` and `never_couple` make a
@@ -108,7 +107,7 @@ class PromptedDataset:
     label_kinds: ClassVar[dict[str, list[str]]]
     templates: ClassVar[dict[str, tuple[str, ...]]]
     eval_templates: ClassVar[dict[str, tuple[str, ...]]]
-    words: ClassVar[dict[str, tuple[str, ...]]]
+    field_words: ClassVar[dict[str, tuple[str, ...]]]
     couples: ClassVar[tuple[tuple[str, float], ...]]
     heldout_couples: ClassVar[tuple[str, ...]]
     split_type: ClassVar[type] = PromptedSplit
@@ -175,16 +174,16 @@ class PromptedDataset:
         """Every word of every training prompt: each training template filled with every word,
         never-drawn ones included (the evaluation-only wordings' own words are not in it)."""
         if self._vocabulary is None:
-            names = list(self.words)
+            names = list(self.field_words)
             self._vocabulary = prompt_words.vocabulary_from(
                 t.format(**dict(zip(names, chosen, strict=True)))
                 for ts in self.templates.values() for t in ts
-                for chosen in itertools.product(*self.words.values()))
+                for chosen in itertools.product(*self.field_words.values()))
         return self._vocabulary
 
     def longest_prompt(self) -> str:
         """The longest question any template makes with any words, in upper case."""
-        longest = {field: max(ws, key=len) for field, ws in self.words.items()}
+        longest = {field: max(ws, key=len) for field, ws in self.field_words.items()}
         return max((t.format(**longest).upper() for t in self.all_templates()), key=len)
 
     def check_split(self, split: str) -> None:
@@ -226,7 +225,7 @@ class PromptedDataset:
             else:
                 couple = names[int(rng.choice(len(names), p=chances / chances.sum()))]
             two_scenes, asks = self.couple(rng, split, couple)
-            wording = Wording(rng, templates, not heldout, self.fields)
+            wording = Wording(rng, templates, not heldout, self.text)
             scenes += two_scenes
             questions += [[(wording(q), a, k) for q, a, k in ask] for ask in asks]
         order = rng.permutation(num_images)

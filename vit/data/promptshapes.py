@@ -11,12 +11,10 @@ kind of question a user could ask, so that a model has to read the words, not me
   a colour or a shape apart;
 * questions about things never drawn (`NEVER_COLORS`, `NEVER_SHAPES`), always "no";
 * prompts with no word of the vocabulary ("hello", random letters: `vit.data.prompt_words`),
-  always "no", so a question about nothing the model knows is not a coin flip. The empty
-  prompt is never asked: it stays the null-prompt control.
+  always "no", so a question about nothing the model knows is not a coin flip.
 
 Wordings: `PAIR_TEMPLATES` (and `COLOUR_TEMPLATES`, `SHAPE_TEMPLATES`) in training;
-`EVAL_TEMPLATES` never in training, kept for evaluation. A few questions lose their "?" or
-change case, so neither is a cue.
+`EVAL_TEMPLATES` never in training, kept for evaluation.
 
 Splits:
 
@@ -26,27 +24,21 @@ Splits:
   composition. The held-out pairs are withheld from the *prompts* only, in every wording: they
   are drawn in the images of every split and marked in every image's multi-hot `labels`.
 
-Balance: every answerable prompt string is true in exactly half of its uses within a split.
-Images come in twos (a couple) that ask the same strings: for pair and single-attribute
-questions, scene A holds p and lacks q, scene B holds q and lacks p, and A asks (p: yes, q: no),
-B (q: yes, p: no); a never-drawn couple asks p of both (yes in A, no in B) with a never-drawn
-question beside it. Images are then shuffled and the two questions of an image put in random
-order. `grid_questions` lists what an evaluation asks of every image (see
-`vit.inference.questions`).
+Balance, couples, wordings' "?" and case, caching: `vit.data.prompted`. For pair and
+single-attribute couples scene A holds p and lacks q and scene B the other way round; a
+never-drawn couple asks a pair of both scenes. `grid_questions` lists what an evaluation asks
+of every image (see `vit.inference.questions`).
 
-Only numpy and pillow; deterministic for (split, num_images, seed), cached in-process.
+Only numpy and pillow.
 """
 
 from __future__ import annotations
-
-import dataclasses
-import functools
 
 import numpy as np
 from PIL import Image, ImageDraw
 
 import vit.data.prompt_words as prompt_words
-from vit.errors import ConfigError, DataError
+from vit.data.prompted import HELDOUT, PromptedDataset, PromptedSource
 
 COLORS = ("red", "green", "blue", "yellow", "purple", "white")
 SHAPES = ("square", "circle", "triangle", "cross")
@@ -91,8 +83,6 @@ NEGATIVE_KINDS = ("hard", "colour_only", "shape_only", "neither")
 # Per couple of images: (what the two images ask, probability).
 _COUPLES = (("hard", 0.15), ("colour_only", 0.15), ("shape_only", 0.15), ("neither", 0.15),
             ("attribute", 0.25), ("never", 0.15))
-DROP_MARK, RECASE = 0.3, 0.2  # per couple: questions without "?", in another case
-UNKNOWN = 0.5  # per never-drawn question: asked as a prompt of unknown words instead
 
 SPLITS = ("train", "test", "heldout")
 DEFAULT_SIZES = {"train": 4000, "test": 500, "heldout": 500}  # images (each gives 2 examples)
@@ -107,10 +97,6 @@ _GRID = 4
 _CELL_STARTS = (0, 16, 32, 48)
 _CELL_ENDS = (16, 32, 48, 64)
 _PAIR_INDEX = {p: i for i, p in enumerate(PAIRS)}
-
-
-class SplitError(DataError, ValueError):
-    """An unknown promptshapes split, or a bad size."""
 
 
 def prompt_of(pair: tuple[str, str], template: str = PAIR_TEMPLATES[0]) -> str:
@@ -133,58 +119,10 @@ def pair_of(prompt: str) -> tuple[str, str]:
 words = prompt_words.words
 
 
-def all_templates() -> tuple[str, ...]:
-    return PAIR_TEMPLATES + EVAL_TEMPLATES + COLOUR_TEMPLATES + SHAPE_TEMPLATES
-
-
-@functools.cache
-def vocabulary() -> frozenset[str]:
-    """Every word of every training prompt: the training wordings with every colour and shape
-    word, never-drawn ones included (the evaluation-only wordings' own words are not in it)."""
-    colours, shapes = COLORS + NEVER_COLORS, SHAPES + NEVER_SHAPES
-    prompts = [t.format(c=c, s=s) for t in PAIR_TEMPLATES + COLOUR_TEMPLATES + SHAPE_TEMPLATES
-               for c in colours for s in shapes]
-    return prompt_words.vocabulary_from(prompts)
-
-
-def longest_prompt() -> str:
-    """The longest question any template makes with any colour and shape word."""
-    colours, shapes = COLORS + NEVER_COLORS, SHAPES + NEVER_SHAPES
-    c = max(colours, key=len)
-    s = max(shapes, key=len)
-    return max((t.format(c=c, s=s).upper() for t in all_templates()), key=len)
-
-
 def split_pairs(split: str) -> tuple[tuple[str, str], ...]:
     """The pairs a split asks about."""
-    _check_split(split)
-    return HELDOUT_PAIRS if split == "heldout" else TRAIN_PAIRS
-
-
-def _check_split(split: str) -> None:
-    if split not in SPLITS:
-        raise SplitError(f"promptshapes has no split {split!r}; use one of {', '.join(SPLITS)}")
-
-
-@dataclasses.dataclass
-class PromptShapes:
-    """One split, materialised. Examples 2i and 2i+1 ask about image i."""
-
-    images: np.ndarray  # [N, 64, 64, 3] uint8
-    labels: np.ndarray  # [N, len(PAIRS)] float32 multi-hot over PAIRS
-    prompts: list[str]  # [2N]
-    answers: np.ndarray  # [2N] int32, 1 = the prompt is true of the image
-    # [2N]: "yes", a `NEGATIVE_KINDS` entry, "attribute" (a false single-attribute question),
-    # "never" (a never-drawn word) or "unknown" (no word of the vocabulary)
-    kinds: list[str] = dataclasses.field(default_factory=list)
-
-    @property
-    def num_images(self) -> int:
-        return len(self.images)
-
-    @property
-    def num_examples(self) -> int:
-        return len(self.prompts)
+    DATASET.check_split(split)
+    return HELDOUT_PAIRS if split == HELDOUT else TRAIN_PAIRS
 
 
 def _pick(rng: np.random.Generator, items: list):
@@ -240,82 +178,6 @@ def _attribute_scene(rng: np.random.Generator, a: tuple[str, str],
     return _fill(rng, [first], lambda x: not _has(b, x))
 
 
-class _Wording:
-    """One couple's wording: a template per question type, and its "?" and case."""
-
-    def __init__(self, rng: np.random.Generator, pair_templates: tuple[str, ...],
-                 vary: bool):
-        self.pair = _pick(rng, list(pair_templates))
-        self.colour = _pick(rng, list(COLOUR_TEMPLATES))
-        self.shape = _pick(rng, list(SHAPE_TEMPLATES))
-        self.drop_mark = vary and rng.random() < DROP_MARK
-        self.case = _pick(rng, ["upper", "capitalize", "title"]) \
-            if vary and rng.random() < RECASE else None
-
-    def __call__(self, question: tuple) -> str:
-        which = question[0]
-        if which == "unknown":
-            text = question[1]
-        elif which == "pair":
-            text = self.pair.format(c=question[1], s=question[2])
-        elif which == "colour":
-            text = self.colour.format(c=question[1])
-        else:
-            text = self.shape.format(s=question[1])
-        if self.drop_mark:
-            text = text.rstrip("?")
-        return getattr(text, self.case)() if self.case else text
-
-
-def _never_question(rng: np.random.Generator) -> tuple:
-    """A question naming at least one never-drawn word, or (`UNKNOWN` of the time) a prompt
-    with no word of the vocabulary."""
-    if rng.random() < UNKNOWN:
-        return ("unknown", prompt_words.unknown_prompt(rng, vocabulary()))
-    form = int(rng.integers(5))
-    if form == 0:
-        return ("pair", _pick(rng, list(NEVER_COLORS)), _pick(rng, list(SHAPES)))
-    if form == 1:
-        return ("pair", _pick(rng, list(COLORS)), _pick(rng, list(NEVER_SHAPES)))
-    if form == 2:
-        return ("pair", _pick(rng, list(NEVER_COLORS)), _pick(rng, list(NEVER_SHAPES)))
-    if form == 3:
-        return ("colour", _pick(rng, list(NEVER_COLORS)))
-    return ("shape", _pick(rng, list(NEVER_SHAPES)))
-
-
-def _couple(rng: np.random.Generator, asked: tuple, couple: str):
-    """Two scenes and their questions: [(question, answer, kind)] x 2 per scene."""
-    if couple in NEGATIVE_KINDS:
-        while True:
-            i, j = rng.choice(len(asked), size=2, replace=False)
-            p, q = asked[i], asked[j]
-            if _fits(couple, p, q):
-                break
-        qp, qq = ("pair", *p), ("pair", *q)
-        return ([_scene(rng, p, q, couple), _scene(rng, q, p, couple)],
-                [[(qp, 1, "yes"), (qq, 0, couple)], [(qq, 1, "yes"), (qp, 0, couple)]])
-    if couple == "attribute":
-        attributes = [("colour", c) for c in COLORS] + [("shape", s) for s in SHAPES]
-        i, j = rng.choice(len(attributes), size=2, replace=False)
-        a, b = attributes[i], attributes[j]
-        return ([_attribute_scene(rng, a, b), _attribute_scene(rng, b, a)],
-                [[(a, 1, "yes"), (b, 0, "attribute")], [(b, 1, "yes"), (a, 0, "attribute")]])
-    # never: p is asked of both scenes (yes, then a "no" of some kind), beside a never question
-    p = asked[int(rng.integers(len(asked)))]
-    kind = _pick(rng, list(NEGATIVE_KINDS))
-    other = _pick(rng, [x for x in PAIRS if x != p and _allowed(kind, p)(x)])
-    qp = ("pair", *p)
-    return ([_fill(rng, [p], lambda x: True), _scene(rng, other, p, kind)],
-            [[(qp, 1, "yes"), _never(rng)], [(qp, 0, kind), _never(rng)]])
-
-
-def _never(rng: np.random.Generator) -> tuple:
-    """(question, 0, "never" or "unknown")."""
-    question = _never_question(rng)
-    return question, 0, "unknown" if question[0] == "unknown" else "never"
-
-
 def _draw_shape(draw: ImageDraw.ImageDraw, shape: str, x0: int, y0: int, size: int,
                 fill: tuple[int, int, int]) -> None:
     x1, y1 = x0 + size - 1, y0 + size - 1
@@ -348,53 +210,6 @@ def _render(rng: np.random.Generator, scene: list[tuple[str, str]]) -> np.ndarra
         y0 = int(rng.integers(_CELL_STARTS[row] + 1, _CELL_ENDS[row] - size))
         _draw_shape(draw, shape, x0, y0, size, RGB[colour])
     return np.asarray(image)
-
-
-def generate(split: str, num_images: int | None = None, seed: int = 0) -> PromptShapes:
-    """Materialise a split: `num_images` images (default: `DEFAULT_SIZES[split]`, always even),
-    2 examples each. Cached per (split, num_images, seed); the arrays are read-only."""
-    _check_split(split)
-    num_images = DEFAULT_SIZES[split] if num_images is None else int(num_images)
-    if num_images < 2 or num_images % 2:
-        raise SplitError(f"promptshapes: num_images must be an even number >= 2, "
-                         f"not {num_images}")
-    return _generate(split, num_images, int(seed))
-
-
-@functools.lru_cache(maxsize=16)
-def _generate(split: str, num_images: int, seed: int) -> PromptShapes:
-    # independent streams per split: the split's index is part of the seed
-    rng = np.random.default_rng(np.random.SeedSequence([seed, SPLITS.index(split)]))
-    asked = split_pairs(split)
-    heldout = split == "heldout"
-    names = [name for name, _ in _COUPLES]
-    chances = np.asarray([p for _, p in _COUPLES])
-    scenes, questions = [], []  # questions: [(text, answer, kind)] x 2 per image
-    for _ in range(num_images // 2):
-        # the held-out split asks only pair questions in the canonical wording
-        couple = names[int(rng.integers(len(NEGATIVE_KINDS)))] if heldout \
-            else names[int(rng.choice(len(names), p=chances / chances.sum()))]
-        two_scenes, asks = _couple(rng, asked, couple)
-        wording = _Wording(rng, PAIR_TEMPLATES[:1] if heldout else PAIR_TEMPLATES,
-                           vary=not heldout)
-        scenes += two_scenes
-        questions += [[(wording(q), a, k) for q, a, k in ask] for ask in asks]
-    order = rng.permutation(num_images)
-    images = np.empty((num_images, IMAGE_SIZE, IMAGE_SIZE, 3), np.uint8)
-    labels = np.zeros((num_images, len(PAIRS)), np.float32)
-    prompts, answers, kinds = [], [], []
-    for n, k in enumerate(order):
-        images[n] = _render(rng, scenes[k])
-        labels[n, [_PAIR_INDEX[x] for x in scenes[k]]] = 1.0
-        two = questions[k] if rng.integers(2) else questions[k][::-1]
-        for text, answer, kind in two:
-            prompts.append(text)
-            answers.append(answer)
-            kinds.append(kind)
-    answers = np.asarray(answers, np.int32)
-    for a in (images, labels, answers):
-        a.setflags(write=False)
-    return PromptShapes(images, labels, prompts, answers, kinds)
 
 
 def grid_questions() -> list[dict]:
@@ -430,10 +245,9 @@ def shares(labels_row: np.ndarray, pair: tuple[str, str]) -> str:
             (False, True): "shape_only", (False, False): "neither"}[(colour, shape)]
 
 
-# What a source's `label` is (the ViT stage's target): "pairs", multi-hot over every colour x
-# shape drawn; or "attributes", multi-hot over the colours drawn and the shapes drawn
-# (`ATTRIBUTE_NAMES`), which never says which colour goes with which shape.
-LABEL_KINDS = ("pairs", "attributes")
+# What a source's `label` is (the ViT stage's target, `data.labels`): "pairs", multi-hot over
+# every colour x shape drawn; or "attributes", multi-hot over the colours drawn and the shapes
+# drawn (`ATTRIBUTE_NAMES`), which never says which colour goes with which shape.
 ATTRIBUTE_NAMES = list(COLORS) + list(SHAPES)
 
 
@@ -446,53 +260,93 @@ def attribute_labels(labels: np.ndarray) -> np.ndarray:
     return out
 
 
-class PromptShapesSource:
-    """Random access over a split's (image, prompt) examples, as grain expects.
-
-    `source[i]` is `{"image": uint8 [64, 64, 3], "label": float32 multi-hot over PAIRS (over
-    ATTRIBUTE_NAMES with labels="attributes"), "prompt": str, "answer": int32}`; examples 2i
-    and 2i+1 share image i. `prompts` lists the distinct prompt strings the split asks, sorted.
-    """
+class PromptShapesDataset(PromptedDataset):
+    """Scenes of coloured shapes; questions about a pair, a colour or a shape (`form` "pair",
+    "colour", "shape")."""
 
     name = "promptshapes"
-    multi_label = True
+    splits = SPLITS
+    default_sizes = DEFAULT_SIZES
+    label_kinds = {"pairs": CLASS_NAMES, "attributes": ATTRIBUTE_NAMES}
+    templates = {"pair": PAIR_TEMPLATES, "colour": COLOUR_TEMPLATES, "shape": SHAPE_TEMPLATES}
+    eval_templates = {"pair": EVAL_TEMPLATES}
+    field_words = {"c": COLORS + NEVER_COLORS, "s": SHAPES + NEVER_SHAPES}
+    couples = _COUPLES
+    heldout_couples = NEGATIVE_KINDS
 
-    def __init__(self, split: str, num_images: int | None = None, seed: int = 0,
-                 labels: str = "pairs"):
-        if labels not in LABEL_KINDS:  # a recipe's value, so a config error (no fallback data)
-            raise ConfigError(f"data.labels={labels!r}; promptshapes has "
-                              f"{' or '.join(map(repr, LABEL_KINDS))}")
-        self.split = split
-        self.data = generate(split, num_images, seed)
-        self.class_names = list(CLASS_NAMES) if labels == "pairs" else list(ATTRIBUTE_NAMES)
-        self.num_classes = len(self.class_names)
-        self.labels = self.data.labels if labels == "pairs" else attribute_labels(self.data.labels)
-        self.pairs = split_pairs(split)
-        self.prompts = sorted(set(self.data.prompts))
+    def fields(self, form: str, item) -> dict[str, str]:
+        if form == "pair":
+            return {"c": item[0], "s": item[1]}
+        return {"c": item} if form == "colour" else {"s": item}
 
-    def __len__(self) -> int:
-        return self.data.num_examples
+    def wordings(self, split: str) -> dict[str, tuple[str, ...]]:
+        # heldout asks pair questions only; its couples still draw (and never use) a colour and
+        # a shape wording, as its seeds always have
+        if split == HELDOUT:
+            return {**self.templates, "pair": PAIR_TEMPLATES[:1]}
+        return self.templates
 
-    @property
-    def image_ids(self) -> np.ndarray:
-        """The image of each example (examples 2i and 2i+1 share image i)."""
-        return np.arange(len(self)) // 2
+    def relabel(self, kind: str, labels: np.ndarray) -> np.ndarray:
+        return attribute_labels(labels)
 
-    def question_grid(self) -> tuple[list[dict], np.ndarray]:
-        """What `vit eval` asks of every image: `grid_questions()`, and `[images, questions]`
-        what each scene shares with each question ("present" for a true one; "never" or
-        "unknown" for a question that is "no" by rule)."""
+    def two_questions(self, rng: np.random.Generator, split: str, couple: str):
+        if couple in NEGATIVE_KINDS:
+            asked = split_pairs(split)
+            while True:
+                i, j = rng.choice(len(asked), size=2, replace=False)
+                p, q = asked[i], asked[j]
+                if _fits(couple, p, q):
+                    break
+            return (("pair", p), ("pair", q), couple,
+                    [_scene(rng, p, q, couple), _scene(rng, q, p, couple)])
+        attributes = [("colour", c) for c in COLORS] + [("shape", s) for s in SHAPES]
+        i, j = rng.choice(len(attributes), size=2, replace=False)
+        a, b = attributes[i], attributes[j]
+        return a, b, "attribute", [_attribute_scene(rng, a, b), _attribute_scene(rng, b, a)]
+
+    def never_couple(self, rng: np.random.Generator, split: str):
+        asked = split_pairs(split)
+        p = asked[int(rng.integers(len(asked)))]
+        kind = _pick(rng, list(NEGATIVE_KINDS))
+        other = _pick(rng, [x for x in PAIRS if x != p and _allowed(kind, p)(x)])
+        return ("pair", p), kind, [_fill(rng, [p], lambda x: True), _scene(rng, other, p, kind)]
+
+    def never_drawn(self, rng: np.random.Generator) -> tuple:
+        form = int(rng.integers(5))
+        if form == 0:
+            return "pair", (_pick(rng, list(NEVER_COLORS)), _pick(rng, list(SHAPES)))
+        if form == 1:
+            return "pair", (_pick(rng, list(COLORS)), _pick(rng, list(NEVER_SHAPES)))
+        if form == 2:
+            return "pair", (_pick(rng, list(NEVER_COLORS)), _pick(rng, list(NEVER_SHAPES)))
+        if form == 3:
+            return "colour", _pick(rng, list(NEVER_COLORS))
+        return "shape", _pick(rng, list(NEVER_SHAPES))
+
+    def render(self, rng: np.random.Generator, scene, materials) -> dict[str, np.ndarray]:
+        image = _render(rng, scene)
+        labels = np.zeros(len(PAIRS), np.float32)
+        labels[[_PAIR_INDEX[x] for x in scene]] = 1.0
+        return {"images": image, "labels": labels}
+
+    def question_grid(self, data) -> tuple[list[dict], np.ndarray]:
+        """`grid_questions()`, and what each scene shares with each question ("present" for a
+        true one; "never" or "unknown" for a question that is "no" by rule)."""
         grid = grid_questions()
-        shares_ = np.asarray([[shares(row, q["pair"]) if q["pair"] else q["group"]
-                               for q in grid] for row in self.data.labels])
-        return grid, shares_
+        found = np.asarray([[shares(row, q["pair"]) if q["pair"] else q["group"]
+                             for q in grid] for row in data.labels])
+        return grid, found
 
-    def __getitem__(self, i: int) -> dict:
-        n = len(self)
-        i = int(i)
-        if not -n <= i < n:
-            raise IndexError(f"promptshapes:{self.split} has {n} examples, no index {i}")
-        i %= n
-        return {"image": self.data.images[i // 2], "label": self.labels[i // 2],
-                "prompt": self.data.prompts[i], "answer": self.data.answers[i],
-                "image_id": np.int32(i // 2)}
+
+DATASET = PromptShapesDataset()
+generate = DATASET.generate
+vocabulary = DATASET.vocabulary
+longest_prompt = DATASET.longest_prompt
+all_templates = DATASET.all_templates
+
+
+class PromptShapesSource(PromptedSource):
+    """promptshapes' examples for grain (`vit.data.prompted.PromptedSource`): `label` is
+    multi-hot over `CLASS_NAMES`, or over `ATTRIBUTE_NAMES` with labels="attributes"."""
+
+    dataset = DATASET

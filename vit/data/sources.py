@@ -9,10 +9,12 @@ decode in parallel and resume at any example.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import difflib
 import logging
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +25,6 @@ from vit.images import IMAGE_SUFFIXES, image_files, not_regular, open_image, to_
 log = logging.getLogger(__name__)
 
 DIGITS_SPLITS = ("train", "validation", "test")
-BUILT_IN = ("digits", "promptshapes", "fashion_scenes", "fashion_mnist", "mnist_5k")
 
 
 class ArraySource:
@@ -227,29 +228,87 @@ class TfdsSource:
         return {"image": image.astype(np.uint8), "label": int(record[self.label_key])}
 
 
+@dataclasses.dataclass(frozen=True)
+class BuiltIn:
+    """A dataset known by name: how it opens, and for a prompt dataset its design (the words of
+    its prompts, its kinds of labels)."""
+
+    open: Callable  # (split, data_dir, labels) -> a random-access source
+    prompted: Callable | None = None  # -> the prompt dataset's source class, imported on use
+
+    def vocabulary(self) -> frozenset[str] | None:
+        """The words a model trained on it has seen in its prompts; None without prompts."""
+        return self.prompted().dataset.vocabulary() if self.prompted else None
+
+    def label_kinds(self) -> dict[str, list[str]]:
+        """{`data.labels` value: class names}, the first the default; empty for a dataset with
+        one kind of labels and no choice."""
+        kinds = self.prompted().dataset.label_kinds if self.prompted else {}
+        return kinds if len(kinds) > 1 else {}
+
+
+def _promptshapes():
+    from vit.data.promptshapes import PromptShapesSource
+
+    return PromptShapesSource
+
+
+def _fashion_scenes():
+    from vit.data.fashion_scenes import FashionScenesSource
+
+    return FashionScenesSource
+
+
+def _prompted(source_class) -> BuiltIn:
+    return BuiltIn(lambda split, data_dir, labels: source_class()(split, labels=labels,
+                                                                  data_dir=data_dir),
+                   source_class)
+
+
+# The one table of datasets known by name; `open_source`, `vit eval` and the prompt checks of
+# `vit predict` look names up here. fashion_mnist and mnist_5k come before TFDS, whose names
+# these also are.
+BUILT_IN = {
+    "digits": BuiltIn(lambda split, data_dir, labels: digits(split)),
+    "promptshapes": _prompted(_promptshapes),
+    "fashion_scenes": _prompted(_fashion_scenes),
+    "fashion_mnist": BuiltIn(lambda split, data_dir, labels: real_set("fashion_mnist", split,
+                                                                      data_dir)),
+    "mnist_5k": BuiltIn(lambda split, data_dir, labels: real_set("mnist_5k", split, data_dir)),
+}
+
+
+def vocabulary_of(name: str) -> frozenset[str] | None:
+    """The words a model trained on dataset `name` has seen in its prompts; None for a dataset
+    without prompts."""
+    entry = BUILT_IN.get(name)
+    return entry.vocabulary() if entry else None
+
+
+def labels_named(name: str, class_names) -> str | None:
+    """The `data.labels` of dataset `name` whose class names are `class_names` (a checkpoint's
+    own): None for the default kind, a dataset without a choice, or names that match none."""
+    entry = BUILT_IN.get(name)
+    kinds = list(entry.label_kinds().items())[1:] if entry and class_names else []
+    return next((kind for kind, names in kinds if list(names) == list(class_names)), None)
+
+
 def open_source(name: str, split: str, *, data_dir: str | None = None, strict: bool = False,
                 val_fraction: float = 0.1, labels: str | None = None):
-    """`"digits"`, `"promptshapes"`, `"fashion_scenes"`, `"fashion_mnist"`, `"mnist_5k"`,
-    `"tfds:NAME"` (or a TFDS name), or a folder path -> a random-access source.
+    """A name of `BUILT_IN`, `"tfds:NAME"` (or a TFDS name), or a folder path -> a
+    random-access source.
 
     `split` is a split name; TFDS takes slicing such as `train[:90%]`. `labels` (the recipe's
-    `data.labels`) picks promptshapes' class labels; other datasets have one kind and refuse it.
+    `data.labels`) picks a dataset's kind of labels where it has several (promptshapes); other
+    datasets refuse it.
     """
-    if labels is not None and name != "promptshapes":
-        raise ConfigError(f"data.labels={labels!r} applies to promptshapes only; remove it for "
-                          f"{name!r}")
-    if name == "digits":
-        return digits(split)
-    if name == "promptshapes":
-        from vit.data.promptshapes import PromptShapesSource
-
-        return PromptShapesSource(split, labels=labels or "pairs")
-    if name == "fashion_scenes":
-        from vit.data.fashion_scenes import FashionScenesSource
-
-        return FashionScenesSource(split, data_dir=data_dir)
-    if name in ("fashion_mnist", "mnist_5k"):  # before TFDS, whose names these also are
-        return real_set(name, split, data_dir)
+    entry = BUILT_IN.get(name)
+    if labels is not None and not (entry and entry.label_kinds()):
+        choosing = [n for n, e in BUILT_IN.items() if e.label_kinds()]
+        raise ConfigError(f"data.labels={labels!r} applies to {', '.join(choosing)} only; "
+                          f"remove it for {name!r}")
+    if entry is not None:
+        return entry.open(split, data_dir, labels)
     if name.startswith("tfds:"):
         return TfdsSource(name.removeprefix("tfds:"), split, data_dir)
     if os.sep in name or Path(name).is_dir():

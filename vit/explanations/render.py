@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import html
 import math
-import os
 import re
 import urllib.parse
 from pathlib import Path
@@ -22,6 +21,7 @@ import numpy as np
 from PIL import Image
 
 from vit.images import to_rgb
+from vit.paths import write_whole
 from vit.preprocess import Preprocessing
 
 MIN_SIDE = 128
@@ -96,23 +96,11 @@ def write_explanation(out: Path, stem: str, image: Image.Image, grid_map: np.nda
     for rel in paths.values():
         (out / rel).parent.mkdir(parents=True, exist_ok=True)
     picture = overlay(image, grid_map, cmap=cmap, alpha=alpha, region=region)
-    _write_whole(out / paths["overlay"], lambda f: picture.save(f, format="PNG"))
+    write_whole(out / paths["overlay"], lambda f: picture.save(f, format="PNG"))
     grid = np.asarray(grid_map, np.float32)
-    _write_whole(out / paths["map"], lambda f: np.save(f, grid, allow_pickle=False))
-    _write_whole(out / paths["input"], lambda f: enlarge(image).save(f, format="PNG"))
+    write_whole(out / paths["map"], lambda f: np.save(f, grid, allow_pickle=False))
+    write_whole(out / paths["input"], lambda f: enlarge(image).save(f, format="PNG"))
     return paths
-
-
-def _write_whole(path: Path, write) -> None:
-    """`write(file)` into a temporary sibling renamed to `path` once complete."""
-    part = path.with_name(f".{path.name}.{os.getpid()}.part")
-    try:
-        with open(part, "wb") as f:
-            write(f)
-        os.replace(part, path)
-    except BaseException:
-        part.unlink(missing_ok=True)
-        raise
 
 
 def write_gallery(out: Path, entries: list[dict], title: str = "vit rollout") -> Path:
@@ -148,7 +136,7 @@ figcaption {{ font-size: 90%; max-width: 330px; overflow-wrap: anywhere; }}
 """
     path = out / "index.html"
     # A file name that is not UTF-8 reaches us with surrogate escapes: each byte shows as "?".
-    _write_whole(path, lambda f: f.write(page.encode("utf-8", errors="replace")))
+    write_whole(path, lambda f: f.write(page.encode("utf-8", errors="replace")))
     return path
 
 

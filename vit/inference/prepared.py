@@ -39,6 +39,7 @@ from pathlib import Path
 import numpy as np
 
 from vit.errors import OutOfSpace, is_out_of_space
+from vit.paths import write_whole
 
 FORMAT = 1
 KEEP = 3  # prepared checkpoints kept (each holds a copy of the weights), least recent dropped
@@ -225,13 +226,13 @@ def store(root: Path, checkpoint, load_options: dict, batch_size: int, top_k: in
         _check_space(entry.parent, needed)
         if new_entry:
             _store_weights(entry, meta, leaves)
-        _write_atomic(_forward_path(entry, batch_size, top_k), forward)
+        write_whole(_forward_path(entry, batch_size, top_k), lambda f: f.write(forward))
         state = _hub_state(Path(checkpoint)) if name is not None else None
         if state is not None:
             alias = _alias(root, name)
             alias.parent.mkdir(exist_ok=True)
-            _write_atomic(alias, json.dumps({"name": name, "folder": str(checkpoint),
-                                             "state": state}).encode())
+            record = json.dumps({"name": name, "folder": str(checkpoint), "state": state})
+            write_whole(alias, lambda f: f.write(record.encode()))
         _prune(entry.parent, keep=entry)
     except (OSError, ImportError) as err:  # a full disk, or jax.export without its serializer
         if is_out_of_space(err):
@@ -275,17 +276,6 @@ def _store_weights(entry: Path, meta: dict, leaves: list) -> None:
         os.replace(staging, entry)
     except OSError:  # another run stored it first
         shutil.rmtree(staging, ignore_errors=True)
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    """`data` at `path` through a temporary name renamed into place."""
-    part = path.with_name(f".{path.name}.{os.getpid()}")
-    try:
-        part.write_bytes(data)
-        os.replace(part, path)
-    except BaseException:
-        part.unlink(missing_ok=True)
-        raise
 
 
 def _prune(prepared: Path, keep: Path) -> None:

@@ -196,6 +196,8 @@ def checkpoint_vocabulary(checkpoint) -> frozenset[str] | None:
     (a checkpoint copied out of its workdir, another library's model)."""
     import json
 
+    from vit.data.sources import vocabulary_of
+
     path = Path(checkpoint)
     for folder in [path, *path.parents][:4]:
         config = folder / "config.json"
@@ -207,18 +209,4 @@ def checkpoint_vocabulary(checkpoint) -> frozenset[str] | None:
             return None
         if isinstance(data, dict) and isinstance(data.get("name"), str):
             return vocabulary_of(data["name"])
-    return None
-
-
-def vocabulary_of(name: str) -> frozenset[str] | None:
-    """The words a model trained on dataset `name` has seen in its prompts; None for a dataset
-    without prompts."""
-    if name == "promptshapes":
-        from vit.data.promptshapes import vocabulary
-
-        return vocabulary()
-    if name == "fashion_scenes":
-        from vit.data.fashion_scenes import vocabulary
-
-        return vocabulary()
     return None

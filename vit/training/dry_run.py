@@ -3,11 +3,11 @@ for the devices at hand, without training and without writing anything.
 
 It answers before a long run starts: how many parameters, how many FLOPs a step costs, how much
 memory XLA plans per device, whether that fits here, and (where it fits) how long one step
-takes. The step is the one `vit train` runs (`make_train_step` with the recipe's optimiser,
-accumulation, dtype and mesh), lowered on a batch the recipe's own pipeline makes. Where the
-recipe's dataset is not on this machine, the batch is random images of the recipe's size, and
-the class count is `ASSUMED_CLASSES` (the head is a small part of any model this is asked
-about); the printout says so. A staged recipe is dry-run stage by stage.
+takes. The step is the one `vit train` runs (`vit.training.program.build_program`: the
+recipe's optimiser, micro-batches, dtype and mesh), compiled for a batch the recipe's own
+pipeline makes. Where the recipe's dataset is not on this machine, the batch is random images
+of the recipe's size, and the class count is `ASSUMED_CLASSES` (the head is a small part of any
+model this is asked about); the printout says so. A staged recipe is dry-run stage by stage.
 
 Where the step runs, the dry run also estimates the whole run (`estimate_run`): start-up and
 compile as measured here, the steps at the median of several timed ones (their spread gives
@@ -35,16 +35,9 @@ from vit.data import open_source, train_iterator
 from vit.data.sources import ArraySource
 from vit.errors import DataError
 from vit.inference import memory
-from vit.training import parallel
 from vit.training.from_recipe import augment_of, resolved_dtype
-from vit.training.loop import prompt_tokenizer
-from vit.training.losses import DEFAULT as DEFAULT_LOSS
-from vit.training.losses import get_loss
-from vit.training.model import build_model
-from vit.training.optim import make_optimizer
-from vit.training.placement import Placement
-from vit.training.state import new_state
-from vit.training.step import make_train_step
+from vit.training.program import TrainProgram, build_program
+from vit.training.timings import process_age_s
 
 ASSUMED_CLASSES = 1000
 
@@ -54,7 +47,7 @@ def dry_run(config, *, init: str | None = None, measure: bool = True,
     """Dry-runs `config` (each stage of a staged recipe); prints a summary with `out`; returns
     one dict of figures per stage."""
     out = out or (lambda line: print(line, flush=True))
-    before = _process_age_s()  # the command's start-up so far: its imports, the recipe
+    before = process_age_s()  # the command's start-up so far: its imports, the recipe
     if "stages" in config:
         from vit.training.stages import stage_configs
 
@@ -65,19 +58,6 @@ def dry_run(config, *, init: str | None = None, measure: bool = True,
                                                       out=out, before=before if k == 0 else 0)})
         return results
     return [_dry_run(config, init=init, measure=measure, out=out, before=before)]
-
-
-def _process_age_s() -> float:
-    """Seconds since this process started (Linux's /proc), else 0: the start-up the dry run
-    cannot see from inside."""
-    try:
-        with open("/proc/self/stat") as f:
-            started = int(f.read().rsplit(")", 1)[1].split()[19])  # field 22, in clock ticks
-        with open("/proc/uptime") as f:
-            uptime = float(f.read().split()[0])
-        return max(uptime - started / os.sysconf("SC_CLK_TCK"), 0.0)
-    except (OSError, ValueError, IndexError):
-        return 0.0
 
 
 def _batch_source(config, out) -> tuple[Any, str]:
@@ -108,44 +88,37 @@ def _dry_run(config, *, init: str | None, measure: bool, out, before: float = 0.
              ) -> dict[str, Any]:
     began = time.perf_counter()
     tc = config.train
-    mesh = parallel.mesh_from_config(config)
-    loss_name = tc.get("loss", DEFAULT_LOSS)
     source, origin = _batch_source(config, out)
     num_classes = len(source.class_names)
-    model, params = build_model(config, num_classes, init=init)
-    mc = model.config
-    tx, _ = make_optimizer(config.optim, params, mc.depth, tc.steps)
-    place = Placement.of(mesh, params, tx, parallel.rules_from_config(config))
-    step_fn = make_train_step(model.graphdef, tx, place, accum_steps=tc.accum_steps,
-                              compute_dtype=mc.dtype, ema_decay=tc.ema_decay,
-                              loss_fn=get_loss(loss_name))
+    program = build_program(config, num_classes, init=init)
+    mesh, mc = program.mesh, program.model.config
     host_batch = device_mesh.host_batch_size(tc.batch_size, mesh)
-    iterator = train_iterator(source, model.preprocessing, augment_of(config),
+    iterator = train_iterator(source, program.model.preprocessing, augment_of(config),
                               batch_size=host_batch, seed=config.seed, num_classes=num_classes,
-                              num_threads=0, tokenize=prompt_tokenizer(mc, loss_name))
-    batch = device_mesh.to_global(next(iterator), mesh)
-    state = new_state(params, tx, place, ema=tc.ema_decay > 0)
-    n_params = sum(int(np.prod(p.shape)) for p in jax.tree.leaves(params))
+                              num_threads=0, tokenize=program.tokenizer)
+    batch = program.put(next(iterator))
+    n_params = sum(int(np.prod(p.shape)) for p in jax.tree.leaves(program.state.params))
     devices = mesh.devices.size
     kind = mesh.devices.flat[0].device_kind
     out(f"model: {config.model.name} as configured: {mc.width} wide, {mc.depth} deep, "
         f"{memory.tokens(mc)} tokens of {mc.image_size[0]}x{mc.image_size[1]} images, "
         f"{mc.dtype} compute{' (auto)' if resolved_dtype(config)[1] else ''}; {n_params:,} "
         f"parameters ({num_classes} classes)")
+    pieces = program.micro_batches // tc.accum_steps
+    split = (f" (each in {pieces} pieces of {tc.batch_size // program.micro_batches} for the "
+             f"CPU's cache: train.micro_tokens={tc.get('micro_tokens')})" if pieces > 1 else "")
     out(f"step: batch {tc.batch_size} in {tc.accum_steps} micro-batch"
-        f"{'es' if tc.accum_steps > 1 else ''} of {tc.batch_size // tc.accum_steps}, "
+        f"{'es' if tc.accum_steps > 1 else ''} of {tc.batch_size // tc.accum_steps}{split}, "
         f"{config.optim.name}, on {devices} {kind} device{'s' if devices > 1 else ''} "
         f"(data={mesh.shape['data']} x fsdp={mesh.shape['fsdp']}); batch from {origin}")
 
-    args = (state.params, state.opt_state, state.ema, batch, config.seed, 0)
-    start = time.perf_counter()
-    startup = before + start - began
-    compiled = step_fn.lower(*args).compile()
+    startup = before + time.perf_counter() - began
+    compiled = program.compile(batch)
     result: dict[str, Any] = {"parameters": n_params, "devices": devices,
-                              "startup_s": startup, "compile_s": time.perf_counter() - start}
+                              "startup_s": startup, "compile_s": program.compile_s}
     out(f"compiled in {result['compile_s']:.1f} s")
 
-    flops = _flops(model.graphdef, tx, place, config, mc.dtype, loss_name, args)
+    flops = _flops(program, batch)
     result["flops_per_step"] = flops
     out(f"FLOPs per step: {flops:.3e} ({flops / tc.batch_size:.3e} per image), XLA's count")
 
@@ -174,7 +147,7 @@ def _dry_run(config, *, init: str | None, measure: bool, out, before: float = 0.
             f"the devices' best {mc.dtype} matrix-product rate, {rate / 1e9:,.0f} GFLOP/s); "
             f"{tc.steps} steps: at least {_duration(at_least * tc.steps)}")
     elif measure and fits:
-        times, args = _timed_steps(compiled, args)
+        times = _timed_steps(program, batch)
         seconds = statistics.median(times[1:] or times)
         result.update(step_s=seconds, step_times_s=times)
         timed = len(times) - 1 or 1
@@ -184,7 +157,7 @@ def _dry_run(config, *, init: str | None, measure: bool, out, before: float = 0.
         estimate = estimate_run(
             steps=tc.steps, step_times=times, startup_s=startup, compile_s=result["compile_s"],
             batch_size=tc.batch_size, evaluations=_evaluations(config, origin),
-            saves=math.ceil(tc.steps / tc.checkpoint_every), save_s=_timed_save(args, mc),
+            saves=math.ceil(tc.steps / tc.checkpoint_every), save_s=_timed_save(program),
             load=_load())
         result["estimate"] = estimate
         out(describe_estimate(estimate))
@@ -194,14 +167,12 @@ def _dry_run(config, *, init: str | None, measure: bool, out, before: float = 0.
     return result
 
 
-def _flops(graphdef, tx, place, config, dtype: str, loss_name: str, args) -> float:
+def _flops(program: TrainProgram, batch: dict) -> float:
     """XLA's count of one step's FLOPs over all devices. The step's accumulation loop would be
     counted once, not once per micro-batch, so the count is of the same step with the batch
     taken whole: the same arithmetic, only traced (never compiled or run)."""
-    whole = make_train_step(graphdef, tx, place, accum_steps=1, micro_tokens=None,
-                            compute_dtype=dtype, ema_decay=config.train.ema_decay,
-                            loss_fn=get_loss(loss_name))
-    cost = whole.lower(*args).cost_analysis()
+    whole = program.variant(accum_steps=1)
+    cost = whole.step_fn.lower(*whole.args(batch)).cost_analysis()
     cost = cost[0] if isinstance(cost, list | tuple) else cost
     return float((cost or {}).get("flops", float("nan")))
 
@@ -234,19 +205,17 @@ RETIME_BELOW_S = 10.0
 TIMED_STEPS, TIMING_BUDGET_S = 5, 10.0
 
 
-def _timed_steps(compiled, args) -> tuple[list[float], tuple]:
-    """(each run's time, the first's included; the arguments of a next step): the first run
-    alone where it is long, else up to `TIMED_STEPS` more within `TIMING_BUDGET_S`. The step
-    donates its state, so each run takes the previous one's outputs."""
+def _timed_steps(program: TrainProgram, batch: dict) -> list[float]:
+    """Each step's time, the first's included: the first alone where it is long, else up to
+    `TIMED_STEPS` more within `TIMING_BUDGET_S`."""
     times: list[float] = []
     while True:
         start = time.perf_counter()
-        outputs = jax.block_until_ready(compiled(*args))
+        jax.block_until_ready(program(batch))
         times.append(time.perf_counter() - start)
-        args = (*outputs[:3], *args[3:])
         if (times[0] >= RETIME_BELOW_S or len(times) > TIMED_STEPS
                 or sum(times[1:]) >= TIMING_BUDGET_S):
-            return times, args
+            return times
 
 
 def _evaluations(config, origin: str) -> tuple[int, int | None]:
@@ -265,8 +234,8 @@ def _evaluations(config, origin: str) -> tuple[int, int | None]:
         return count, None
 
 
-def _timed_save(args, model_config) -> float | None:
-    """Seconds one checkpoint of the state in `args` takes to write and finish, saved into a
+def _timed_save(program: TrainProgram) -> float | None:
+    """Seconds one checkpoint of the program's state takes to write and finish, saved into a
     temporary folder that is removed again; None where it cannot be (several processes, whose
     folders would differ, or a temporary folder that takes no checkpoint)."""
     if jax.process_count() > 1:
@@ -274,7 +243,8 @@ def _timed_save(args, model_config) -> float | None:
     from vit.checkpoints import orbax_format
     from vit.training.checkpointing import TrainCheckpoints
 
-    params, opt_state, ema = args[:3]
+    state, model_config = program.state, program.model.config
+    params, opt_state, ema = state.params, state.opt_state, state.ema
     try:
         with tempfile.TemporaryDirectory(prefix="vit-dry-run-") as folder:
             start = time.perf_counter()

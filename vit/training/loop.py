@@ -5,10 +5,11 @@ optimiser state, EMA, data-iterator position and step all come back, and randomn
 function of (seed, step), so the resumed run's losses equal an uninterrupted run's.
 
 This file is the orchestration only, top to bottom; each concern lives in its own module:
-`workdir` (ours or refused, its lock, its files), `model` (what is trained), `resume` (whether a
-resume fits), `state` (the training state, fresh or restored), `step` (the jitted step) with
-`losses`, `placement` (shardings), `checkpointing` (storage and save policy), `signals`,
-`progress` and `metrics`.
+`workdir` (ours or refused, its lock, its files), `resume` (whether a resume fits), `program`
+(the recipe's mesh, model, optimiser, placement, state and compiled step: the one builder the
+dry run, the benchmarks and the tests use too), `checkpointing` (storage and save policy),
+`signals`, `progress`, `metrics` and `timings` (where the run's time went, as records of
+metrics.jsonl).
 
 What a run may cost the workdir: nothing until the lock is held and the checks pass; a run that
 fails before its first checkpoint takes back what it added; a full disk leaves no temporary
@@ -19,10 +20,10 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import functools
 import json
 import math
 import sys
+import time
 from pathlib import Path
 
 import jax
@@ -33,7 +34,6 @@ from vit.checkpoints.orbax_io import quiet_event_loops
 from vit.data import open_source, train_iterator
 from vit.errors import ConfigError, OutOfMemory, OutOfSpace, is_out_of_memory
 from vit.inference.evaluate import evaluate_task, make_logits_fn, sharded_eval_batches
-from vit.models.text import tokenize
 from vit.step_folders import finished_steps
 from vit.training import parallel
 from vit.training import workdir as workdirs
@@ -48,18 +48,14 @@ from vit.training.early_stop import EarlyStop
 from vit.training.from_recipe import augment_of
 from vit.training.iterator_records import iterator_states
 from vit.training.losses import DEFAULT as DEFAULT_LOSS
-from vit.training.losses import TEXT_LOSSES, get_loss
 from vit.training.metrics import MetricsLog, TrainMeter, plot_curves
-from vit.training.model import build_model
-from vit.training.optim import make_optimizer
-from vit.training.placement import Placement
+from vit.training.program import Resume, TrainProgram, build_program
 from vit.training.progress import progress
 from vit.training.resume import check_resume
 from vit.training.signals import StopSignals
-from vit.training.state import new_state, restore_state
-from vit.training.step import make_train_step
 from vit.training.tensorboard import FOLDER as TB_FOLDER
 from vit.training.tensorboard import EventLog
+from vit.training.timings import RunClock
 from vit.training.workdir import has_finished_step, write_config
 
 VALIDATION = "the first validation"  # what an out-of-memory there names
@@ -90,11 +86,11 @@ def train_claimed(config, workdir: Path, claim: workdirs.Claim | None, *, init: 
     """`train` in a workdir already claimed (`claim` is None on processes other than 0)."""
     quiet_full_disk_logs()
     with quiet_event_loops(keep=64):  # orbax's loops wait for every write, failed ones too
-        ckpts = None
+        ckpts, clock = None, RunClock()
         try:
             ckpts = TrainCheckpoints(workdir, keep=config.train.keep_checkpoints)
-            return _train(config, workdir, ckpts, claim, init=init, stop_after=stop_after,
-                          sources=sources)
+            return _train(config, workdir, ckpts, claim, clock, init=init,
+                          stop_after=stop_after, sources=sources)
         except Exception as err:
             if ckpts is not None:  # before anything is removed under orbax's threads
                 ckpts.close_quietly()
@@ -104,6 +100,8 @@ def train_claimed(config, workdir: Path, claim: workdirs.Claim | None, *, init: 
             if isinstance(err, OutOfSpace):
                 raise _out_of_space(err, workdir) from None
             raise
+        finally:
+            clock.close()
 
 
 def _out_of_space(err: OutOfSpace, workdir: Path) -> OutOfSpace:
@@ -118,8 +116,9 @@ def _out_of_space(err: OutOfSpace, workdir: Path) -> OutOfSpace:
     return out
 
 
-def _train(config, workdir: Path, ckpts: TrainCheckpoints, claim: workdirs.Claim | None, *,
-           init: str | None, stop_after: int | None, sources: dict | None) -> dict:
+def _train(config, workdir: Path, ckpts: TrainCheckpoints, claim: workdirs.Claim | None,
+           clock: RunClock, *, init: str | None, stop_after: int | None,
+           sources: dict | None) -> dict:
     primary = parallel.is_primary()  # process 0 alone writes files and prints
     mesh = parallel.mesh_from_config(config)
     if config.train.batch_size % config.train.accum_steps:
@@ -127,7 +126,6 @@ def _train(config, workdir: Path, ckpts: TrainCheckpoints, claim: workdirs.Claim
                           f"train.accum_steps={config.train.accum_steps}")
     augment = augment_of(config)  # a bad input.randaugment: one line, before anything is built
     loss_name = config.train.get("loss", DEFAULT_LOSS)
-    loss_fn = get_loss(loss_name)
     train_src, val_src = _open_sources(config, loss_name, sources)
     config = _fit_batch(config, len(train_src), mesh, primary)
     tc, steps = config.train, config.train.steps
@@ -152,33 +150,26 @@ def _train(config, workdir: Path, ckpts: TrainCheckpoints, claim: workdirs.Claim
                   "train.early_stop_patience (or set it to 0) to train further")
         return {"stopped_by": None if start >= steps else STOPPED_EARLY,
                 "best_val_accuracy": (ckpts.read_best() or {}).get(METRIC, -1.0)}
-    model, params = build_model(config, num_classes, resume_meta=resume_meta, init=init)
-    tokenizer = prompt_tokenizer(model.config, loss_name)
-    tx, lr_fn = make_optimizer(config.optim, params, model.config.depth, steps)
-    place = Placement.of(mesh, params, tx, parallel.rules_from_config(config))
-    use_ema = tc.ema_decay > 0
-    state = (restore_state(ckpts, start, params, tx, place, ema=use_ema, config=config,
-                           meta=resume_meta) if start
-             else new_state(params, tx, place, ema=use_ema))
+    program = build_program(config, num_classes, init=init, mesh=mesh,
+                            resume=Resume(ckpts, start, resume_meta) if start else None)
+    model, tokenizer = program.model, program.tokenizer
     iterator = train_iterator(train_src, model.preprocessing, augment,
                               batch_size=host_batch, seed=config.seed, num_classes=num_classes,
                               shard_index=jax.process_index(),
                               shard_count=jax.process_count(),
                               num_threads=config.data.num_threads, tokenize=tokenizer)
-    if state.iterator_state is not None:
-        iterator.set_state(state.iterator_state)
-    step_fn = make_train_step(model.graphdef, tx, place, accum_steps=tc.accum_steps,
-                              compute_dtype=model.config.dtype, ema_decay=tc.ema_decay,
-                              loss_fn=loss_fn)
-    run = _Run(config, workdir, ckpts, state, model=model, iterator=iterator,
-               sources=(train_src, val_src), tokenizer=tokenizer, loss_name=loss_name,
-               logits_fn=make_logits_fn(model.graphdef, mesh, place.params,
-                                         model.config.dtype), mesh=mesh,
+    if program.state.iterator_state is not None:
+        iterator.set_state(program.state.iterator_state)
+    run = _Run(config, workdir, ckpts, program, clock, iterator=iterator,
+               sources=(train_src, val_src), tokenizer=tokenizer,
+               logits_fn=make_logits_fn(model.graphdef, mesh, program.place.params,
+                                         model.config.dtype),
                eval_batch_size=eval_host_batch, start=start, primary=primary, early=early)
     if claim is not None:  # the run writes from here on: an unmarked workdir becomes ours
         claim.adopt()
     end = steps if stop_after is None else min(steps, start + stop_after)
-    last, step, stopped_by = run.steps(step_fn, lr_fn, start, end)
+    clock.started_up(start)
+    last, step, stopped_by = run.steps(start, end)
     if primary and (workdir / "metrics.jsonl").exists():
         plot_curves(workdir / "metrics.jsonl", workdir / "curves.png")
     if (step >= steps or stopped_by == STOPPED_EARLY) and primary:
@@ -186,6 +177,8 @@ def _train(config, workdir: Path, ckpts: TrainCheckpoints, claim: workdirs.Claim
         tb = f", TensorBoard events in {workdir / TB_FOLDER}" if with_tb else ""
         print(f"done: {step} steps; checkpoints in {ckpts.directory}, metrics in "
               f"{workdir / 'metrics.jsonl'}, curves in {workdir / 'curves.png'}{tb}")
+    clock.note(step, exit_s=round(time.perf_counter() - run.ended_at, 6))
+    clock.write(run.log)
     return {**last, **{f"val_{k}": v for k, v in run.last_val.items()},
             "stopped_by": stopped_by, "best_val_accuracy": run.saver.best_accuracy}
 
@@ -231,26 +224,27 @@ def _fit_batch(config, examples: int, mesh, primary: bool):
 
 
 class _Run:
-    """The steps of one `train` call: the state they advance, and the validation, log and
-    checkpoints they feed. A step's metrics stay on the device until a log or a save needs
-    them, so the host never waits on a step in between."""
+    """The steps of one `train` call: the program whose state they advance, and the
+    validation, log, checkpoints and timings they feed. A step's metrics stay on the device
+    until a log or a save needs them, so the host never waits on a step in between."""
 
-    def __init__(self, config, workdir: Path, ckpts: TrainCheckpoints, state, *, model,
-                 iterator, sources, tokenizer, loss_name: str, logits_fn, mesh,
+    def __init__(self, config, workdir: Path, ckpts: TrainCheckpoints, program: TrainProgram,
+                 clock: RunClock, *, iterator, sources, tokenizer, logits_fn,
                  eval_batch_size: int, start: int, primary: bool, early: EarlyStop):
-        self.config, self.workdir, self.ckpts, self.model = config, workdir, ckpts, model
-        self.params, self.opt_state, self.ema = state.params, state.opt_state, state.ema
+        self.config, self.workdir, self.ckpts = config, workdir, ckpts
+        self.program, self.clock, self.model = program, clock, program.model
         self.iterator, (self.train_src, self.val_src) = iterator, sources
-        self.tokenizer, self.loss_name, self.logits_fn = tokenizer, loss_name, logits_fn
-        self.mesh, self.eval_batch_size, self.primary = mesh, eval_batch_size, primary
+        self.tokenizer, self.loss_name, self.logits_fn = tokenizer, program.loss_name, logits_fn
+        self.mesh, self.eval_batch_size, self.primary = program.mesh, eval_batch_size, primary
         events = EventLog(workdir / TB_FOLDER) if config.train.get("tensorboard", True) else None
         self.log = MetricsLog(workdir, start, enabled=primary, events=events)
         self.saver = CheckpointPolicy(ckpts, every=config.train.checkpoint_every,
                                       resumed=bool(start))
         self.meter, self.pending, self.early, self.last_val = TrainMeter(), [], early, {}
         self.validated = False
+        self.ended_at = time.perf_counter()  # when the last step ended: the exit's start
 
-    def steps(self, step_fn, lr_fn, start: int, end: int) -> tuple[dict, int, str | None]:
+    def steps(self, start: int, end: int) -> tuple[dict, int, str | None]:
         """Trains from `start` to `end`, validating and saving when due; returns the last
         train metrics, the step reached and what stopped it: the signal, `STOPPED_EARLY`
         (validation stopped improving) or None."""
@@ -258,15 +252,20 @@ class _Run:
         last, bar = {}, progress(start, steps, enabled=self.primary)
         stop = StopSignals(kept=self.kept)
         stopped_early = False
+        program, clock = self.program, self.clock
         with stop.installed():
             step = start
             while step < end:
                 with self._fits_memory(first=step == start):
                     with self.meter.waiting():  # blocked on the input pipeline
                         host_batch = next(self.iterator)
-                    batch = device_mesh.to_global(host_batch, self.mesh)
-                    self.params, self.opt_state, self.ema, metrics = step_fn(
-                        self.params, self.opt_state, self.ema, batch, self.config.seed, step)
+                    batch = program.put(host_batch)
+                    if program.compiled is None:  # where a program that cannot fit fails
+                        program.compile(batch)
+                        clock.note(step, compile_s=round(program.compile_s, 6))
+                    called = time.perf_counter()
+                    metrics = program(batch)
+                    clock.steps.started(metrics, called)
                     if step == start:  # where a step that cannot fit fails
                         jax.block_until_ready(metrics)
                 step += 1
@@ -277,22 +276,24 @@ class _Run:
                                                            or step == steps)
                 logged = step % tc.log_every == 0 or step == end or stopping
                 if logged:
-                    last = self._log_train(step, lr_fn, bar)
+                    last = self._log_train(step, bar)
                 if validating:
                     self._drain()  # waits for the step (training time)
-                    with self.meter.paused():  # images/s counts training steps only
-                        val_acc = self.validate(step)
+                    with self.meter.paused(), clock.timed(step, "evaluation_s"):
+                        val_acc = self.validate(step)  # images/s counts training steps only
+                    clock.write(self.log)
                     # At the last step the run ends anyway: that is no early stop.
                     stopped_early = self.early.update(step, val_acc) and step < steps
                     if stopped_early and not logged:  # the run's last training figures
-                        last = self._log_train(step, lr_fn, bar)
+                        last = self._log_train(step, bar)
                 else:
                     val_acc = None
                 saving = self.saver.due(step, end, stopping=bool(stopping) or stopped_early)
                 if saving:
                     self._drain()  # never saves non-finite weights
-                    with self.meter.paused():
+                    with self.meter.paused(), clock.timed(step, "checkpoint_s"):
                         self.save(step, val_acc)
+                    clock.write(self.log)
                 if stopped_early:
                     self.log.write(self.early.record(step))
                     if self.primary:
@@ -303,16 +304,20 @@ class _Run:
                     print(f"{stopping}: {who}saved step {step} to {self.ckpts.step_dir(step)}; "
                           "run the same command to resume", file=sys.stderr, flush=True)
                     break
+            self.ended_at = time.perf_counter()
             self.saver.close()  # the last save finishes here, where a second Ctrl-C ends it
         bar.close()
         return last, step, STOPPED_EARLY if stopped_early else stop.received
 
-    def _log_train(self, step: int, lr_fn, bar) -> dict:
+    def _log_train(self, step: int, bar) -> dict:
         """Writes (and shows) the training record of the steps since the last one."""
         self._drain()
         means, images_per_s, data_wait = self.meter.flush(self.config.train.batch_size)
-        record = {"step": step, "split": "train", **means, "lr": float(lr_fn(step - 1)),
+        record = {"step": step, "split": "train", **means,
+                  "lr": float(self.program.lr_fn(step - 1)),
                   "images_per_s": images_per_s, "data_wait": data_wait}
+        self.clock.note_steps(step)
+        self.clock.write(self.log)
         self.log.write(record)
         bar.report(record)
         return record
@@ -362,11 +367,12 @@ class _Run:
         # The first validation compiles its forward at train.eval_batch_size, unsplit: a run
         # whose training steps fit can still fail here.
         with self._fits_memory(first=not self.validated, what=VALIDATION):
-            res = evaluate_task(self.loss_name, self.logits_fn, self.params, batches,
-                                len(self.train_src.class_names), self.mesh)
+            res = evaluate_task(self.loss_name, self.logits_fn, self.program.state.params,
+                                batches, len(self.train_src.class_names), self.mesh)
         self.validated = True
         self.last_val = {"loss": res["loss"], "accuracy": res["accuracy"],
                          **{k: res[k] for k in ("top5_accuracy", "label_accuracy") if k in res}}
+        self.clock.write(self.log)
         self.log.write({"step": step, "split": "validation", **self.last_val})
         if self.primary:
             print(f"step {step}: validation accuracy {res['accuracy']:.4f} "
@@ -384,8 +390,9 @@ class _Run:
             labels=self.train_src.class_names, step=step,
             extra={"dataset": self.train_src.name, "val_accuracy": val_acc,
                    "config": config.to_dict()})
-        self.saver.save(step, params=self.params, opt_state=self.opt_state,
-                        ema_params=self.ema, data_iter=iterator_states(self.iterator.get_state()),
+        state = self.program.state
+        self.saver.save(step, params=state.params, opt_state=state.opt_state,
+                        ema_params=state.ema, data_iter=iterator_states(self.iterator.get_state()),
                         train_state={"step": step, "seed": config.seed,
                                      "early_stop": self.early.state()},
                         meta=json.loads(json.dumps(meta, default=list)), val_accuracy=val_acc)
@@ -398,13 +405,3 @@ def _chain(err: BaseException) -> list[BaseException]:
         out.append(err)
         err = err.__cause__ or err.__context__
     return out
-
-
-def prompt_tokenizer(model_config, loss_name: str):
-    """The data pipeline's prompt tokenizer for a loss that reads text, else None."""
-    if loss_name not in TEXT_LOSSES:
-        return None
-    if model_config.text is None:
-        raise ConfigError(f"train.loss={loss_name!r} reads prompts, but the model has no text "
-                          "path; set model.text (see configs/promptshapes.py)")
-    return functools.partial(tokenize, max_len=model_config.text.max_len)

@@ -31,6 +31,7 @@ class TrainState:
     opt_state: Any
     ema: Any | None  # None: the run keeps no EMA
     iterator_state: dict | None = None  # None: the data stream starts from its beginning
+    step: int = 0  # the steps taken: the next step's index (its dropout and data seed)
 
 
 def new_state(params, tx: optax.GradientTransformation, place: Placement, *,
@@ -60,5 +61,5 @@ def restore_state(ckpts: TrainCheckpoints, step: int, params, tx: optax.Gradient
     if parallel.is_primary():
         print(f"resumed from step {step} ({ckpts.step_dir(step)})")
     return TrainState(restored[orbax_format.PARAMS], restored[orbax_format.OPT_STATE],
-                      restored.get(orbax_format.EMA_PARAMS), iterator_state)
+                      restored.get(orbax_format.EMA_PARAMS), iterator_state, step)
 

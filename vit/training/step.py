@@ -18,49 +18,26 @@ from vit.cpu.xla_options import jit_options, training_options
 from vit.training.losses import LossFn, softmax_xent
 from vit.training.placement import Placement
 
-# A float32 step on a CPU runs its batch in micro-batches of at least this many tokens (image
-# tokens, all examples together) when the batch holds several times more: the activations of
-# a few thousand tokens are streamed through memory by every elementwise pass and copy, while
-# a micro-batch's stay in cache. A batch already near this size gains nothing from halving;
-# benchmarks/ records the step both ways.
-MICRO_TOKENS = 1536
-
-
-def cache_splits(examples: int, tokens_per_example: int, min_tokens: int | None) -> int:
-    """Into how many equal micro-batches a CPU step splits `examples` (1: none): the most that
-    keep `min_tokens` tokens or more in each. None: never split."""
-    if not min_tokens or tokens_per_example <= 0:
-        return 1
-    return max((k for k in range(1, examples + 1)
-                if examples % k == 0 and examples // k * tokens_per_example >= min_tokens),
-               default=1)
-
 
 def make_train_step(graphdef, tx: optax.GradientTransformation, place: Placement, *,
                     accum_steps: int, ema_decay: float, loss_fn: LossFn = softmax_xent,
-                    trainable=None, compute_dtype: str = "float32",
-                    micro_tokens: int | None = MICRO_TOKENS):
+                    trainable=None, compute_dtype: str = "float32"):
     """`step(params, opt_state, ema, batch, seed, step) -> (params, opt_state, ema, metrics)`.
 
     `metrics` holds the loss, `loss_fn`'s metrics (means over the batch) and `finite`.
-    `accum_steps` splits the batch into that many micro-batches, one update from their mean
-    gradient. `ema` is None to keep no EMA. `trainable` is a bool tree like the params (None:
-    all): frozen leaves get no backward pass and never move, whatever `tx` does.
+    `accum_steps` splits the batch into that many micro-batches, run one after the other, one
+    update from their mean gradient (a run's count is `vit.training.program.micro_batches`:
+    the recipe's `train.accum_steps`, each split further on one CPU device by
+    `train.micro_tokens`). `ema` is None to keep no EMA. `trainable` is a bool tree like the
+    params (None: all): frozen leaves get no backward pass and never move, whatever `tx` does.
     `place` (`Placement.of`) gives the shardings of the state, the batch and the metrics:
     replicated or fsdp-sharded state, the same step. `compute_dtype` is the model's: a float32
     step compiles on the CPU with XLA's own dots and YNNPACK's reductions
     (`vit.cpu.xla_options.TRAINING`), faster there than jax's defaults; other dtypes keep
     jax's fusions, which run a narrow product on CPUs with bfloat16 arithmetic. Every step on
     the CPU takes XLA's memory-optimised schedule (`SCHEDULE`): less scratch memory.
-    A float32 or bfloat16 step on one CPU device also splits each of its (accumulation)
-    micro-batches further, into pieces of `micro_tokens` image tokens or more
-    (`cache_splits`): the same gradient up to float rounding, from activations that stay in
-    cache. None: never.
     """
     batch_sharding = place.batch
-    # float16 is left whole: the CPU has no float16 arithmetic for the split to keep in cache.
-    on_one_cpu = (jax.default_backend() == "cpu" and compute_dtype in ("float32", "bfloat16")
-                  and place.mesh.devices.size == 1)
 
     def objective(params, batch, key):
         params = device_mesh.gathered_for_use(params, place.mesh)
@@ -77,22 +54,13 @@ def make_train_step(graphdef, tx: optax.GradientTransformation, place: Placement
 
     grad_fn = jax.value_and_grad(objective, has_aux=True)
 
-    def splits_for(params, batch) -> int:
-        """`accum_steps`, times the cache split on one CPU (decided while tracing)."""
-        if not on_one_cpu:
-            return accum_steps
-        tokens = getattr(getattr(nnx.merge(graphdef, params), "config", None), "num_tokens", 0)
-        examples = batch["image"].shape[0] // accum_steps
-        return accum_steps * cache_splits(examples, tokens, micro_tokens)
-
     def step_fn(params, opt_state, ema, batch, seed, step):
         key = jax.random.fold_in(jax.random.key(seed), step)
-        splits = splits_for(params, batch)
-        if splits == 1:
+        if accum_steps == 1:
             (loss, aux), grads = grad_fn(params, batch, key)
         else:  # gradient accumulation: micro-batches in sequence, one update
             micro = jax.tree.map(
-                lambda x: x.reshape((splits, -1) + x.shape[1:]), batch)
+                lambda x: x.reshape((accum_steps, -1) + x.shape[1:]), batch)
 
             def body(carry, xs):
                 i, mb = xs
@@ -104,8 +72,8 @@ def make_train_step(graphdef, tx: optax.GradientTransformation, place: Placement
             zeros = ((0.0, jax.tree.map(lambda _: 0.0, aux_shape)),
                      jax.tree.map(jnp.zeros_like, params))
             ((loss, aux), grads), _ = jax.lax.scan(body, zeros,
-                                                   (jnp.arange(splits), micro))
-            loss, aux, grads = jax.tree.map(lambda x: x / splits, (loss, aux, grads))
+                                                   (jnp.arange(accum_steps), micro))
+            loss, aux, grads = jax.tree.map(lambda x: x / accum_steps, (loss, aux, grads))
         updates, opt_state = tx.update(grads, opt_state, params)
         if trainable is not None:
             updates = jax.tree.map(lambda u, t: u if t else jnp.zeros_like(u),
