@@ -23,9 +23,9 @@ pytestmark = pytest.mark.timeout(300)
 
 ROOT = Path(__file__).parent.parent
 RECIPE = str(ROOT / "configs" / "digits.py")
-# The shared tiny recipe: steps 1 and 2 both saved, so a damaged step 2 leaves step 1 to
-# resume from.
-TINY = tiny_recipe_sets()
+# The --set items of this file's runs, the tiny recipe's: steps 1 and 2 both saved, so a
+# damaged step 2 leaves step 1 to resume from.
+RUN_SETS = tiny_recipe_sets()
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +34,7 @@ def run(tmp_path_factory):
     from vit.training.loop import train
 
     root = tmp_path_factory.mktemp("train_run")
-    train(load_config(RECIPE, TINY), root / "wd")
+    train(load_config(RECIPE, RUN_SETS), root / "wd")
     assert {p.name for p in (root / "wd" / "checkpoints").iterdir()} >= {"1", "2"}
     folder = root / "three_classes"
     for c, colour in enumerate([(255, 0, 0), (0, 255, 0), (0, 0, 255)]):
@@ -46,7 +46,7 @@ def run(tmp_path_factory):
 
 def _argv(workdir, *extra, recipe=RECIPE):
     argv = ["train", "--config", str(recipe), "--workdir", str(workdir)]
-    for item in TINY + list(extra):
+    for item in RUN_SETS + list(extra):
         argv += ["--set", item]
     return argv
 
@@ -132,12 +132,10 @@ def test_crash_before_the_first_save_keeps_the_old_config_json(run, tmp_path, mo
     workdir = _copy(run, tmp_path)
     config_json = (workdir / "config.json").read_bytes()
 
-    def crashing_step(*args, **kwargs):
-        def step(*a, **k):
-            raise RuntimeError("a bug inside the step")
-        return step
+    def crashing_step(program, batch):
+        raise RuntimeError("a bug inside the step")
 
-    monkeypatch.setattr("vit.training.loop.make_train_step", crashing_step)
+    monkeypatch.setattr("vit.training.program.TrainProgram.__call__", crashing_step)
     with pytest.raises(RuntimeError, match="a bug inside the step"):
         main(_argv(workdir, "train.steps=3", "optim.lr=0.001"))
     assert (workdir / "config.json").read_bytes() == config_json

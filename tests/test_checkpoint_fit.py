@@ -19,7 +19,8 @@ from vit.errors import CheckpointError
 
 pytestmark = pytest.mark.timeout(600)
 
-TINY = dict(image_size=16, patch_size=4, depth=1, width=16, num_heads=2, mlp_dim=32)
+# ViTConfig fields of the small ViT these tests fit checkpoints to.
+VIT_FIELDS = dict(image_size=16, patch_size=4, depth=1, width=16, num_heads=2, mlp_dim=32)
 
 
 def params_of(model) -> dict:
@@ -40,7 +41,7 @@ def randomised(model, seed: int = 0):
 def export(tmp_path_factory):
     """An orbax export of a model with a pre-logits layer and a 5-class head, and the model."""
     model = randomised(vit.create_model("Ti/16", num_classes=5, representation_size=8,
-                                        rngs=nnx.Rngs(0), **TINY))
+                                        rngs=nnx.Rngs(0), **VIT_FIELDS))
     path = tmp_path_factory.mktemp("fit") / "export"
     save_orbax(path, model, labels=[f"c{i}" for i in range(5)])
     return path, model
@@ -77,7 +78,7 @@ def test_same_class_count_keeps_the_head(export):
 
 
 def test_a_headless_checkpoint_gets_a_zero_head_and_a_note(tmp_path):
-    model = randomised(vit.create_model("Ti/16", num_classes=0, rngs=nnx.Rngs(0), **TINY))
+    model = randomised(vit.create_model("Ti/16", num_classes=0, rngs=nnx.Rngs(0), **VIT_FIELDS))
     save_orbax(tmp_path / "backbone", model)
     loaded = load_checkpoint(tmp_path / "backbone", num_classes=4)
     np.testing.assert_array_equal(loaded.params["head"]["kernel"], np.zeros((16, 4)))
@@ -86,7 +87,7 @@ def test_a_headless_checkpoint_gets_a_zero_head_and_a_note(tmp_path):
 
 
 def test_a_replaced_zero_head_takes_its_warning_along(tmp_path):
-    model = vit.create_model("Ti/16", num_classes=5, rngs=nnx.Rngs(0), **TINY)  # zero head
+    model = vit.create_model("Ti/16", num_classes=5, rngs=nnx.Rngs(0), **VIT_FIELDS)  # zero head
     save_orbax(tmp_path / "zero_head", model)
     assert any("all zeros" in w for w in load_checkpoint(tmp_path / "zero_head").warnings)
     refit = load_checkpoint(tmp_path / "zero_head", num_classes=3)

@@ -32,8 +32,9 @@ def _peers():
     round trips, workdir and error tests need neither and must run without them."""
     return pytest.importorskip("torch"), pytest.importorskip("transformers")
 
-TINY = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
-            image_size=32, patch_size=8)
+# transformers' ViTConfig fields of the small ViT these tests convert.
+HF_FIELDS = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                 intermediate_size=64, image_size=32, patch_size=8)
 
 
 def _probs(model, x):
@@ -47,7 +48,7 @@ def _probs(model, x):
 def hf_model(seed=0, num_labels=5, **overrides):
     torch, transformers = _peers()
     torch.manual_seed(seed)
-    cfg = transformers.ViTConfig(**{**TINY, **overrides}, num_labels=num_labels,
+    cfg = transformers.ViTConfig(**{**HF_FIELDS, **overrides}, num_labels=num_labels,
                                  id2label={i: f"class {i}" for i in range(num_labels)})
     model = transformers.ViTForImageClassification(cfg).eval()
     with torch.no_grad():

@@ -51,7 +51,7 @@ def test_transformers_loads_the_lossy_hf_folder(tmp_path, timm_crop):
     import jax.numpy as jnp
 
     notes = save_checkpoint(load_checkpoint(timm_crop), tmp_path / "hf", "hf", lossy=True)
-    assert any(n.startswith("--lossy: preprocessing crop_pct 1") for n in notes)
+    assert any(n.startswith("--lossy: preprocessing 'shorter side to 8") for n in notes)
     model = transformers.ViTForImageClassification.from_pretrained(tmp_path / "hf").eval()
     x = np.random.RandomState(2).randn(3, 8, 8, 3).astype(np.float32)  # preprocessed, NHWC
     with torch.no_grad():
@@ -111,3 +111,16 @@ def test_layer_scale_and_sincos_become_what_the_formats_hold(tmp_path, make_tiny
         assert back.config.layer_scale is None and back.config.posemb == "learn"
         np.testing.assert_allclose(np.asarray(back.build_model()(x)),
                                    np.asarray(src.build_model()(x)), atol=1e-5)
+
+
+def test_lossy_changes_only_what_the_chosen_format_cannot_hold(tmp_path, make_tiny):
+    """A crop that a Hugging Face processor can say (timm's squash: resize both sides, then
+    crop, as DeiT's processor does) is kept under --lossy, not turned into a plain resize."""
+    tiny = make_tiny(layer_norm_eps=1e-12, act_layer="gelu", seed=2)
+    tiny.preprocessing = dataclasses.replace(tiny.preprocessing, crop_pct=0.8,
+                                             crop_mode="squash", resample="bicubic")
+    notes = save_checkpoint(tiny, tmp_path / "hf", "hf", lossy=True)
+    assert not [n for n in notes if n.startswith("--lossy:")], notes
+    back = load_checkpoint(tmp_path / "hf").preprocessing
+    assert back.describe_geometry() == "resize to 10x10, centre crop 8x8 (transformers)"
+    assert tiny.preprocessing.describe_geometry().startswith("resize to 10x10, centre crop 8x8")

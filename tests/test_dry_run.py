@@ -4,6 +4,7 @@ described, and nothing written."""
 from pathlib import Path
 
 import pytest
+from builders import tiny_recipe, tiny_recipe_sets
 
 from vit.recipes.load import load_config
 
@@ -11,8 +12,6 @@ pytestmark = pytest.mark.timeout(120)
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = sorted(p.stem for p in (ROOT / "configs").glob("*.py"))
-TINY = ["model.width=16", "model.mlp_dim=32", "model.depth=1", "model.num_heads=2",
-        "model.patch_size=4", "train.batch_size=8"]
 
 
 def _vit_params(width, depth, mlp, patch, tokens, classes, class_token=True):
@@ -35,7 +34,7 @@ def test_a_dry_run_describes_the_step_and_writes_nothing(capsys, tmp_path, file_
     monkeypatch.chdir(tmp_path)
     before = file_tree(tmp_path)
     code = main(["train", "--config", "digits", "--workdir", str(work), "--dry-run",
-                 *[a for s in TINY for a in ("--set", s)]])
+                 *[a for s in tiny_recipe_sets() for a in ("--set", s)]])
     out = capsys.readouterr().out
     assert code == 0, out
     assert file_tree(tmp_path) == before
@@ -130,8 +129,6 @@ def test_the_estimate_says_what_it_could_not_count_and_a_busy_host():
 def test_the_dry_run_prints_the_whole_run_estimate(capsys):
     """The estimate's line from the real timings of a tiny step; its figures are checked
     above, with injected timings, never here."""
-    from builders import tiny_recipe
-
     from vit.training.dry_run import dry_run
 
     lines = []

@@ -21,12 +21,12 @@ timm = import_timm()
 needs_timm = pytest.mark.skipif(timm is None, reason="timm is not installed "
                                 "(scripts/setup_env.sh installs it)")
 D, HEADS, HIDDEN, GRID = 32, 4, 48, (2, 3)
-TINY = dict(width=D, depth=2, num_heads=HEADS, mlp_dim=HIDDEN, patch_size=8,
-            image_size=(16, 24), num_classes=5)
+VIT_FIELDS = dict(width=D, depth=2, num_heads=HEADS, mlp_dim=HIDDEN, patch_size=8,
+                  image_size=(16, 24), num_classes=5)
 
 
 def config(**fields) -> ViTConfig:
-    return ViTConfig(**{**TINY, **fields})
+    return ViTConfig(**{**VIT_FIELDS, **fields})
 
 
 def params_of(module) -> dict:

@@ -25,8 +25,8 @@ from vit.training.metrics import read_metrics
 ROOT = Path(__file__).resolve().parents[1]
 # Each process gets half of the batch; each launch sets its own steps and intervals. With 2x2
 # patches the model still improves from step 3 to step 6, so `vit eval` reads step 6 as best.
-TINY = tiny_recipe_sets("model.patch_size=2", "train.batch_size=16",
-                        "train.eval_batch_size=64", "optim.warmup_steps=2")
+RUN_SETS = tiny_recipe_sets("model.patch_size=2", "train.batch_size=16",
+                            "train.eval_batch_size=64", "optim.warmup_steps=2")
 ENV = {**os.environ, "JAX_PLATFORMS": "cpu",
        "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
 
@@ -54,7 +54,7 @@ def free_port() -> int:
 
 
 def sets(*items):
-    return [x for item in TINY + list(items) for x in ("--set", item)]
+    return [x for item in RUN_SETS + list(items) for x in ("--set", item)]
 
 
 def launch(workdir, *items):
@@ -81,7 +81,7 @@ def test_two_processes_train_evaluate_preempt_and_resume_together(tmp_path):
     workdir = tmp_path / "run"
     # 1. Six steps together, through the library calls `vit train` makes.
     port = free_port()
-    items = TINY + ["train.steps=6", "train.log_every=2", "train.eval_every=3",
+    items = RUN_SETS + ["train.steps=6", "train.log_every=2", "train.eval_every=3",
                     "train.checkpoint_every=3"]
     procs = [subprocess.Popen([sys.executable, "-c", DRIVER, str(port), str(i), str(workdir),
                                *items], cwd=ROOT, env=ENV, stdout=subprocess.PIPE,

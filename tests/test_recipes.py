@@ -308,14 +308,14 @@ def test_the_variant_config_is_one_function():
 
 # A tiny digits run, spelt out as the recipe was before the defaults (its model section as
 # `--set` below makes it): what a workdir trained then holds in config.json and checkpoint meta.
-TINY = tiny_recipe_sets("train.checkpoint_every=2")
+RUN_SETS = tiny_recipe_sets("train.checkpoint_every=2")
 
 
 def _old_tiny_digits(steps: int) -> dict:
     import copy
 
     old = copy.deepcopy(SPELT_OUT["digits"])
-    for item in TINY:
+    for item in RUN_SETS:
         key, value = item.split("=")
         if key == "train.steps":
             continue
@@ -341,7 +341,7 @@ def test_an_old_workdir_resumes_under_the_trimmed_recipe(tmp_path, capsys):
     capsys.readouterr()
 
     argv = ["train", "--config", str(ROOT / "configs" / "digits.py"), "--workdir", str(workdir)]
-    for item in [*TINY, "train.steps=4"]:
+    for item in [*RUN_SETS, "train.steps=4"]:
         argv += ["--set", item]
     assert main(argv) == 0, capsys.readouterr().err
     out = capsys.readouterr().out

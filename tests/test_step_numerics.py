@@ -76,12 +76,12 @@ def _max_relative_error(got, want) -> list[tuple[str, float]]:
     return out
 
 
-def _step(graphdef, params, batch, ema_decay=0.0, micro_tokens=None, hlo=None,
+def _step(graphdef, params, batch, ema_decay=0.0, pieces=1, hlo=None,
           compute_dtype="float32"):
     mesh = device_mesh.make_mesh(1)
     step = make_train_step(graphdef, KEEP_GRADS, Placement.of(mesh, params, KEEP_GRADS),
-                           accum_steps=1, ema_decay=ema_decay, loss_fn=softmax_xent,
-                           micro_tokens=micro_tokens, compute_dtype=compute_dtype)
+                           accum_steps=pieces, ema_decay=ema_decay, loss_fn=softmax_xent,
+                           compute_dtype=compute_dtype)
     p = jax.tree.map(jnp.array, params)
     ema = jax.tree.map(jnp.array, params) if ema_decay else None
     args = (p, KEEP_GRADS.init(p), ema, device_mesh.to_global(batch, mesh), 0, 0)
@@ -91,19 +91,18 @@ def _step(graphdef, params, batch, ema_decay=0.0, micro_tokens=None, hlo=None,
     return float(metrics["loss"]), state["grad"]
 
 
-# micro_tokens=4: the 6 examples of 2 tokens each (one patch, the class token) in three
-# micro-batches of 4 tokens, as a CPU step splits a large batch for its cache.
-@pytest.mark.parametrize("micro_tokens,pieces", [(None, 1), (4, 3)])
-def test_one_steps_loss_and_gradients_equal_plain_jax_grad(micro_tokens, pieces):
+# pieces=3: the 6 examples of 2 tokens each (one patch, the class token) in three micro-batches
+# of 4 tokens, as a CPU step splits a large batch for its cache (train.micro_tokens=4).
+@pytest.mark.parametrize("pieces", [1, 3])
+def test_one_steps_loss_and_gradients_equal_plain_jax_grad(pieces):
     graphdef, params, batch = _setup()
     # The whole step against jax.grad compiled as the step is (XLA's own dots on a CPU).
     want_loss, want = _reference(graphdef, params, batch, pieces,
                                  options=xla_options.TRAINING if pieces == 1 else None)
     hlo = []
-    got_loss, got = _step(graphdef, params, batch, ema_decay=0.99, micro_tokens=micro_tokens,
-                          hlo=hlo)
+    got_loss, got = _step(graphdef, params, batch, ema_decay=0.99, pieces=pieces, hlo=hlo)
     # The split runs its micro-batches in a loop; the whole batch at once has none.
-    assert ("while" in hlo[0]) == (micro_tokens is not None)
+    assert ("while" in hlo[0]) == (pieces > 1)
     assert want_loss > 0.1
     np.testing.assert_allclose(got_loss, want_loss, rtol=1e-6)
     errors = _max_relative_error(got, want)
@@ -123,9 +122,8 @@ def test_one_steps_loss_and_gradients_equal_plain_jax_grad(micro_tokens, pieces)
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16"])
-@pytest.mark.parametrize("micro_tokens", [None, 4])
-def test_mixed_precision_step_keeps_float32_gradients_near_the_float32_ones(dtype,
-                                                                           micro_tokens):
+@pytest.mark.parametrize("pieces", [1, 3])
+def test_mixed_precision_step_keeps_float32_gradients_near_the_float32_ones(dtype, pieces):
     """bfloat16 compute, float32 master weights: the gradients come back float32, and close to
     the float32 model's (bfloat16 keeps 8 bits: a few per cent of each tensor's scale), whole
     or split into micro-batches for the CPU's cache."""
@@ -133,11 +131,10 @@ def test_mixed_precision_step_keeps_float32_gradients_near_the_float32_ones(dtyp
     _, want = _reference(graphdef, params, batch)
     graphdef16, params16, _ = _setup(dtype)
     hlo = []
-    loss16, got = _step(graphdef16, params16, batch, micro_tokens=micro_tokens, hlo=hlo,
+    loss16, got = _step(graphdef16, params16, batch, pieces=pieces, hlo=hlo,
                         compute_dtype=dtype)
     assert np.isfinite(loss16)
-    if jax.default_backend() == "cpu":  # the split is a CPU step's
-        assert ("while" in hlo[0]) == (micro_tokens is not None)
+    assert ("while" in hlo[0]) == (pieces > 1)
     for (path, w), g in zip(jax.tree_util.tree_leaves_with_path(want), jax.tree.leaves(got),
                             strict=True):
         assert g.dtype == jnp.float32, path

@@ -17,6 +17,7 @@ from builders import tiny_program, tiny_recipe, tiny_recipe_sets
 
 from vit.checkpoints import orbax_format
 from vit.recipes.load import load_config
+from vit.training.checkpointing import UNFINISHED
 from vit.training.metrics import read_metrics
 
 pytestmark = pytest.mark.timeout(600)
@@ -267,10 +268,10 @@ def test_cpu_step_splits_a_large_batch_into_micro_batches_of_enough_tokens():
 
 
 def test_the_recipe_decides_the_micro_batches_a_step_runs():
-    """`train.accum_steps`, each split on one CPU device by `train.micro_tokens` (ViT-Ti/16 at
-    32 px: 5 tokens an image, batch 64 in 4 accumulation steps of 16 = 80 tokens, so pieces of
-    at least 32 tokens are 2 per micro-batch); 0 leaves them whole, as do float16 and a mesh of
-    several devices."""
+    """`train.accum_steps`, each split on one CPU device by `train.micro_tokens` (32 px images
+    in 16 px patches, no class token: 4 tokens an image; batch 64 in 4 accumulation steps of
+    16 images, 64 tokens, so pieces of at least 32 tokens are 2 per micro-batch); 0 leaves them
+    whole, as does float16."""
     from vit.training import parallel
     from vit.training.model import build_model
     from vit.training.program import micro_batches
@@ -280,7 +281,7 @@ def test_the_recipe_decides_the_micro_batches_a_step_runs():
     model, _ = build_model(config, 10)
     mesh = parallel.mesh_from_config(config)
     assert model.config.num_tokens == 4 and jax.devices()[0].platform == "cpu"
-    assert micro_batches(config, model.config, mesh) == 4 * 2  # 16 x 4 = 64 tokens: 2 pieces
+    assert micro_batches(config, model.config, mesh) == 4 * 2
     config.train.micro_tokens = 0
     assert micro_batches(config, model.config, mesh) == 4
     config.train.micro_tokens = 32
@@ -289,10 +290,6 @@ def test_the_recipe_decides_the_micro_batches_a_step_runs():
 
 @pytest.mark.slow
 def test_gradient_accumulation_equals_one_big_batch():
-    from vit.models.config import variant_config
-    from vit.training.from_recipe import model_fields
-    from vit.training.optim import make_optimizer
-
     outs = []
     for accum in (1, 4):  # no warmup: the first step moves the weights
         program, batch = tiny_program(*RUN_SETS, "model.drop_path=0.0", "optim.warmup_steps=0",
@@ -311,25 +308,19 @@ def test_trainable_mask_freezes_in_the_step_and_losses_are_chosen_by_name():
     """A mask given to the step freezes what it says even under an optimiser that would move
     everything (AdamW decays kernels), and trains the rest exactly as freezing by optimiser."""
     from vit.errors import ConfigError
-    from vit.models.config import variant_config
-    from vit.training.from_recipe import model_fields
     from vit.training.losses import get_loss, softmax_xent
-    from vit.training.optim import make_optimizer, path_names
+    from vit.training.optim import path_names
 
-    config = tiny("model.drop_path=0.0", "optim.warmup_steps=0")
-    cfg = variant_config("Ti/16", num_classes=10, image_size=8, **model_fields(config))
-    params = tiny_train_step(cfg).params
+    sets = (*RUN_SETS, "model.drop_path=0.0", "optim.warmup_steps=0", "train.accum_steps=2")
+    everything, batch = tiny_program(*sets)  # AdamW over every parameter
+    params = jax.tree.map(np.asarray, everything.state.params)  # a step donates the state
     mask = jax.tree.map(lambda n: n.startswith("head/"), path_names(params))
-    head_only = config.optim.copy_and_resolve_references()
-    head_only.trainable = "head/.*"
+    head_only, _ = tiny_program(*sets, "optim.trainable=head/.*")  # frozen by the optimiser
     outs = []
-    for optim, trainable in ((config.optim, mask), (head_only, None)):
-        tx, _ = make_optimizer(optim, params, cfg.depth, 8)
-        step = tiny_train_step(cfg, tx=tx, accum_steps=2, loss_fn=get_loss("softmax_xent"),
-                               trainable=trainable)
-        p, _, _, m = step()
+    for program in (everything.variant(trainable=mask), head_only):
+        m = program(batch)
         assert set(m) == {"loss", "accuracy", "finite"}
-        outs.append(p)
+        outs.append(program.state.params)
     for got, want, orig, train in zip(*map(jax.tree.leaves, (*outs, params, mask)),
                                       strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
@@ -409,16 +400,27 @@ def _vit_train(workdir, *extra):
     return cmd
 
 
-def _wait_for_checkpoints(workdir, n, proc, timeout=240):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        steps = [p for p in (workdir / "checkpoints").glob("*") if p.name.isdigit()] \
-            if (workdir / "checkpoints").is_dir() else []
-        if len(steps) >= n:
-            return
-        assert proc.poll() is None, proc.communicate()[1][-3000:]
-        time.sleep(0.2)
-    raise AssertionError("no checkpoints appeared")
+# `vit train` whose save of a step, once three steps are finished, says so from inside the save
+# (a file naming the latest finished step, written as orbax begins the step's arrays in its
+# temporary folder) and is held there: a kill then lands mid-save, by construction.
+# argv: SIGNAL_FILE VIT_ARGS...
+HELD_SAVE = r"""
+import sys, time
+from pathlib import Path
+import orbax.checkpoint as ocp
+from vit.step_folders import finished_steps
+signal_file, argv = Path(sys.argv[1]), sys.argv[2:]
+async_save = ocp.StandardCheckpointHandler.async_save
+def held(self, directory, *args, **kwargs):
+    steps = finished_steps(Path(argv[argv.index("--workdir") + 1]) / "checkpoints")
+    if len(steps) >= 3 and not signal_file.exists():
+        signal_file.write_text(str(steps[-1]))
+        time.sleep(600)
+    return async_save(self, directory, *args, **kwargs)
+ocp.StandardCheckpointHandler.async_save = held
+from vit.cli import main
+sys.exit(main(argv))
+"""
 
 
 @pytest.mark.slow
@@ -444,19 +446,25 @@ def test_sigterm_saves_and_sigkill_mid_save_leaves_a_usable_checkpoint(tmp_path)
     assert "SIGTERM: saved step" in err
     saved = [p.name for p in (work / "checkpoints").iterdir() if p.name.isdigit()]
     assert len(saved) == 1
-    # SIGKILL while saving every step: the newest complete checkpoint restores and resumes.
-    work = tmp_path / "kill"
-    proc = subprocess.Popen(_vit_train(work, *long_run, "train.checkpoint_every=1",
-                                       "train.keep_checkpoints=3"),
+    # SIGKILL in the middle of a save (saving every step): the step being written stays
+    # invisible, the newest complete checkpoint restores and resumes.
+    work, saving = tmp_path / "kill", tmp_path / "saving"
+    vit_args = _vit_train(work, *long_run, "train.checkpoint_every=1",
+                          "train.keep_checkpoints=3")[3:]
+    proc = subprocess.Popen([sys.executable, "-c", HELD_SAVE, str(saving), *vit_args],
                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    _wait_for_checkpoints(work, 3, proc)
-    time.sleep(0.3)
+    deadline = time.time() + 240
+    while not saving.exists():  # the save's own signal that it is under way
+        assert proc.poll() is None and time.time() < deadline, proc.communicate()[1][-3000:]
+        time.sleep(0.05)
+    assert any(p.name[0].isdigit() and UNFINISHED in p.name
+               for p in (work / "checkpoints").iterdir()), "no step was being written"
     proc.kill()
     proc.communicate()
     from vit.training.checkpointing import TrainCheckpoints
 
     latest = TrainCheckpoints(work).latest_step()
-    assert latest is not None
+    assert latest == int(saving.read_text())  # the half-written step is no checkpoint
     params = restore_params(work, latest)
     assert all(np.isfinite(x).all() for x in jax.tree.leaves(params))
     resumed = subprocess.run(_vit_train(work, *long_run[1:], f"train.steps={latest + 1}"),

@@ -20,14 +20,15 @@ from vit.training.metrics import read_metrics
 pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[1]
-# The shared tiny recipe over eight steps, validated and saved at 4 and 8, as a dict.
-TINY = dict(item.split("=", 1) for item in tiny_recipe_sets(
+# The overrides of this file's runs: the tiny recipe over eight steps, validated and saved at
+# 4 and 8, as a dict.
+RUN_OVERRIDES = dict(item.split("=", 1) for item in tiny_recipe_sets(
     "model.patch_size=2", "train.batch_size=16", "train.steps=8", "train.eval_every=4",
     "train.checkpoint_every=4", "optim.warmup_steps=2"))
 
 
 def tiny(**extra):
-    return {**TINY, **extra}
+    return {**RUN_OVERRIDES, **extra}
 
 
 def records(workdir, split=None):

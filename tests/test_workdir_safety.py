@@ -33,7 +33,8 @@ pytestmark = pytest.mark.timeout(300)
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "configs" / "digits.py"
 OLD_WORKDIR = ROOT / "tests" / "data" / "workdir_0_1_0"
-TINY = tiny_recipe_sets("train.keep_checkpoints=10")  # every step kept, to damage or count
+# The --set items of this file's runs: the tiny recipe, every step kept, to damage or count.
+RUN_SETS = tiny_recipe_sets("train.keep_checkpoints=10")
 ENV = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT)}
 
 # A `vit train` process with a hook, for the rows that need a second process at a known point.
@@ -120,7 +121,7 @@ def leftovers(root: Path) -> list[str]:
 
 def argv(workdir, *extra) -> list[str]:
     out = ["train", "--config", str(RECIPE), "--workdir", str(workdir)]
-    for item in TINY + list(extra):
+    for item in RUN_SETS + list(extra):
         out += ["--set", item]
     return out
 

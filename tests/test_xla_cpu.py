@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from builders import tiny_train_step
+from builders import tiny_program
 
 from vit.cpu import xla_options
 from vit.inference.predictor import Predictor
@@ -77,16 +77,14 @@ def ynn_fusions(hlo: str) -> dict:
 
 @pytest.mark.skipif(jax.default_backend() != "cpu", reason="the options are XLA:CPU's")
 def test_the_training_step_takes_xla_dots_ynnpack_reductions_and_less_memory(monkeypatch):
-    from vit.models.config import variant_config
-
-    # Wider than the shared tiny step's model: big enough for XLA to hand reductions to
-    # YNNPACK (it keeps tiny ones).
-    cfg = variant_config("Ti/16", num_classes=4, image_size=32, patch_size=8, width=64,
-                         depth=1, num_heads=2, mlp_dim=128)
-
     def compiled(dtype="float32"):
-        step = tiny_train_step(cfg, batch_size=4, compute_dtype=dtype)
-        return step.step.lower(*step.args()).compile()
+        # `vit train`'s program of a model wider than the tiny recipe's: big enough for XLA to
+        # hand reductions to YNNPACK (it keeps tiny ones).
+        program, batch = tiny_program("input.image_size=32", "model.patch_size=8",
+                                      "model.width=64", "model.num_heads=2",
+                                      "model.mlp_dim=128", "train.batch_size=4",
+                                      f"model.dtype={dtype}", num_classes=4)
+        return program.compile(batch)
 
     monkeypatch.delenv(xla_options.OPT_OUT, raising=False)
     ours = {dtype: compiled(dtype) for dtype in ("float32", "bfloat16")}

@@ -21,7 +21,8 @@ DOC = Path(__file__).resolve().parents[1] / "docs" / "checkpoints.md"
 BEGIN, END = "<!-- coverage timm -->", "<!-- /coverage timm -->"
 REGENERATE = "JAX_PLATFORMS=cpu .venv/bin/python tests/zoo_coverage.py"
 ATOL = 1e-5
-TINY = dict(embed_dim=32, depth=2, num_heads=2, num_classes=5)
+# timm.create_model arguments of each small zoo model.
+TIMM_FIELDS = dict(embed_dim=32, depth=2, num_heads=2, num_classes=5)
 
 
 def tiny_args(arch: str) -> dict:
@@ -32,7 +33,7 @@ def tiny_args(arch: str) -> dict:
     stated = {**DEFAULTS, **ARCHITECTURES[arch]}
     patch = stated["patch_size"]
     patch = patch[0] if isinstance(patch, list | tuple) else patch
-    args = {k: v for k, v in TINY.items() if k != "num_classes"}
+    args = {k: v for k, v in TIMM_FIELDS.items() if k != "num_classes"}
     args["img_size"] = 2 * patch
     if "mlp_ratio" not in ARCHITECTURES[arch]:
         args["mlp_ratio"] = 2.0
@@ -53,7 +54,7 @@ def timm_model(timm, arch: str, args: dict, seed: int = 0):
     import torch
 
     torch.manual_seed(seed)
-    model = timm.create_model(arch, pretrained=False, num_classes=TINY["num_classes"],
+    model = timm.create_model(arch, pretrained=False, num_classes=TIMM_FIELDS["num_classes"],
                               **args).eval()
     with torch.no_grad():
         for p in model.parameters():

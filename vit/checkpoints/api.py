@@ -75,7 +75,9 @@ def save_checkpoint(src, dst, format: str, *, preprocessing: Preprocessing | Non
         src = LoadedCheckpoint.from_model(src, preprocessing, labels)
     changes = []
     if lossy:
-        src, changes = fit_to_format(src, format)
+        holds = {"npz": npz.cannot_hold, "hf": hf.cannot_hold, "timm": timm.cannot_hold}
+        if format in holds:
+            src, changes = fit_to_format(src, format, holds[format])
         changes = [f"--lossy: {change}" for change in changes]
     if format == "orbax":
         orbax_io.save_orbax(dst, src.params, src.config, src.preprocessing, src.labels)

@@ -115,13 +115,20 @@ FIXES: dict[str, list[Fix]] = {
 }
 
 
-def fit_to_format(loaded: LoadedCheckpoint, fmt: str) -> tuple[LoadedCheckpoint, list[str]]:
+def fit_to_format(loaded: LoadedCheckpoint, fmt: str,
+                  cannot_hold: Callable[[LoadedCheckpoint], list[str]]
+                  ) -> tuple[LoadedCheckpoint, list[str]]:
     """(`loaded` changed to what `fmt` can hold, a line per change); the input is not touched.
-    Properties with no approximation stay for the writer to refuse."""
+    A fix is made only where the writer's `cannot_hold` names something it changes (a format
+    with several model types, such as Hugging Face's, may hold a crop or layer scale in one of
+    them). Properties with no approximation stay for the writer to refuse."""
     changes = []
     for fix in FIXES.get(fmt, []):
+        problems = cannot_hold(loaded)
+        if not problems:
+            break
         done = fix(loaded)
-        if done is not None:
+        if done is not None and cannot_hold(done[0]) != problems:
             loaded, change = done
             changes.append(change)
     return loaded, changes
@@ -130,7 +137,7 @@ def fit_to_format(loaded: LoadedCheckpoint, fmt: str) -> tuple[LoadedCheckpoint,
 def lossy_hint(loaded: LoadedCheckpoint, fmt: str,
                cannot_hold: Callable[[LoadedCheckpoint], list[str]]) -> str:
     """The end of a writer's refusal: how `--lossy` would help, when it would."""
-    fitted, changes = fit_to_format(loaded, fmt)
+    fitted, changes = fit_to_format(loaded, fmt, cannot_hold)
     if not changes:
         return ""
     left = cannot_hold(fitted)
