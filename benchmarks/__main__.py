@@ -1,9 +1,7 @@
 """`python -m benchmarks MODE [options]`: one benchmark per mode, each writing its record to
-`benchmarks/records/`. `python -m benchmarks MODE --help` lists a mode's options.
-
-A new mode is a module with `main(argv) -> int | None` (see `benchmarks/common.py`) and one
-line in `MODES`; a mode's module is imported only when it runs, so a mode whose peer library
-is not installed does not stop the others.
+`benchmarks/records/`; `python -m benchmarks MODE --help` lists a mode's options. A mode's
+module is imported only when it runs, so a mode whose peer library is not installed does not
+stop the others.
 """
 
 from __future__ import annotations
@@ -11,25 +9,26 @@ from __future__ import annotations
 import importlib
 import sys
 
+from benchmarks import common
+
 # mode -> (module, what it measures)
 MODES = {
+    "demo": ("benchmarks.demo", "the digits demo from scratch: test accuracy, training time"),
     "inference": ("benchmarks.inference",
                   "forward pass against transformers' ViT, float32 and bfloat16"),
-    "predict": ("benchmarks.predict", "`vit predict` against the transformers pipeline"),
+    "predict": ("benchmarks.predict",
+                "`vit predict` against the transformers pipeline, and its start-up"),
     "train": ("benchmarks.train", "`vit train`'s step against transformers + torch AdamW"),
     "data_wait": ("benchmarks.data_wait", "share of `vit train`'s wall time spent on data"),
-    "attention": ("benchmarks.attention", "attention kernels on an accelerator (GPU check)"),
-    "kernels": ("benchmarks.kernels",
-                "the attention kernels' registers and shared memory on Hopper"),
-    "explain": ("benchmarks.explain", "the compiled memory of explain, streaming and not"),
-    "faithfulness": ("benchmarks.faithfulness", "deletion-curve faithfulness of explanations"),
-    "scaling": ("benchmarks.scaling", "training step rate on 1 to 8 devices, data and fsdp meshes"),
-    "text": ("benchmarks.text", "text recipes: promptshapes, its ablation, fashion_scenes"),
-    "agreement": ("benchmarks.agreement", "bfloat16 predictions against float32's"),
-    "gemm": ("benchmarks.gemm", "ViT-B/16's layer products: XLA against torch"),
     "realdata": ("benchmarks.realdata",
                  "training on real images: the recipes, and vit against PyTorch"),
-    "demo": ("benchmarks.demo", "the digits demo from scratch: test accuracy, training time"),
+    "agreement": ("benchmarks.agreement", "bfloat16 predictions against float32's"),
+    "text": ("benchmarks.text", "text recipes: promptshapes, its ablation, fashion_scenes"),
+    "faithfulness": ("benchmarks.faithfulness", "deletion-curve faithfulness of explanations"),
+    "explain": ("benchmarks.explain", "the compiled memory of explain, streaming and not"),
+    "kernels": ("benchmarks.kernels",
+                "the attention kernels' registers and shared memory on Hopper"),
+    "attention": ("benchmarks.attention", "attention kernels on an accelerator (GPU check)"),
     "suite": ("benchmarks.suite", "the test suite's count and wall time"),
     "tables": ("benchmarks.tables", "write (or --check) the docs' tables from the records"),
 }
@@ -48,6 +47,11 @@ def main(argv: list[str]) -> int:
     mode, rest = argv[0], argv[1:]
     if mode not in MODES:
         print(f"unknown mode {mode!r}\n{usage()}", file=sys.stderr)
+        return 2
+    try:  # a record of the repository's, refused now rather than after the run
+        common.relative(common.command(rest, mode), strict=common.is_record(common.out_of(rest)))
+    except common.PathOutside as e:
+        print(f"python -m benchmarks {mode}: {e}", file=sys.stderr)
         return 2
     return importlib.import_module(MODES[mode][0]).main(rest) or 0
 

@@ -1,13 +1,12 @@
-"""The process a side runs in (`common.run_side`, `common.Side`):
+"""The process a contestant runs in (`common.run_side`, `common.Side`):
 
     python -m benchmarks._worker package.module:function ARGS.json RESULT.json
     python -m benchmarks._worker --serve package.module:function ARGS.json FOLDER
 
-The first imports `function`, calls it with the keyword arguments in ARGS.json and writes the
-dict it returns to RESULT.json. `--serve` calls it once to get a run function, writes
-FOLDER/ready.json, then for each JSON line on stdin ({"name", "request"}) calls the run function
-with the request and writes FOLDER/<name>.json, printing the name when it is there. Results go
-through a temporary name, so a crash leaves no result file.
+The first calls `function(**ARGS)` and writes the dict it returns to RESULT.json. `--serve`
+calls it once for a run function, writes FOLDER/ready.json, then for each JSON line on stdin
+({"name", "request"}) writes FOLDER/<name>.json of `run(**request)` and prints the name. A
+result goes through a temporary name, so a crash leaves none.
 """
 
 from __future__ import annotations
@@ -30,18 +29,18 @@ def _write(path: Path, result: dict) -> None:
 
 
 def main(argv: list[str]) -> None:
-    if argv[0] == "--serve":
-        target, args_file, folder = argv[1:]
-        run = _load(target)(**json.loads(Path(args_file).read_text()))
-        _write(Path(folder) / "ready.json", {"ready": True})
-        print("ready", flush=True)
-        for line in sys.stdin:
-            message = json.loads(line)
-            _write(Path(folder) / f"{message['name']}.json", run(**message["request"]))
-            print(message["name"], flush=True)
+    serve = argv[0] == "--serve"
+    target, args_file, out = argv[1:] if serve else argv
+    result = _load(target)(**json.loads(Path(args_file).read_text()))
+    if not serve:
+        _write(Path(out), result)
         return
-    target, args_file, result_file = argv
-    _write(Path(result_file), _load(target)(**json.loads(Path(args_file).read_text())))
+    _write(Path(out) / "ready.json", {"ready": True})
+    print("ready", flush=True)
+    for line in sys.stdin:
+        message = json.loads(line)
+        _write(Path(out) / f"{message['name']}.json", result(**message["request"]))
+        print(message["name"], flush=True)
 
 
 if __name__ == "__main__":

@@ -1,21 +1,14 @@
-"""Records how far `--dtype bfloat16` moves a trained model's predictions from float32's.
+"""How far `--dtype bfloat16` moves a trained model's predictions from float32's.
 
 On the 360 held-out test digits, for each trained checkpoint: top-1 agreement and the largest
-probability difference of our bfloat16 path against our float32 path, and of each against
-transformers' `ViTForImageClassification` in float32 (through a Hugging Face folder written by
-`save_checkpoint`; skipped, with the writer's reason, for a model that folder cannot hold, such
-as a global-average-pooling head). Also float32's own top-2 margins, since top-1 can only flip
-where they are within bfloat16's error.
-
-Checkpoints measured:
-- `--checkpoint DIR` if given: anything `vit.checkpoints.load_checkpoint` reads whose
-  preprocessing takes 8x8 digits (e.g. the demo's workdir runs/record_demo);
-- unless `--no-train`: ViT-Ti/16's layout (width 192, depth 12, 3 heads, MLP 768, class token
-  and token head, as Hugging Face holds it) with 2x2 patches, trained here by `vit train` on
-  the digits recipe (configs/digits.py) for `--steps` steps. Twelve blocks is what lets
-  bfloat16 rounding accumulate as it does in a real checkpoint.
-
-The record is `bfloat16_agreement`.
+probability difference of our bfloat16 path against our float32 path (each built and compiled
+as `vit predict --dtype` builds it), and of each against transformers' model in float32
+through a Hugging Face folder `save_checkpoint` writes (skipped, with the writer's reason, for
+a model that folder cannot hold, such as a `gap` head); and float32's own top-2 margins, since
+top-1 can only flip where they are within bfloat16's error. The checkpoints: `--checkpoint`
+(anything `load_checkpoint` reads that takes 8x8 digits, e.g. the demo's runs/record_demo),
+and unless `--no-train` ViT-Ti/16's layout with 2x2 patches trained here by `vit train` on the
+digits recipe: twelve blocks let bfloat16 rounding accumulate as in a real checkpoint.
 
     python -m benchmarks agreement [--checkpoint runs/record_demo] [--steps 400]
         [--workdir DIR] [--no-train]
@@ -25,17 +18,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
 
-from benchmarks import common
+from benchmarks import common, peers, tables
 
-ROOT = common.ROOT
 TI_LAYOUT = {"model.width": 192, "model.depth": 12, "model.num_heads": 3, "model.mlp_dim": 768,
              "model.class_token": True, "model.classifier": "token"}
 
@@ -59,24 +48,10 @@ def our_probs(path, dtype: str, x: np.ndarray) -> np.ndarray:
     from vit.cpu.xla_options import compile_for_inference
     from vit.inference.weights import narrow_kernels
 
-    # The model and compile as `vit predict --dtype` makes them.
     graphdef, state = nnx.split(narrow_kernels(load_checkpoint(path, dtype=dtype).build_model()))
     forward = jax.jit(lambda s, x: jax.nn.softmax(nnx.merge(graphdef, s)(x)))
     return np.asarray(compile_for_inference(forward.lower(state, x), dtype)(state, x),
                       np.float64)
-
-
-def transformers_probs(loaded, x: np.ndarray, folder: Path) -> np.ndarray:
-    import torch
-    from transformers import ViTForImageClassification
-
-    from vit.checkpoints import save_checkpoint
-
-    save_checkpoint(loaded, folder, "hf")  # raises CheckpointError, naming what it cannot hold
-    ref = ViTForImageClassification.from_pretrained(folder).eval()
-    with torch.no_grad():
-        logits = ref(torch.from_numpy(x.transpose(0, 3, 1, 2).copy())).logits
-    return torch.softmax(logits.double(), -1).numpy()
 
 
 def compare(a: np.ndarray, b: np.ndarray) -> dict:
@@ -87,7 +62,7 @@ def compare(a: np.ndarray, b: np.ndarray) -> dict:
 
 
 def measure(path, name: str) -> dict:
-    from vit.checkpoints import load_checkpoint
+    from vit.checkpoints import load_checkpoint, save_checkpoint
     from vit.errors import VitError
 
     loaded = load_checkpoint(path)
@@ -95,7 +70,6 @@ def measure(path, name: str) -> dict:
     f32, bf16 = our_probs(path, "float32", x), our_probs(path, "bfloat16", x)
     top2 = np.sort(f32, axis=1)[:, -2:]
     margin = top2[:, 1] - top2[:, 0]
-    error = float(np.abs(bf16 - f32).max())
     cfg = loaded.config
     out = {
         "name": name, "checkpoint": str(path),
@@ -109,14 +83,16 @@ def measure(path, name: str) -> dict:
         "float32_top2_margin": {"min": float(margin.min()),
                                 "percentile_1": float(np.percentile(margin, 1)),
                                 "median": float(np.median(margin)),
-                                "below_bfloat16_max_error": int((margin < error).sum())},
+                                "below_bfloat16_max_error": int(
+                                    (margin < np.abs(bf16 - f32).max()).sum())},
     }
     with tempfile.TemporaryDirectory() as tmp:
-        try:
-            theirs = transformers_probs(loaded, x, Path(tmp) / "hf")
+        try:  # the writer raises, naming what the folder cannot hold
+            save_checkpoint(loaded, Path(tmp) / "hf", "hf")
         except VitError as e:
             out["transformers_float32"] = {"skipped": str(e)}
         else:
+            theirs = peers.probabilities(peers.load(Path(tmp) / "hf"), x)
             out["transformers_float32"] = {"test_accuracy": float(np.mean(theirs.argmax(1) == y)),
                                            "float32_vs_transformers": compare(f32, theirs),
                                            "bfloat16_vs_transformers": compare(bf16, theirs)}
@@ -131,12 +107,10 @@ def train_ti(workdir: Path, steps: int) -> dict:
             # Twelve blocks learn too slowly under the demo's shifts, rotations and zooms to
             # reach a decided model in minutes on a CPU: clean images.
             "input.shift": 0.0, "input.rotate": 0.0, "input.scale": 0.0}
-    cmd = [sys.executable, "-m", "vit.cli", "train", "--config", "configs/digits.py",
-           "--workdir", str(workdir), *[f"--set={k}={v}" for k, v in sets.items()]]
-    start = time.time()
-    subprocess.run(cmd, check=True, cwd=ROOT)
+    run = common.run_cli(["vit", "train", "--config", "configs/digits.py", "--workdir",
+                          str(workdir), *[f"--set={k}={v}" for k, v in sets.items()]])
     return {"recipe": "configs/digits.py", "overrides": sets, "steps": steps,
-            "batch_size": 64, "train_seconds": round(time.time() - start, 1)}
+            "batch_size": 64, "train_seconds": run["wall_s"]}
 
 
 def main(argv: list[str]) -> None:
@@ -144,7 +118,7 @@ def main(argv: list[str]) -> None:
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--checkpoint", help="a trained checkpoint taking 8x8 digits")
     parser.add_argument("--steps", type=int, default=400,
-                        help="training steps of the Ti-layout model (about 5 minutes here)")
+                        help="training steps of the Ti-layout model (minutes on a CPU)")
     parser.add_argument("--workdir", help="where to train it (default: a temporary folder)")
     parser.add_argument("--no-train", action="store_true", help="measure --checkpoint only")
     parser.add_argument("--out", default=None, help="record path (default benchmarks/records/)")
@@ -152,14 +126,13 @@ def main(argv: list[str]) -> None:
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     if args.no_train and not args.checkpoint:
         parser.error("--no-train leaves nothing to measure without --checkpoint")
-
     results = []
     if args.checkpoint:
         results.append(measure(Path(args.checkpoint), "given checkpoint"))
         print(results[-1], flush=True)
     if not args.no_train:
         with tempfile.TemporaryDirectory() as tmp:
-            workdir = Path(args.workdir) if args.workdir else Path(tmp) / "ti_digits"
+            workdir = Path(args.workdir or Path(tmp) / "ti_digits")
             training = train_ti(workdir, args.steps)
             result = measure(workdir, "ViT-Ti/16 layout, patch 2, trained on digits")
             if not args.workdir:
@@ -169,3 +142,30 @@ def main(argv: list[str]) -> None:
     path = common.write_record("bfloat16_agreement", {"results": results}, argv=argv,
                                mode="agreement", out=args.out)
     print(f"wrote {path}")
+
+
+def table(r: dict) -> list[str]:
+    rows = []
+    for res in r["results"]:
+        lay, acc, vs = res["layout"], res["test_accuracy"], res["bfloat16_vs_float32"]
+        peer = res["transformers_float32"]
+        peer_cell = (f"top-1 {tables.pct(peer['float32_vs_transformers']['top1_agreement'])}, "
+                     f"largest {peer['float32_vs_transformers']['max_prob_error']:.1e}"
+                     if "skipped" not in peer else
+                     "not measured: " + peer["skipped"].split(":")[0])
+        # A checkpoint the benchmark was given is named by its path; one it trained, by name.
+        name = res["name"] if res["checkpoint"].startswith("(") else f"`{res['checkpoint']}`"
+        rows.append([f"{name} (width {lay['width']}, {lay['depth']} blocks, "
+                     f"`{lay['classifier']}` head)",
+                     f"{acc['float32']:.3f} / {acc['bfloat16']:.3f}",
+                     f"{round(vs['top1_agreement'] * res['images'])} of {res['images']}",
+                     f"{vs['max_prob_error']:.3f} (mean {vs['mean_prob_error']:.4f})", peer_cell])
+    return tables.table(["model", "test accuracy, float32 / bfloat16",
+                         "bfloat16 top-1 = float32's", "largest probability difference",
+                         "float32 vs transformers"], rows)
+
+
+def targets(r: dict) -> list[tuple[str, str, bool]]:
+    return [(f"bfloat16 top-1 agrees with float32's on at least 99.0% of images ({res['name']})",
+             tables.pct(res["bfloat16_vs_float32"]["top1_agreement"]),
+             res["bfloat16_vs_float32"]["top1_agreement"] >= 0.99) for res in r["results"]]

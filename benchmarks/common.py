@@ -1,29 +1,18 @@
-"""What every benchmark mode shares: a side run in its own process (`run_side`), one timing
-helper (`time_call`, and `interleave` for contestants that alternate), and one record writer
-(`write_record`).
+"""What every benchmark mode shares: a contestant run in its own process (`run_side`, `Side`),
+a `vit` command run and timed as a user runs it (`run_cli`), one timer (`time_call`,
+`interleave`) and one record writer (`write_record`).
 
-A mode is a module `benchmarks/NAME.py` with `main(argv: list[str]) -> int | None`, registered
-by name in `benchmarks/__main__.py`'s `MODES` table (`python -m benchmarks NAME ...`). A mode:
+A mode is a module `benchmarks/NAME.py` with `main(argv) -> int | None`, listed in
+`benchmarks/__main__.py`'s `MODES`, and `table(record) -> list[str]` (Markdown lines) that
+draws each record it writes; `targets(record)` (optional) says which targets the record meets
+(`benchmarks/tables.py`). A mode imports `vit` as installed, and its heavy libraries inside
+functions, so listing the modes and making the tables stays light. The PyTorch peers live in
+`benchmarks/peers.py`.
 
-- measures each contestant in a fresh process with `run_side("benchmarks.NAME:function",
-  {...keyword arguments...})`: the function runs in `python -m benchmarks._worker`, returns a
-  JSON-able dict, and that dict is what `run_side` returns (read from a result file, never
-  parsed from the worker's output). A fresh process per side keeps one library's threads,
-  caches and allocator out of the other's figures;
-- times calls with `time_call(fn, warmup=..., repeats=...)`, which waits for JAX's
-  asynchronous results, so every mode's "median" and "best" mean the same thing;
-- keeps a side alive between runs with `Side` where rounds must be seconds apart (the
-  train mode's `--interleave`);
-- writes its figures once with `write_record("NAME", figures, argv=argv)`, which puts the
-  date, the command line, the CPU, the core count and the package versions in front of them
-  at `benchmarks/records/NAME.json` (one record per benchmark, the latest; git keeps the
-  rest). The docs' tables are made from those records (`python -m benchmarks tables`): the
-  mode's module gives its record's table as `table(record) -> list[str]` (Markdown lines), and
-  the record gets one `<!-- table NAME -->` block in docs/benchmarks.md or the README.
-
-The modes import `vit` as installed (`pip install -e .`), never a copy of it; a mode's module
-imports its heavy libraries (jax, torch, ...) inside functions, so listing the modes and making
-the tables stays light.
+A record is `benchmarks/records/NAME.json`: the latest run of one benchmark (git keeps the
+rest), with its date, the command that made it, the machine and the package versions. Paths
+in it are relative to the repository (the home folder is `~`) and a path elsewhere is refused,
+so a record never names the folders of the machine that made it.
 """
 
 from __future__ import annotations
@@ -32,6 +21,7 @@ import importlib.metadata as md
 import json
 import os
 import platform
+import re
 import shlex
 import shutil
 import statistics
@@ -44,87 +34,78 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-RECORDS = Path(__file__).resolve().parent / "records"
+RECORDS = ROOT / "benchmarks" / "records"
 # Versions stamped on every record; a package that is not installed is recorded as None.
 PACKAGES = ("jax", "jaxlib", "flax", "optax", "numpy", "torch", "transformers")
+VIT = [sys.executable, "-m", "vit.cli"]
 
 
 class SideFailed(RuntimeError):
-    """A side's process exited with an error; the message ends with its stderr."""
+    """A contestant's process exited with an error; the message ends with its output."""
 
 
-# ------------------------------------------------------------------------- sides
+# ------------------------------------------------------------------------------ processes
+
+
+def _side_env(env: dict | None, pythonpath: str | None) -> dict:
+    """This process's environment with `env` on top, and this package importable (`vit`
+    comes from the environment, or from `pythonpath` placed first: an older copy of it)."""
+    full = {**os.environ, **(env or {})}
+    full["PYTHONPATH"] = os.pathsep.join(
+        p for p in (pythonpath, str(ROOT), full.get("PYTHONPATH")) if p)
+    return full
 
 
 def run_side(target: str, kwargs: dict | None = None, *, env: dict | None = None,
              cwd: str | Path | None = None, pythonpath: str | None = None,
              prefix: list[str] | None = None, timeout: float | None = None) -> dict:
-    """Runs `target` ("package.module:function") in a new Python process and returns the dict
-    it returned.
-
-    `kwargs` (JSON-able) are passed as keyword arguments. `env` is added to this process's
-    environment (e.g. `XLA_FLAGS`), `pythonpath` is put first on the worker's path (an export
-    of an older commit, to measure against the code before a change), `prefix` goes in front
-    of the interpreter (e.g. `["taskset", "-c", "0"]`). Raises `SideFailed` with the tail of
-    the worker's stderr when it fails."""
+    """Calls `target` ("package.module:function") with `kwargs` in a new Python process
+    (`python -m benchmarks._worker`) and returns the dict it returned, read from a result file,
+    never parsed from the output. `prefix` goes before the interpreter (`taskset -c 0`)."""
     with tempfile.TemporaryDirectory(prefix="bench-side-") as folder:
-        args_file, result_file = Path(folder) / "args.json", Path(folder) / "result.json"
-        args_file.write_text(json.dumps(kwargs or {}))
-        full_env = {**os.environ, **(env or {})}
-        # The worker imports this package from the repository; `vit` comes from the
-        # environment (or `pythonpath`, placed before it).
-        paths = [p for p in (pythonpath, str(ROOT), full_env.get("PYTHONPATH")) if p]
-        full_env["PYTHONPATH"] = os.pathsep.join(paths)
-        cmd = [*(prefix or []), sys.executable, "-m", "benchmarks._worker", target,
-               str(args_file), str(result_file)]
-        done = subprocess.run(cmd, env=full_env, cwd=cwd or ROOT, capture_output=True,
-                              text=True, timeout=timeout)
-        if done.returncode or not result_file.exists():
+        args, result = Path(folder) / "args.json", Path(folder) / "result.json"
+        args.write_text(json.dumps(kwargs or {}))
+        done = subprocess.run(
+            [*(prefix or []), sys.executable, "-m", "benchmarks._worker", target, str(args),
+             str(result)], env=_side_env(env, pythonpath), cwd=cwd or ROOT,
+            capture_output=True, text=True, timeout=timeout)
+        if done.returncode or not result.exists():
             raise SideFailed(f"{target} exited with {done.returncode}:\n{done.stderr[-3000:]}")
-        return json.loads(result_file.read_text())
+        return json.loads(result.read_text())
 
 
 class Side:
-    """A side kept alive between runs (compiled and warmed up once) and asked for one run at a
-    time, for benchmarks whose rounds must be seconds apart: `target` ("module:function") is
-    called once with `kwargs` in `python -m benchmarks._worker --serve` and returns a function;
-    each `side(**request)` calls that function in the worker and returns its dict (through a
-    result file, like `run_side`; `env`, `cwd` and `pythonpath` as there). `close()` ends the
-    worker."""
+    """A contestant kept alive between runs, for rounds that must be seconds apart: `target`
+    is called once with `kwargs` and returns a function; each `side(**request)` calls it in
+    that process and returns its dict. `settle_s`: a pause before each run, for the other
+    contestant's idle threads to stop spinning."""
 
     def __init__(self, target: str, kwargs: dict | None = None, *, env: dict | None = None,
-                 cwd: str | Path | None = None, pythonpath: str | None = None,
-                 settle_s: float = 0.0):
+                 pythonpath: str | None = None, settle_s: float = 0.0):
         self.target, self.settle_s, self.count = target, settle_s, 0
         self.folder = Path(tempfile.mkdtemp(prefix="bench-side-"))
         (self.folder / "args.json").write_text(json.dumps(kwargs or {}))
-        full_env = {**os.environ, **(env or {})}
-        full_env["PYTHONPATH"] = os.pathsep.join(
-            p for p in (pythonpath, str(ROOT), full_env.get("PYTHONPATH")) if p)
         # stderr to a file: a pipe nobody reads while the worker runs could fill and block it.
         self.log = self.folder / "stderr.log"
         with open(self.log, "w") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "benchmarks._worker", "--serve", target,
                  str(self.folder / "args.json"), str(self.folder)],
-                env=full_env, cwd=cwd or ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                stderr=log, text=True)
+                env=_side_env(env, pythonpath), cwd=ROOT, stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE, stderr=log, text=True)
         self._result("ready")
 
     def _result(self, name: str) -> dict:
-        line = self.proc.stdout.readline()
-        path = self.folder / f"{name}.json"
+        line, path = self.proc.stdout.readline(), self.folder / f"{name}.json"
         if not line or not path.exists():
             self.proc.wait()
             raise SideFailed(f"{self.target} failed:\n{self.log.read_text()[-3000:]}")
         return json.loads(path.read_text())
 
     def __call__(self, **request) -> dict:
-        # Between runs, time for the other side's idle threads to stop spinning.
         time.sleep(self.settle_s)
         self.count += 1
-        self.proc.stdin.write(json.dumps({"name": f"run{self.count}", "request": request})
-                              + "\n")
+        self.proc.stdin.write(json.dumps({"name": f"run{self.count}", "request": request}) + "\n")
         self.proc.stdin.flush()
         return self._result(f"run{self.count}")
 
@@ -134,12 +115,45 @@ class Side:
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
-# ------------------------------------------------------------------------ timing
+def run_cli(command: list[str], *, env: dict | None = None, capture: bool = False,
+            check: bool = True) -> dict:
+    """Runs `command` from the repository root as a user runs it and times it, start to exit:
+    `["vit", ...]` is the `vit` command of this interpreter, on the CPU unless the environment
+    names another platform; anything else (`./scripts/test.sh`) runs as given. Returns
+    {"command" (as written, the repository's paths relative), "wall_s", "returncode", and with
+    `capture` "stdout"}; with `check`, a failure raises `SideFailed` with the end of its
+    output."""
+    argv = [*VIT, *command[1:]] if command[0] == "vit" else list(command)
+    full = {**os.environ, **(env or {})}
+    if command[0] == "vit":
+        full.setdefault("JAX_PLATFORMS", "cpu")
+    start = time.perf_counter()
+    done = subprocess.run(argv, cwd=ROOT, env=full, text=True, capture_output=capture)
+    wall = time.perf_counter() - start
+    if check and done.returncode:
+        tail = f":\n{(done.stdout or '')[-2000:]}{(done.stderr or '')[-2000:]}" if capture else ""
+        raise SideFailed(f"{shlex.join(command)} exited with {done.returncode}{tail}")
+    return {"command": relative(shlex.join(command), strict=False), "wall_s": round(wall, 1),
+            "returncode": done.returncode, **({"stdout": done.stdout} if capture else {})}
+
+
+def last_json(text: str) -> dict:
+    """The JSON object a command printed on its last line (`vit eval --json`)."""
+    return json.loads(text.strip().splitlines()[-1])
+
+
+def metrics(workdir: Path) -> list[dict]:
+    """The rows of a `vit train` workdir's metrics.jsonl."""
+    return [json.loads(line) for line in (Path(workdir) / "metrics.jsonl").read_text()
+            .splitlines() if line.strip()]
+
+
+# ---------------------------------------------------------------------------------- timing
 
 
 def _wait(result: Any) -> Any:
-    """Blocks until JAX's asynchronous `result` is computed (anything else passes through),
-    without importing JAX into a process that does not use it."""
+    """Blocks until JAX's asynchronous `result` is computed, without importing JAX into a
+    process that does not use it."""
     if "jax" in sys.modules:
         import jax
 
@@ -147,12 +161,14 @@ def _wait(result: Any) -> Any:
     return result
 
 
+def _summary(times: list[float]) -> dict:
+    return {"median_s": statistics.median(times), "min_s": min(times), "times_s": times}
+
+
 def time_call(fn: Callable[[], Any], *, warmup: int = 1, repeats: int = 5,
               number: int = 1) -> dict:
-    """Calls `fn()` `warmup` times untimed (the first call compiles), then takes `repeats`
-    samples of `number` calls back to back, the last one waited for (`jax.block_until_ready`:
-    JAX returns before the work is done). Returns seconds per call: {"median_s", "min_s",
-    "times_s"}."""
+    """`warmup` untimed calls (the first compiles), then `repeats` samples of `number` calls
+    back to back, the last one waited for. Seconds per call: {"median_s", "min_s", "times_s"}."""
     for _ in range(warmup):
         _wait(fn())
     times = []
@@ -162,13 +178,12 @@ def time_call(fn: Callable[[], Any], *, warmup: int = 1, repeats: int = 5,
             out = fn()
         _wait(out)
         times.append((time.perf_counter() - start) / number)
-    return {"median_s": statistics.median(times), "min_s": min(times), "times_s": times}
+    return _summary(times)
 
 
 def interleave(fns: dict[str, Callable[[], Any]], *, rounds: int, warmup: int = 1) -> dict:
-    """Times several contestants in alternation, one call each per round, the order rotated
-    each round, so a drift in the machine's load falls on all of them alike. Returns
-    {name: time_call-style dict}."""
+    """Contestants timed in alternation, one call each per round, the order rotated each round
+    so a drift in the machine's load falls on all alike: {name: `time_call`-style dict}."""
     names = list(fns)
     for name in names:
         for _ in range(warmup):
@@ -179,34 +194,26 @@ def interleave(fns: dict[str, Callable[[], Any]], *, rounds: int, warmup: int = 
             start = time.perf_counter()
             _wait(fns[name]())
             times[name].append(time.perf_counter() - start)
-    return {name: {"median_s": statistics.median(t), "min_s": min(t), "times_s": t}
-            for name, t in times.items()}
+    return {name: _summary(t) for name, t in times.items()}
 
 
-def median(values) -> float:
-    return statistics.median(list(values))
+# --------------------------------------------------------------------------------- records
 
-
-# ----------------------------------------------------------------------- records
-
-
-# The instruction sets that decide which matrix-product kernels a CPU can run.
+# The instruction sets that decide which matrix-product kernels a CPU can run, and the ones
+# that mean bfloat16 arithmetic in hardware (x86 flags; Arm's "bf16").
 CPU_FEATURES = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_tile")
-# The ones that mean bfloat16 arithmetic in hardware (x86 flags; Arm's "bf16" feature).
 BF16_FEATURES = ("avx512_bf16", "amx_bf16", "avx_ne_convert", "bf16")
 
 
 def cpu() -> dict:
-    """The CPU's model and its matrix-relevant features, from /proc/cpuinfo (Linux): the same
-    code's ratio to a peer differs between hosts of one machine kind, so a record names its
-    CPU. Empty where /proc/cpuinfo is not there."""
+    """The CPU's model and matrix features from /proc/cpuinfo (empty elsewhere): the same
+    code's ratio to a peer differs between hosts, so a record names its CPU."""
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
         return {}
-    first = dict(line.split(":", 1) for line in text.split("\n\n")[0].splitlines()
-                 if ":" in line)
-    first = {k.strip(): v.strip() for k, v in first.items()}
+    first = {k.strip(): v.strip() for k, v in (line.split(":", 1) for line in
+                                                text.split("\n\n")[0].splitlines() if ":" in line)}
     flags = set(first.get("flags", first.get("Features", "")).split())
     return {"model_name": first.get("model name"),
             "bfloat16_arithmetic": [f for f in BF16_FEATURES if f in flags],
@@ -217,8 +224,7 @@ def cpu() -> dict:
 
 
 def machine() -> dict:
-    """The host: platform, CPU, core count, and JAX's backend and devices where JAX is
-    importable."""
+    """The host: platform, CPU, cores, load, and JAX's backend and devices where importable."""
     out = {"platform": platform.platform(), "processor": platform.processor(), "cpu": cpu(),
            "cpus": os.cpu_count(), "load_average": [round(x, 2) for x in os.getloadavg()]}
     try:
@@ -241,29 +247,83 @@ def versions(extra: tuple[str, ...] = ()) -> dict:
     return out
 
 
-def command(argv: list[str] | None, mode: str | None = None) -> str:
-    """The command line that makes a record: `python -m benchmarks MODE ARGS`."""
-    head = ["python", "-m", "benchmarks", *([mode] if mode else [])]
-    return shlex.join([*head, *(sys.argv[1:] if argv is None else argv)])
+# An absolute path of two parts or more; not a rate ("img/s"), a pattern ("blocks/[23]/.*"),
+# a fraction ("1/5") or a recipe's placeholder ("/path/to/images").
+ABSOLUTE = re.compile(r"(?<![\w.)\]*~/:])/(?!path/to/)[A-Za-z_.][\w.@+-]*(?:/[\w.@+-]*)+")
 
 
-def record_path(name: str, folder: Path = RECORDS) -> Path:
-    return folder / f"{name}.json"
+class PathOutside(ValueError):
+    """A record would name a path outside the repository."""
+
+
+def relative(value: Any, strict: bool = True) -> Any:
+    """`value` (strings, lists and dicts of them) with the repository's paths made relative
+    to it and the home folder written `~`; with `strict`, any other absolute path raises
+    `PathOutside`."""
+    if isinstance(value, dict):
+        return {k: relative(v, strict) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [relative(v, strict) for v in value]
+    if not isinstance(value, str):
+        return value
+    text = value.replace(f"{ROOT}/", "")
+    text = re.sub(rf"{re.escape(str(ROOT))}(?![\w.-])", ".", text)
+    home = str(Path.home())
+    if home != "/":
+        text = re.sub(rf"{re.escape(home)}(?=/)", "~", text)
+    outside = ABSOLUTE.findall(text)
+    if outside and strict:
+        raise PathOutside(f"{', '.join(outside)} is outside the repository: a record names "
+                          "paths inside it only (runs/ is a place git ignores)")
+    return text
+
+
+def out_of(argv: list[str]) -> str | None:
+    """The `--out` of a mode's arguments, if given."""
+    for i, arg in enumerate(argv):
+        if arg == "--out" and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith("--out="):
+            return arg.removeprefix("--out=")
+    return None
+
+
+def command(argv: list[str] | None, mode: str) -> str:
+    """The command line that makes a record, `python -m benchmarks MODE ARGS`, without
+    `--out FILE` (where this copy was written says nothing about the measurement)."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    out = out_of(args)
+    if out is not None:
+        args = [a for a in args if a not in ("--out", out, f"--out={out}")]
+    return shlex.join(["python", "-m", "benchmarks", mode, *args])
+
+
+def is_record(path: str | Path | None) -> bool:
+    """Whether a record written to `path` (None: its default place) is one of the repository's
+    records, which name no path outside it. A copy written elsewhere (a scratch file, the GPU
+    check's results folder) keeps what it was given; the tests hold benchmarks/records/ to the
+    rule."""
+    return path is None or Path(path).resolve().is_relative_to(RECORDS)
+
+
+def record_path(name: str) -> Path:
+    return RECORDS / f"{name}.json"
 
 
 def write_record(name: str, figures: dict, *, argv: list[str] | None, mode: str | None = None,
                  extra_packages: tuple[str, ...] = (), out: str | Path | None = None) -> Path:
-    """Writes `benchmarks/records/<name>.json` (or `out`): the benchmark's name, the date (UTC,
-    ISO 8601), the command line (`mode` and `argv`, the arguments after it; `argv=None` takes
-    this process's), the machine (CPU model, bfloat16 features, core count) and the package
-    versions, then `figures`. Atomic: a reader never sees half a record."""
-    full = {"benchmark": name,
-            "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "command": command(argv, mode or name), "machine": machine(),
-            "versions": versions(extra_packages), **figures}
+    """Writes `benchmarks/records/NAME.json` (or `out`) atomically: the benchmark's name, the
+    date (UTC), the command (`mode`, default NAME, with `argv`; None takes this process's),
+    the machine and the versions, then `figures`, paths relative (`relative`, strict for the
+    repository's records)."""
+    full = relative({"benchmark": name,
+                     "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                     "command": command(argv, mode or name), "machine": machine(),
+                     "versions": versions(extra_packages),
+                     **json.loads(json.dumps(figures, default=str))}, strict=is_record(out))
     path = Path(out) if out else record_path(name)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(full, indent=2, default=str) + "\n")
+    tmp.write_text(json.dumps(full, indent=2) + "\n")
     tmp.replace(path)
     return path

@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from benchmarks import common, memory
+from benchmarks import common, memory, tables
 
 GB = 1e9
 
@@ -86,3 +86,13 @@ def main(argv: list[str]) -> None:
                    "(arguments, i.e. the weights and images, excluded)",
         "results": results,
     }, argv=argv, mode="explain", out=args.out)
+
+
+def table(r: dict) -> list[str]:
+    res = r["results"]
+    batches = [c["batch"] for c in next(iter(res.values()))["compiled"]]
+    rows = [[f"`{name}`" if name != "keep-every-layer" else "every layer's attention kept",
+             *(tables.num(c["total_gb"]) for c in v["compiled"])] for name, v in res.items()]
+    return [f"ViT-{r['model']} at {r['image_size']} px ({r['tokens']} tokens), XLA's compiled "
+            "memory in GB (temporaries and outputs, the weights and images excluded):", "",
+            *tables.table(["method", *(f"batch {b}" for b in batches)], rows)]

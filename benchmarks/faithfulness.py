@@ -22,7 +22,7 @@ import os
 import time
 from pathlib import Path
 
-from benchmarks import common
+from benchmarks import common, tables
 
 ROOT = common.ROOT
 METHODS = ("attention", "rollout", "grad-rollout", "relevancy")
@@ -87,3 +87,39 @@ def main(argv: list[str]) -> None:
         "better": {"deletion": "lower", "insertion": "higher"},
         "runs": rows,
     }, argv=argv, out=args.out)
+
+
+def auc_cells(result: dict) -> list[str]:
+    """The area with its interval, and the difference from random with its interval."""
+    vs = result["vs_random"]
+    return [f"{result['auc']:.3f} [{result['ci95'][0]:.3f}, {result['ci95'][1]:.3f}]",
+            f"{vs['mean']:+.3f} [{vs['ci95'][0]:+.3f}, {vs['ci95'][1]:+.3f}]"]
+
+
+def table(r: dict) -> list[str]:
+    runs = {(run["metric"], run["substrate"], run["steps"]): run["results"] for run in r["runs"]}
+    dele, ins = runs[("deletion", "mean", 16)], runs[("insertion", "mean", 16)]
+    rows = [[m, *auc_cells(dele[m]), *auc_cells(ins[m])] for m in METHODS]
+    rows.append(["random", auc_cells(dele["random"])[0], "", auc_cells(ins["random"])[0], ""])
+
+    def pairs(metric_steps: int, sub: str, cell) -> list[str] | None:
+        d, i = runs.get(("deletion", sub, metric_steps)), runs.get(("insertion", sub, metric_steps))
+        return [cell(d[m], i[m]) for m in METHODS] if d and i else None
+
+    by_substrate = [[f"`{sub}`", *cells] for sub in ("mean", "zero", "blur") if (cells := pairs(
+        16, sub, lambda d, i: f"{d['vs_random']['mean']:+.3f} / {i['vs_random']['mean']:+.3f}"))]
+    by_steps = [[steps, *cells] for steps in sorted({s for (_, sub, s) in runs if sub == "mean"})
+                if (cells := pairs(steps, "mean", lambda d, i: f"{d['auc']:.3f} / {i['auc']:.3f}"))]
+    model = (f"the digits model `{r['checkpoint']}` that the demo record of "
+             f"{r['model_made_utc'][:10]} made" if r.get("model_made_utc")
+             else f"the digits model `{r['checkpoint']}`")
+    return [f"{r['images']} test digits, {model} (test accuracy "
+            f"{r['model_test_accuracy']:.3f}), 16 steps, `mean` substrate; area under the curve "
+            "with its 95% bootstrap interval, and the paired difference from the random ranking "
+            "on the same images:", "",
+            *tables.table(["method", "deletion AUC (lower is better)", "vs random",
+                           "insertion AUC (higher is better)", "vs random"], rows), "",
+            "Difference from random, deletion / insertion, by substrate (16 steps):", "",
+            *tables.table(["substrate", *METHODS], by_substrate),
+            *(["", "Deletion / insertion AUC by step count (`mean` substrate):", "",
+               *tables.table(["steps", *METHODS], by_steps)] if len(by_steps) > 1 else [])]

@@ -1,30 +1,25 @@
-"""Inference speed: our ViT (float32 and bfloat16) against Hugging Face transformers' PyTorch
-ViT in float32 and in bfloat16 (the model cast with `.to(torch.bfloat16)`), with the same
-weights: like against like (`ours_bfloat16_ratio_to_hf_bfloat16`) beside the float32 pair.
+"""Inference speed: our ViT (float32 and bfloat16) against transformers' ViT in float32 and in
+bfloat16, from the same weights.
 
-One checkpoint is made first: a transformers ViTForImageClassification with random
-variance-preserving weights (every matrix N(0, 1/fan_in), biases and LayerNorm perturbed by
-N(0, 0.3^2)), saved with `save_pretrained`; both sides load that folder. `--checkpoint DIR`
-uses a Hugging Face ViT folder you have instead (trained weights give the meaningful bfloat16
-agreement: random deep transformers give near-ties). Each measurement is a side in its own
-process (contestants rotate round by round, so drifts in machine load hit all of them), and
-each claim is the median of the per-round ratios. The first round also classifies
-`--agree-images` images on every side and reports the top-1 agreement and the largest
-probability difference against transformers.
+Both sides load one Hugging Face folder: a ViT-B/16 with random variance-preserving weights
+made here (`peers.save_random`), or `--checkpoint DIR` (trained weights make the bfloat16
+agreement meaningful: random deep transformers give near-ties). Ours is `load_checkpoint` +
+`jax.jit`, compiled as `vit predict` compiles it. Every contestant is a side in its own
+process, the order rotated round by round so a drift in the machine's load hits all alike,
+and each claim is the median of the per-round ratios. The first round also classifies
+`--agree-images` images on every side: top-1 agreement and the largest probability difference
+against transformers float32.
 
-    python -m benchmarks inference                          # ViT-B/16, batch 8, 224 px
-    python -m benchmarks inference --rounds 5 --iters 10
-    python -m benchmarks inference --baseline /tmp/before   # also an older copy of ours
+    python -m benchmarks inference [--rounds 3] [--iters 8] [--ynn] [--baseline DIR]
 
-`--baseline DIR` adds our model imported from DIR (an export of an older commit, e.g.
-`git archive HEAD | tar -x -C DIR`), float32, so a change to the hot path is measured against
-the code before it on the same machine in the same run (`ratio_to_baseline_median`).
+`--baseline DIR` adds our float32 model imported from DIR, an export of an older commit inside
+the repository (`git archive REV | tar -x -C runs/before`), so a change to the hot path is
+measured against the code before it in the same run (`ratio_to_baseline_median`).
 """
 
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import os
 import statistics
@@ -32,13 +27,19 @@ import subprocess
 import sys
 import tempfile
 
-from benchmarks import common
+from benchmarks import common, peers, tables
 
 
 def inputs(n: int, size: int, seed: int):
     import numpy as np
 
     return np.random.RandomState(seed).randn(n, size, size, 3).astype(np.float32)  # NHWC
+
+
+def _save(path: str, probs) -> None:
+    import numpy as np
+
+    np.save(path, probs.astype(np.float32), allow_pickle=False)
 
 
 def side_ours(checkpoint: str, dtype: str, batch: int, image_size: int, iters: int,
@@ -49,124 +50,71 @@ def side_ours(checkpoint: str, dtype: str, batch: int, image_size: int, iters: i
 
     from vit.checkpoints import load_checkpoint
 
-    model = load_checkpoint(checkpoint, dtype=dtype).build_model()
-    try:  # what `vit predict` does to a narrow model's kernels (an older copy may not)
+    try:  # as `vit predict` builds and compiles it; an older copy (--baseline) may lack these
+        from vit.cpu.xla_options import compile_for_inference
         from vit.inference.weights import narrow_kernels
-
-        model = narrow_kernels(model)
     except ImportError:
-        pass
+        compile_for_inference = lambda lowered, dtype: lowered.compile()  # noqa: E731
+        narrow_kernels = lambda model: model  # noqa: E731
+    model = narrow_kernels(load_checkpoint(checkpoint, dtype=dtype).build_model())
     graphdef, state = nnx.split(model)
     forward = jax.jit(lambda s, x: jax.nn.softmax(nnx.merge(graphdef, s)(x), -1))
     x = inputs(batch, image_size, 0)
-    # Compiled as `vit predict` compiles it; a --baseline copy of the package may keep that
-    # function elsewhere, or not have it.
-    try:
-        from vit.cpu.xla_options import compile_for_inference
-    except ImportError:
-        try:
-            from vit.inference.xla_cpu import compile_for_inference
-        except ImportError:
-            compile_for_inference = lambda lowered, dtype=None: lowered.compile()  # noqa: E731
-    takes_dtype = "dtype" in inspect.signature(compile_for_inference).parameters
-    forward = compile_for_inference(forward.lower(state, x), *([dtype] if takes_dtype else []))
+    forward = compile_for_inference(forward.lower(state, x), dtype)
     timing = common.time_call(lambda: forward(state, x), warmup=1, repeats=iters)
     if agree_images:
         xs = inputs(agree_images, image_size, 1)
-        probs = np.concatenate([np.asarray(forward(state, xs[i:i + batch]))
-                                for i in range(0, len(xs), batch)])
-        np.save(probs_out, probs.astype(np.float32), allow_pickle=False)
+        _save(probs_out, np.concatenate([np.asarray(forward(state, xs[i:i + batch]))
+                                         for i in range(0, len(xs), batch)]))
     return timing
 
 
 def side_hf(checkpoint: str, dtype: str, batch: int, image_size: int, iters: int,
             agree_images: int, probs_out: str) -> dict:
-    import numpy as np
     import torch
-    from transformers import ViTForImageClassification
 
-    torch.set_num_threads(os.cpu_count())
-    model = ViTForImageClassification.from_pretrained(checkpoint).eval()
-    if dtype == "bfloat16":
-        model = model.to(torch.bfloat16)
-    x = torch.from_numpy(inputs(batch, image_size, 0).transpose(0, 3, 1, 2).copy())
-    x = x.to(model.dtype)
+    model = peers.load(checkpoint, dtype)
+    x = peers.pixels(inputs(batch, image_size, 0), model.dtype)
     with torch.inference_mode():
         timing = common.time_call(lambda: model(pixel_values=x), warmup=1, repeats=iters)
-        if agree_images:
-            xs = torch.from_numpy(inputs(agree_images, image_size, 1)
-                                  .transpose(0, 3, 1, 2).copy()).to(model.dtype)
-            probs = torch.cat([torch.softmax(
-                model(pixel_values=xs[i:i + batch]).logits.float(), -1)
-                               for i in range(0, len(xs), batch)]).numpy()
-            np.save(probs_out, probs.astype(np.float32), allow_pickle=False)
+    if agree_images:
+        _save(probs_out, peers.probabilities(model, inputs(agree_images, image_size, 1),
+                                             batch=batch, float64=False))
     return timing
-
-
-def make_checkpoint(folder: str, model_name: str, image_size: int) -> None:
-    import torch
-    import transformers
-
-    import vit
-
-    cfg = vit.variant_config(model_name, image_size=image_size)
-    torch.manual_seed(0)
-    model = transformers.ViTForImageClassification(transformers.ViTConfig(
-        hidden_size=cfg.width, num_hidden_layers=cfg.depth, num_attention_heads=cfg.num_heads,
-        intermediate_size=cfg.mlp_dim, image_size=image_size, patch_size=cfg.patch_size[0],
-        num_labels=cfg.num_classes)).eval()
-    # Variance-preserving random weights. (The parity fixture's recipe, every tensor N(0, 0.3^2),
-    # is chaotic at depth 12: one-hot attention that a bfloat16 rounding flips.)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.ndim >= 2:
-                p.copy_(torch.randn_like(p) / p[0].numel() ** 0.5)
-            else:
-                base = 1.0 if ("layernorm" in name and name.endswith("weight")) else 0.0
-                p.copy_(base + 0.3 * torch.randn_like(p))
-    model.save_pretrained(folder)
 
 
 def run(kind: str, args, folder: str, agree: bool) -> float:
     """Images/s of contestant `kind`, from its own process."""
-    env, pythonpath = {}, None
-    if kind == "baseline":  # our float32 side, with `vit` imported from the baseline copy
-        pythonpath = args.baseline
-    if kind == "ours_float32_ynn":  # jax's default XLA:CPU dots (see vit/cpu/xla_options.py)
-        env["VIT_XLA_DOTS"] = "0"
     ours = not kind.startswith("hf")
-    dtype = ("bfloat16" if kind in ("ours_bfloat16", "hf_bfloat16") else "float32")
     timing = common.run_side(
         f"benchmarks.inference:{'side_ours' if ours else 'side_hf'}",
-        {"checkpoint": os.path.join(folder, "model"), "dtype": dtype, "batch": args.batch,
+        {"checkpoint": os.path.join(folder, "model"), "batch": args.batch,
+         "dtype": "bfloat16" if kind in ("ours_bfloat16", "hf_bfloat16") else "float32",
          "image_size": args.image_size, "iters": args.iters,
          "agree_images": args.agree_images if agree else 0,
          "probs_out": os.path.join(folder, f"{kind}.npy")},
-        env=env, pythonpath=pythonpath, cwd=folder)
+        # jax's default XLA:CPU dots (vit/cpu/xla_options.py) for `ours_float32_ynn`
+        env={"VIT_XLA_DOTS": "0"} if kind == "ours_float32_ynn" else {},
+        pythonpath=args.baseline if kind == "baseline" else None, cwd=folder)
     return args.batch / timing["median_s"]
 
 
 def agreement(folder: str, kinds) -> dict:
     import numpy as np
 
-    ref = np.load(os.path.join(folder, "hf.npy"), allow_pickle=False)
-    out = {}
-    for kind in kinds:
-        probs = np.load(os.path.join(folder, f"{kind}.npy"), allow_pickle=False)
-        out[kind] = {"top1_agreement_with_transformers": float(np.mean(
-                         probs.argmax(1) == ref.argmax(1))),
-                     "max_prob_error": float(np.abs(probs - ref).max())}
+    load = lambda kind: np.load(os.path.join(folder, f"{kind}.npy"), allow_pickle=False)  # noqa: E731
+    ref = load("hf")
+    out = {kind: {"top1_agreement_with_transformers": float(np.mean(
+                      load(kind).argmax(1) == ref.argmax(1))),
+                  "max_prob_error": float(np.abs(load(kind) - ref).max())} for kind in kinds}
     if "ours_bfloat16" in kinds:
-        a = np.load(os.path.join(folder, "ours_float32.npy"), allow_pickle=False)
-        b = np.load(os.path.join(folder, "ours_bfloat16.npy"), allow_pickle=False)
+        a, b = load("ours_float32"), load("ours_bfloat16")
         out["bfloat16_vs_float32"] = {"top1_agreement": float(np.mean(a.argmax(1) ==
                                                                       b.argmax(1))),
                                       "max_prob_error": float(np.abs(a - b).max())}
-    out["images"] = int(len(ref))
-    out["distinct_top1"] = int(len(set(ref.argmax(1).tolist())))
     top2 = np.sort(ref, axis=1)[:, -2:]
-    out["near_ties"] = int(np.sum(top2[:, 1] - top2[:, 0] < 0.01))  # top-2 within 0.01
-    return out
+    return {**out, "images": int(len(ref)), "distinct_top1": len(set(ref.argmax(1).tolist())),
+            "near_ties": int(np.sum(top2[:, 1] - top2[:, 0] < 0.01))}  # top-2 within 0.01
 
 
 def main(argv: list[str]) -> None:
@@ -191,26 +139,23 @@ def main(argv: list[str]) -> None:
                         help="a Hugging Face ViT folder both sides load (default: random "
                              "weights made here; --model and --image-size must match it)")
     args = parser.parse_args(argv)
-    ours = [f"ours_{d}" for d in args.dtypes.split(",") if d]
-    if args.ynn:
-        ours.append("ours_float32_ynn")
-    peers = ["hf"] + (["hf_bfloat16"] if "ours_bfloat16" in ours else [])
-    kinds = ours + (["baseline"] if args.baseline else []) + peers
-    rounds = []
+    ours = [f"ours_{d}" for d in args.dtypes.split(",") if d] + (
+        ["ours_float32_ynn"] if args.ynn else [])
+    peer = ["hf"] + (["hf_bfloat16"] if "ours_bfloat16" in ours else [])
+    kinds = ours + (["baseline"] if args.baseline else []) + peer
+    rounds, agree = [], None
     with tempfile.TemporaryDirectory() as folder:
         if args.checkpoint:
             os.symlink(os.path.abspath(args.checkpoint), os.path.join(folder, "model"))
         else:
-            make_checkpoint(os.path.join(folder, "model"), args.model, args.image_size)
-        agree = None
+            common.run_side("benchmarks.peers:save_random",
+                            {"folder": os.path.join(folder, "model"), "variant": args.model,
+                             "image_size": args.image_size})
         for i in range(args.rounds):
-            # Rotate the order, so no contestant always meets a warmer or cooler machine.
             order = kinds[i % len(kinds):] + kinds[:i % len(kinds)]
             r = {kind: run(kind, args, folder, agree=i == 0 and args.agree_images > 0)
                  for kind in order}
-            for kind in kinds:
-                if kind != "hf":
-                    r[f"{kind}_ratio"] = r[kind] / r["hf"]
+            r.update({f"{kind}_ratio": r[kind] / r["hf"] for kind in kinds if kind != "hf"})
             if "hf_bfloat16" in r:  # like against like
                 r["ours_bfloat16_ratio_to_hf_bfloat16"] = r["ours_bfloat16"] / r["hf_bfloat16"]
             if args.baseline:
@@ -240,13 +185,58 @@ def main(argv: list[str]) -> None:
         "agreement": agree,
     }
     if args.baseline:
-        base = subprocess.run(["git", "-C", args.baseline, "rev-parse", "HEAD"],
-                              capture_output=True, text=True).stdout.strip()
-        result["baseline"] = {"dir": args.baseline, "commit": base or None}
+        commit = subprocess.run(["git", "-C", args.baseline, "rev-parse", "HEAD"],
+                                capture_output=True, text=True).stdout.strip()
+        result["baseline"] = {"dir": args.baseline, "commit": commit or None}
         result["ratio_to_baseline_median"] = med("ratio_to_baseline")
     path = common.write_record("inference", result, argv=argv, out=args.out)
-    print(json.dumps({k: result[k] for k in ("img_s_median", "ratio_to_transformers_median",
-                                             "ours_bfloat16_ratio_to_hf_bfloat16_median",
-                                             "ratio_to_baseline_median", "agreement")
-                      if k in result}, indent=1))
+    print(json.dumps({k: result.get(k) for k in ("img_s_median", "ratio_to_transformers_median",
+                                                 "ours_bfloat16_ratio_to_hf_bfloat16_median",
+                                                 "agreement")}, indent=1))
     print(f"-> {path}")
+
+
+def table(r: dict) -> list[str]:
+    s, speed, ratio, agree = (r["setup"], r["img_s_median"], r["ratio_to_transformers_median"],
+                              r["agreement"])
+    n, num = agree["images"], tables.num
+
+    def agreed(kind: str) -> list[str]:
+        a = agree.get(kind)
+        return ([f"{round(a['top1_agreement_with_transformers'] * n)} of {n}",
+                 f"{a['max_prob_error']:.1e}"] if a else ["", ""])
+
+    rows = [[f"vit, {d}", num(speed[f"ours_{d}"]), num(ratio[f"ours_{d}"]), *agreed(f"ours_{d}")]
+            for d in ("float32", "bfloat16") if f"ours_{d}" in speed]
+    rows.append(["transformers, float32", num(speed["hf"]), "1.00", "", ""])
+    if "hf_bfloat16" in speed:
+        rows.append(["transformers, bfloat16", num(speed["hf_bfloat16"]),
+                     num(ratio["hf_bfloat16"]), *agreed("hf_bfloat16")])
+    tail = []
+    like = r.get("ours_bfloat16_ratio_to_hf_bfloat16_median")
+    if like is not None:
+        tail.append(f"bfloat16 against bfloat16: vit {num(like)}x transformers; vit's bfloat16 "
+                    f"forward {num(speed['ours_bfloat16'] / speed['ours_float32'])}x its "
+                    "float32 one.")
+        spread = {k: [x[k] for x in r["rounds"]] for k in ("ours_bfloat16", "hf_bfloat16")}
+        tail.append("Images/s by round, " + ", ".join(
+            f"{who} bfloat16 {num(min(v), 1)}-{num(max(v), 1)}" for who, v in
+            zip(("vit", "transformers"), spread.values(), strict=True)) + ".")
+    return [f"`{s['model']}`, batch {s['batch']}, {s['image_size']} px, median of "
+            f"{s['rounds']} rounds:", "",
+            *tables.table(["model", "images/s", "vs transformers", "top-1 = transformers'",
+                           "largest probability difference"], rows), *([""] + tail if tail else [])]
+
+
+def targets(r: dict) -> list[tuple[str, str, bool]]:
+    ratio = r["ratio_to_transformers_median"]
+    like = r.get("ours_bfloat16_ratio_to_hf_bfloat16_median")
+    out = [("float32 forward at least 1.10x transformers float32",
+            f"{ratio['ours_float32']:.2f}x", ratio["ours_float32"] >= 1.1)]
+    if "ours_bfloat16" in ratio:
+        out.append(("bfloat16 forward at least 1.50x transformers float32",
+                    f"{ratio['ours_bfloat16']:.2f}x", ratio["ours_bfloat16"] >= 1.5))
+    if like is not None:
+        out.append(("bfloat16 forward at least 1.00x transformers bfloat16", f"{like:.2f}x",
+                    like >= 1.0))
+    return out

@@ -34,7 +34,7 @@ import warnings
 import jax
 import jax.numpy as jnp
 
-from benchmarks import common
+from benchmarks import common, tables
 
 KERNELS = ("flash_attention_fwd", "flash_attention_dkv", "flash_attention_dq")
 # Largest shared memory one block may use, by compute capability (CUDA programming guide).
@@ -174,21 +174,31 @@ def _line(r: dict) -> str:
 
 def readme_table(rows: list[dict], dtype: str = "bfloat16", head_dims=(64, 128)) -> list[str]:
     """One line per head_dim (ViT-S/B/L's 64, and 128) and length, without kv_len: each kernel's
-    tile, warps, registers and shared memory, for the README (the JSON holds every row)."""
-    cells = {}
+    tile, warps, registers and shared memory (the record holds every row)."""
+    cells: dict = {}
     for r in rows:
         if (r["dtype"] == dtype and not r["kv_len"] and "error" not in r
                 and r["head_dim"] in head_dims):
-            tile = "x".join(map(str, r["tile"]))
             spill = f", {r['spill_bytes']} B spill" if r["spill_bytes"] else ""
             cells.setdefault((r["head_dim"], r["seq"]), {})[r["kernel"]] = (
-                f"{tile}, {r['warps']}w: {r['registers']} regs, "
+                f"{'x'.join(map(str, r['tile']))}, {r['warps']}w: {r['registers']} regs, "
                 f"{r['shared_bytes'] // 1024} KiB{spill}")
-    lines = ["| head_dim | tokens | forward | dK/dV | dQ |", "| --- | --- | --- | --- | --- |"]
-    for (head_dim, seq), kernels in sorted(cells.items()):
-        lines.append(f"| {head_dim} | {seq} | " + " | ".join(
-            kernels.get(k, "-") for k in KERNELS) + " |")
-    return lines
+    return tables.table(["head_dim", "tokens", "forward", "dK/dV", "dQ"],
+                        [[hd, seq, *(cell.get(k, "-") for k in KERNELS)]
+                         for (hd, seq), cell in sorted(cells.items())])
+
+
+def table(r: dict) -> list[str]:
+    kernels = r["kernels"]
+    bf16 = [k for k in kernels if k["dtype"] == "bfloat16"]
+    dims = [k["head_dim"] for k in kernels]
+    return [f"{r['target']}, bfloat16; each cell is the tile (queries x keys), warps, registers "
+            "per thread and shared memory:", "", *readme_table(kernels), "",
+            f"{sum(k['ok'] for k in kernels)} of {len(kernels)} kernels fit (head_dim "
+            f"{min(dims)}-{max(dims)}, bfloat16 and float32, with and without `kv_len`); "
+            f"{sum(k.get('spill_bytes', 0) > 0 for k in bf16)} bfloat16 kernels spill; "
+            f"{sum(k.get('wgmma', False) for k in bf16)} of {len(bf16)} bfloat16 kernels use "
+            "`wgmma`."]
 
 
 def main(argv: list[str]) -> int:
@@ -210,7 +220,7 @@ def main(argv: list[str]) -> int:
               file=sys.stderr)
         return 2
     rows = measure(args.head_dims, args.dtypes, args.seqs, args.capability)
-    table = readme_table(rows)
+    cells = readme_table(rows)
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     common.write_record("kernel_resources", {
@@ -218,10 +228,10 @@ def main(argv: list[str]) -> int:
         "max_shared_bytes": MAX_SHARED[args.capability],
         "note": "compiled by pip's triton, not XLA's; indicative of fit, not of speed",
         "kernels": rows,
-        "readme_table": table,
+        "readme_table": cells,
     }, argv=argv, mode="kernels", out=out / "kernel_resources.json", extra_packages=("triton",))
     bad = [r for r in rows if not r["ok"]]
-    print("\n".join(["", *table, ""]))
+    print("\n".join(["", *cells, ""]))
     print(f"{len(rows) - len(bad)}/{len(rows)} kernels fit; wrote {out / 'kernel_resources.json'}")
     return 1 if bad else 0
 

@@ -3,8 +3,7 @@
 - `peak_rss_bytes`: the process's peak resident set (host memory, whatever allocated it);
 - `device_peak_bytes`: each local device's peak allocation, where the backend counts it (GPU,
   TPU; XLA:CPU does not, and its allocations are in the resident set);
-- `compiled_bytes`: what XLA's buffer assignment gives a compiled program, without running it;
-- `bytes_per_device`: the most bytes a tree of arrays holds on any one device (sharded state).
+- `compiled_bytes`: what XLA's buffer assignment gives a compiled program, without running it.
 """
 
 from __future__ import annotations
@@ -43,13 +42,3 @@ def compiled_bytes(compiled) -> dict:
             "output_bytes": int(stats.output_size_in_bytes),
             "argument_bytes": int(stats.argument_size_in_bytes)}
 
-
-def bytes_per_device(tree) -> int:
-    """The most bytes the arrays of `tree` hold on one device (its addressable shards)."""
-    import jax
-
-    held: dict = {}
-    for leaf in jax.tree.leaves(tree):
-        for shard in leaf.addressable_shards:
-            held[shard.device] = held.get(shard.device, 0) + shard.data.nbytes
-    return max(held.values(), default=0)

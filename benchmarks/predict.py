@@ -1,24 +1,21 @@
-"""Benchmark `vit predict` against the transformers image-classification pipeline.
+"""`vit predict` against the transformers image-classification pipeline.
 
 Both classify the same folder of generated JPEGs (mixed sizes) with the same random-weight
-ViT-B/16, saved once as a Hugging Face folder (nothing is downloaded), on the CPU, in the same
-run, at the same batch size. Two measurements:
+ViT-B/16, saved once as a Hugging Face folder (`peers.save_random`), on the CPU, at the same
+batch size. Two measurements:
 
-- steady state: each side gets one untimed warm-up pass (our compile, torch's first-call set-up);
-  the timed passes cover decode, preprocessing, forward and top-k. Ours in float32 and in
-  bfloat16; the sides alternate pass by pass. Reported: the best pass of each
-  (`images_per_s`, `ratio_vit_over_transformers`) and, steadier on a machine whose speed
-  wanders, the median over rounds of each round's ratio (`ratio_median_of_rounds`).
-- start-up: `vit predict` on one image as a fresh process: cold (empty cache folder), warm
-  (the prepared classifier and the compile cached by the cold run), and with JAX's compile
-  cache alone; against a fresh process that builds `pipeline("image-classification")` and
-  classifies the same image. Wall time of the whole process, imports included; the median of
-  `--start-up-rounds` rounds, each from an empty cache.
+- steady state: one untimed warm-up pass each (our compile, torch's first-call set-up), then
+  passes covering decode, preprocessing, forward and top-k, ours in float32 and bfloat16, the
+  contestants alternating pass by pass (`common.interleave`). Reported: the best pass of each
+  (`images_per_s`) and, steadier on a machine whose speed wanders, the median over rounds of
+  each round's ratio (`ratio_median_of_rounds`);
+- start-up (`start_up`, the record `predict_startup`; `--skip-start-up` leaves it out):
+  `vit predict` on one image as a fresh process, cold, warm and with JAX's compile cache
+  alone, against a fresh process that builds the pipeline and classifies the same image; wall
+  time of the whole process, the median of `--start-up-rounds` rounds.
 
     python -m benchmarks predict [--images 64] [--batch-size 16] [--repeats 3]
-        [--skip-start-up]
-
-`--skip-start-up` records the steady state alone; the start-up figures are then left out.
+        [--skip-start-up] [--start-up-rounds 3]
 """
 
 from __future__ import annotations
@@ -32,7 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks import common
+from benchmarks import common, peers, tables
 
 ROOT = common.ROOT
 
@@ -137,15 +134,11 @@ def main(argv: list[str]) -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        torch.manual_seed(0)
-        hf_model = transformers.ViTForImageClassification(transformers.ViTConfig())  # B/16
-        hf_model.save_pretrained(tmp / "model")
-        transformers.ViTImageProcessor().save_pretrained(tmp / "model")
+        peers.save_random(tmp / "model", processor=True)
         (tmp / "images").mkdir()
         paths = make_images(tmp / "images", args.images)
         files = list_images([tmp / "images"])
         assert len(files) == len(paths)
-
         rows, fns = {}, {}
         for dtype in args.dtypes.split(","):
             loaded = load_checkpoint(tmp / "model", dtype=dtype)
@@ -167,14 +160,13 @@ def main(argv: list[str]) -> None:
         timed = common.interleave(fns, rounds=args.repeats)
         times = {k: v["times_s"] for k, v in timed.items()}
         best = {k: v["min_s"] for k, v in timed.items()}
-        label2id = hf_model.config.label2id
+        label2id = json.loads((tmp / "model" / "config.json").read_text())["label2id"]
         ref = [label2id[t[0]["label"]] for t in rows["transformers"]]
         agree = {k: float(np.mean([o["top_k"][0]["index"] == r
                                    for o, r in zip(rows[k], ref, strict=True)]))
                  for k in rows if k != "transformers"}
         startup = None if args.skip_start_up else start_up(tmp / "model", files[0],
                                                            tmp / "cache", args.start_up_rounds)
-
     n = len(files)
     result = {
         "torch_threads": torch.get_num_threads(),
@@ -190,8 +182,54 @@ def main(argv: list[str]) -> None:
             for k, v in times.items() if k != "transformers"},
         "pass_seconds": times,
         "top1_agreement_with_transformers": agree,
-        "start_up_one_image": startup,
     }
-    path = common.write_record("predict", result, argv=argv, out=args.out)
-    print(json.dumps(result, indent=2))
-    print(f"-> {path}")
+    paths = [common.write_record("predict", result, argv=argv, out=args.out)]
+    if startup:  # its own record, beside the steady state's
+        paths.append(common.write_record(
+            "predict_startup", {"start_up_one_image": startup}, argv=argv, mode="predict",
+            out=paths[0].with_name("predict_startup.json")))
+    print(json.dumps({**result, "start_up_one_image": startup}, indent=2))
+    print("->", *paths)
+
+
+def table(r: dict) -> list[str]:
+    """`predict`: the steady state; `predict_startup`: the start-up."""
+    num, lines = tables.num, []
+    if r["benchmark"] == "predict":
+        speed, median = r["images_per_s"], r["ratio_median_of_rounds"]
+        agree = r["top1_agreement_with_transformers"]
+        rows = [[f"`vit predict`, {d}", num(speed[f"vit_{d}"]), num(median[f"vit_{d}"]),
+                 num(agree[f"vit_{d}"])] for d in ("float32", "bfloat16") if f"vit_{d}" in speed]
+        rows.append(["transformers pipeline, float32", num(speed["transformers"]), "1.00", ""])
+        lines += [f"{r['task'][0].upper()}{r['task'][1:]}:", "",
+                  *tables.table(["", "images/s (best pass)",
+                                 "vs transformers (median of rounds)", "top-1 = transformers'"],
+                                rows)]
+    start = r.get("start_up_one_image")
+    if r["benchmark"] == "predict_startup":
+        ready = start["vit_ready_lines"]
+        rows = [[label, num(start[f"{key}_s"], 1), f"`{ready[key]}`" if key in ready else ""]
+                for key, label in (("vit_cold", "`vit predict`, cold (empty cache)"),
+                                   ("vit_compile_cache_only",
+                                    "`vit predict`, JAX's compile cache only"),
+                                   ("vit_warm", "`vit predict`, warm (prepared classifier)"),
+                                   ("transformers", "transformers, first prediction"))]
+        lines += ["One image, process start to exit, median of "
+                  f"{len(start['rounds']['vit_cold_s'])} rounds (seconds):", "",
+                  *tables.table(["", "seconds", "`ready` line"], rows)]
+    return lines
+
+
+def targets(r: dict) -> list[tuple[str, str, bool]]:
+    out = []
+    if r["benchmark"] == "predict":
+        for dtype, need in (("float32", 1.1), ("bfloat16", 1.5)):
+            ratio = r["ratio_median_of_rounds"].get(f"vit_{dtype}")
+            if ratio is not None:
+                out.append((f"`vit predict` in {dtype} at least {need:.2f}x the pipeline in "
+                            "float32", f"{ratio:.2f}x", ratio >= need))
+    start = r.get("start_up_one_image")
+    if r["benchmark"] == "predict_startup":
+        out.append(("`vit predict` on one image: warm at least 2.00x faster than cold",
+                    f"{start['cold_over_warm']:.2f}x", start["cold_over_warm"] >= 2))
+    return out

@@ -54,7 +54,6 @@ ROOT = common.ROOT
 HF_ARCH = ["model.classifier=token", "model.class_token=true", "model.width=128",
            "model.mlp_dim=256", "model.num_heads=4", "model.depth=6", "model.patch_size=4",
            "model.dtype=float32"]
-LINE = re.compile(r"step (\d+)(?:/\d+)?: (validation )?accuracy ([\d.]+)")
 
 
 def vit_command() -> list[str]:
@@ -123,29 +122,26 @@ def vit_train(recipe: str, workdir: Path, sets: list[str], *, init: str | None =
     return _checked(run_timed(cmd, env=env, workdir=workdir), f"vit train {recipe}")
 
 
-def split_of_vit_run(run: dict, workdir: Path, steps: int, batch: int) -> dict:
-    """Where a `vit train` command's wall time went, from its stamped output and metrics.jsonl:
-    the steps at the median logged rate after the first window (which holds the compile), the
-    start-up and compile before them, the final validation (the stamp of its line against the
-    last step's), and the rest (checkpoint, curves, exit)."""
-    rows = [json.loads(x) for x in (workdir / "metrics.jsonl").read_text().splitlines()]
-    rates = [r["images_per_s"] for r in rows if r["split"] == "train"]
-    step_s = batch / statistics.median(rates[1:] or rates)
-    stamps = {"train": [], "validation": []}
-    for t, text in run["lines"]:
-        m = LINE.search(text)
-        if m:
-            stamps["validation" if m.group(2) else "train"].append((t, int(m.group(1))))
-    first_t, first_step = stamps["train"][0]
-    last_t = stamps["train"][-1][0]
-    val_t = stamps["validation"][-1][0] if stamps["validation"] else last_t
-    startup = first_t - first_step * step_s
-    return {"startup_and_compile_s": round(startup, 1),
-            "steps_s": round(steps * step_s, 1), "step_ms": round(1000 * step_s, 1),
-            "final_eval_s": round(val_t - last_t, 1),
-            "checkpoint_and_exit_s": round(run["wall_s"] - val_t, 1),
-            "note": "steps at the median logged rate after the first window; start-up and "
-                    "compile: the first window's stamp less its steps at that rate"}
+def split_of_vit_run(workdir: Path, wall_s: float) -> dict:
+    """Where a `vit train` command's `wall_s` went, from the timings the run wrote into its
+    metrics.jsonl (`vit.training.timings`): the process's start-up and compile, each step's
+    own time, the final validation, the checkpoints with the exit (the last save finished, the
+    curves, the interpreter's exit after the run), and what is left (data waits, logging)."""
+    from vit.training.timings import run_timings
+
+    t = run_timings(workdir / "metrics.jsonl")
+    startup = t["process_start_s"] + t["startup_s"] + t["compile_s"]
+    steps = [s for s in t["step_s"] if s is not None]
+    evaluations = sum(e["seconds"] for e in t["evaluations"])
+    saves = sum(c["seconds"] for c in t["checkpoints"]) + t["exit_s"]
+    after = wall_s - t["process_start_s"] - t["end_at_s"]  # the interpreter's own exit
+    return {"startup_and_compile_s": round(startup, 1), "steps_s": round(sum(steps), 1),
+            "step_ms": round(1000 * statistics.median(steps), 1),
+            "final_eval_s": round(t["evaluations"][-1]["seconds"] if t["evaluations"] else 0, 1),
+            "checkpoint_and_exit_s": round(saves + after, 1),
+            "other_s": round(wall_s - startup - sum(steps) - evaluations - saves - after, 1),
+            "note": "the run's own timings (metrics.jsonl's timing records): steps at each "
+                    "step's own time; other: waits for data, logging, earlier validations"}
 
 
 # ----------------------------------------------------------------------------- recipes
@@ -186,11 +182,12 @@ def fashion(args) -> dict:
         wall, load = run["wall_s"], run["load"]
         command = "vit train --config fashion_mnist --workdir " + str(workdir) + "".join(
             f" --set {s}" for s in sets)
-        source = "the stamped output of the command"
-        for t, text in run["lines"]:
-            m = LINE.search(text)
-            if m and m.group(2):
-                rows_t[int(m.group(1))] = t
+        from vit.training.timings import run_timings
+
+        source = "the run's own timings in metrics.jsonl"
+        timings = run_timings(workdir / "metrics.jsonl")
+        for e in timings["evaluations"]:  # seconds from the command's launch
+            rows_t[e["step"]] = round(timings["process_start_s"] + e["at_s"], 1)
     rows = [json.loads(x) for x in (workdir / "metrics.jsonl").read_text().splitlines()]
     curve = []
     for i, r in enumerate(rows, start=1):
@@ -356,7 +353,7 @@ def peer(args) -> dict:
         val = [r for r in rows if r["split"] == "validation"][-1]
         return {"side": name, "test_accuracy": round(val["accuracy"], 4),
                 "wall_s": round(run["wall_s"], 1),
-                "split": split_of_vit_run(run, workdir, cfg.train.steps, cfg.train.batch_size)}
+                "split": split_of_vit_run(workdir, run["wall_s"])}
 
     def theirs(kwargs, out_dir):
         start = time.perf_counter()

@@ -1,7 +1,6 @@
-"""The test suite's size and wall time: runs `./scripts/test.sh` (the default set) and, with
-`--all`, `.ci/run` (every test, the slow ones included), each as a developer runs it, and
-records the counts from pytest's summary line and the wall time of the whole command
-(setting up `.venv` included when it is missing).
+"""The test suite's size and wall time: `./scripts/test.sh` (the default set) and, with
+`--all`, `.ci/run` (every test, the slow ones included), each run as a developer runs it (the
+virtual environment set up when it is missing), with the counts of pytest's summary line.
 
     python -m benchmarks suite [--all]
 """
@@ -10,10 +9,8 @@ from __future__ import annotations
 
 import argparse
 import re
-import subprocess
-import time
 
-from benchmarks import common
+from benchmarks import common, tables
 
 COMMANDS = {"default": ["./scripts/test.sh"], "all": [".ci/run"]}
 # pytest's last line: "N passed, N skipped, N deselected in S.SSs (H:MM:SS)".
@@ -31,11 +28,9 @@ def summary(output: str) -> dict:
 
 
 def run(command: list[str]) -> dict:
-    start = time.perf_counter()
-    done = subprocess.run(command, cwd=common.ROOT, capture_output=True, text=True)
-    wall = time.perf_counter() - start
-    return {"command": " ".join(command), "exit_code": done.returncode, "wall_s": round(wall, 1),
-            **summary(done.stdout)}
+    done = common.run_cli(command, capture=True, check=False)  # a failing suite is a figure too
+    return {"command": done["command"], "exit_code": done["returncode"],
+            "wall_s": done["wall_s"], **summary(done["stdout"])}
 
 
 def main(argv: list[str]) -> int:
@@ -51,3 +46,10 @@ def main(argv: list[str]) -> int:
     path = common.write_record("suite", {"runs": runs}, argv=argv, out=args.out)
     print(f"-> {path}")
     return max(r["exit_code"] for r in runs)
+
+
+def table(r: dict) -> list[str]:
+    return tables.table(["command", "passed", "skipped", "failed", "wall time"],
+                        [[f"`{run['command']}`", run["passed"], run.get("skipped", 0),
+                          run.get("failed", 0), f"{run['wall_s'] / 60:.1f} minutes"]
+                         for run in r["runs"]])

@@ -24,17 +24,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
-import subprocess
-import sys
-import time
 from pathlib import Path
 
-from benchmarks import common
+from benchmarks import common, tables
 
 ROOT = common.ROOT
-VIT = [sys.executable, "-m", "vit.cli"]
 # The cross-attention opened: trained in both text stages, its gates at ten times the rate
 # and without decay (the Flamingo recipe), as against the recipe's closed blocks.
 OPEN_TEXT_PARTS = "(text_path|xattn|prompt_head)/.*"
@@ -73,37 +68,28 @@ def recipe_path(config: str) -> Path:
 
 def stage_results(workdir: Path) -> dict:
     """Per stage (its folder name; the last stage trains in the workdir itself): the steps
-    trained and the last validation record of its metrics.jsonl."""
+    trained and the last validation row of its metrics.jsonl."""
     out = {}
     for metrics in sorted(workdir.glob("**/metrics.jsonl")):
-        rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+        rows = common.metrics(metrics.parent)
         train = [r for r in rows if r.get("split") == "train"]
         val = [r for r in rows if r.get("split") == "validation"]
-        name = metrics.parent.name if metrics.parent != workdir else "final"
-        out[name] = {"steps": train[-1]["step"] if train else 0,
-                     "last_validation": val[-1] if val else None}
+        out[metrics.parent.name if metrics.parent != workdir else "final"] = {
+            "steps": train[-1]["step"] if train else 0, "last_validation": val[-1] if val else None}
     return out
 
 
 def train_and_eval(config: Path, workdir: Path, sets: list[str], init: str | None) -> dict:
-    """One fresh run of `config` into `workdir`, then `vit eval --json`: the commands, their
-    times, each stage's last validation and the evaluation."""
-    shutil.rmtree(workdir, ignore_errors=True)  # a fresh run: the timing covers every stage
-    env = {**os.environ, "JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS", "cpu")}
-    train = VIT + ["train", "--config", str(config), "--workdir", str(workdir)] + \
-        (["--init", str(init)] if init else []) + [f"--set={s}" for s in sets]
-    start = time.time()
-    subprocess.run(train, check=True, env=env, cwd=ROOT)
-    train_s = time.time() - start
-    start = time.time()
-    done = subprocess.run(VIT + ["eval", "--workdir", str(workdir), "--json"], check=True,
-                          env=env, cwd=ROOT, capture_output=True, text=True)
-    eval_s = time.time() - start
-    return {"run": {"train": " ".join(["vit", *train[train.index("train"):]]),
-                    "eval": f"vit eval --workdir {workdir} --json"},
-            "train_seconds": round(train_s, 1), "eval_seconds": round(eval_s, 1),
-            "stages": stage_results(workdir),
-            "eval": json.loads(done.stdout.strip().splitlines()[-1])}
+    """One fresh run of `config` into `workdir` (every stage timed), then `vit eval --json`:
+    the commands, their times, each stage's last validation and the evaluation."""
+    shutil.rmtree(workdir, ignore_errors=True)
+    train = common.run_cli(["vit", "train", "--config", str(config), "--workdir", str(workdir),
+                            *(["--init", str(init)] if init else []),
+                            *[f"--set={s}" for s in sets]])
+    evaluate = common.run_cli(["vit", "eval", "--workdir", str(workdir), "--json"], capture=True)
+    return {"run": {"train": train["command"], "eval": evaluate["command"]},
+            "train_seconds": train["wall_s"], "eval_seconds": evaluate["wall_s"],
+            "stages": stage_results(workdir), "eval": common.last_json(evaluate["stdout"])}
 
 
 def ablation(config: Path, root: Path, init: str | None, extra: list[str]) -> dict:
@@ -218,5 +204,148 @@ def main(argv: list[str]) -> None:
             **({"pointing": run["pointing"]} if "pointing" in run else {})}))
 
 
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+
+# ---------------------------------------------------------------------------------- tables
+
+# promptshapes' targets by question group (issue targets; the table and `targets` share them).
+PROMPTSHAPES = {"seen": ("at least 0.97", 0.97), "heldout": ("at least 0.95", 0.95),
+                "wording": ("at least 0.90", 0.90)}
+FASHION = {"seen": ("at least 0.95", 0.95), "heldout": ("at least 0.90", 0.90),
+           "wording": ("at least 0.93", 0.93)}
+NEVER, HARD, CONTROL, POINTING = 0.05, 0.10, 0.05, 0.90
+
+
+f3 = tables.f3
+
+
+def questions(q: dict) -> list[str]:
+    """promptshapes: every question asked of every test scene (`vit eval`'s `questions`)."""
+    labels = {"seen": f"every seen pair ({q['seen']['questions']})",
+              "heldout": f"the {q['heldout']['questions']} held-out pairs",
+              "wording": "seen pairs, 2 held-out wordings"}
+    rows = [[labels[g], f3(q[g]["balanced_accuracy"]),
+             target + ("; hard false yes at most 0.10" if g == "heldout" else ""),
+             f3(q[g]["auc"]), " / ".join(f3(q[g]["false_yes"][k])
+                                         for k in ("neither", "colour_only", "shape_only",
+                                                   "both_apart"))]
+            for g, (target, _) in PROMPTSHAPES.items()]
+    rows.append([f"never-drawn words ({q['never']['questions']} questions): yes-rate",
+                 f3(q["never"]["yes_rate"]), "at most 0.05", "", ""])
+    if "unknown" in q:
+        rows.append([f"prompts of unknown words ({q['unknown']['questions']}): yes-rate",
+                     f3(q["unknown"]["yes_rate"]), "at most 0.05", "", ""])
+    return [f"Every question asked of each of {q['images']} test scenes (yes above "
+            f"{q['threshold']}); false yes at most 0.03 where the scene has neither:", "",
+            *tables.table(["questions", "balanced accuracy", "target", "AUC",
+                           "false yes: neither / colour only / shape only / both apart"], rows)]
+
+
+def ablation_row(run: dict, where: str, q: dict) -> list[str]:
+    h = q["heldout"]
+    return [run["labels"], run["cross_attention"], run["tune"], f3(h["balanced_accuracy"]),
+            f3(h["auc"]), *(f3(h["false_yes"][k]) for k in ("both_apart", "colour_only",
+                                                             "shape_only")),
+            f3(q["seen"]["balanced_accuracy"]), f3(q["seen"]["false_yes"]["both_apart"]),
+            f3(q.get("unknown", {}).get("yes_rate")), where]
+
+
+def fashion_rows(r: dict) -> list[list]:
+    ev, q = r["eval"], r["eval"]["questions"]
+    rows = []
+    for g, (target, _) in FASHION.items():
+        for kind, fig in [("all", q[g]), *q[g].get("by_kind", {}).items()]:
+            rows.append([f"{g}" + ("" if kind == "all" else f": {kind}") + f" ({fig['questions']})",
+                         f3(fig["balanced_accuracy"]), target if kind == "all" else "",
+                         f3(fig["auc"]), ", ".join(f"{k} {f3(v)}" for k, v in
+                                                   fig["false_yes"].items() if v is not None)])
+    rows.append([f"never-placed classes ({q['never']['questions']}): yes-rate",
+                 f3(q["never"]["yes_rate"]), "at most 0.05", "", ""])
+    if "unknown" in q:
+        rows.append([f"prompts of unknown words ({q['unknown']['questions']}): yes-rate",
+                     f3(q["unknown"]["yes_rate"]), "", "", ""])
+    rows += [[f"control `{k}` (answer accuracy)", f3(v), "0.50 ± 0.05", "", ""]
+             for k, v in ev["controls"].items()]
+    rows += [[f"relevancy's strongest patch on the item: {k.replace('_', ' ')}",
+              f"{v['inside']} of {v['scenes']} ({f3(v['rate'])})", "at least 0.90", "", ""]
+             for k, v in r.get("pointing", {}).items()]
+    return rows
+
+
+def table(r: dict, records: dict | None = None) -> list[str]:
+    """promptshapes, fashion_scenes, or the ablation (beside the recipe's own record)."""
+    if "variants" in r:
+        recipe = (records or {})["promptshapes"]
+        rows = [ablation_row(RECIPE, "the recipe, `promptshapes.json`",
+                             recipe["eval"]["questions"])]
+        rows += [ablation_row(v, f"`{name}`", v["eval"]["questions"])
+                 for name, v in r["variants"].items()]
+        return [f"Held-out pairs, each of {recipe['eval']['questions']['images']} test scenes "
+                "asked every question (targets: held-out balanced accuracy at least 0.95, false "
+                "yes on hard negatives at most 0.10):", "",
+                *tables.table(["ViT-stage labels", "cross-attention", "tune stage",
+                               "held-out pairs: balanced accuracy", "AUC",
+                               "false yes, both apart (hard)", "colour only", "shape only",
+                               "seen pairs", "seen pairs, hard false yes",
+                               "unknown-word yes-rate", "run"], rows), "",
+                f"The recipe's row: `{tables.RECORDS}/promptshapes.json` ({tables.host(recipe)}), "
+                f"made by `{recipe['command']}`."]
+    ev, stages = r["eval"], r["stages"]
+    steps = sum(s["steps"] for s in stages.values())
+    if ev.get("data") == "fashion_scenes":
+        vit_stage = (stages.get("vit") or {}).get("last_validation") or {}
+        tail = ([f"The ViT stage ({stages['vit']['steps']:,} steps) recognises the classes "
+                 f"present with a per-label accuracy of {f3(vit_stage['label_accuracy'])} on "
+                 "the validation scenes."] if "label_accuracy" in vit_stage else [])
+        tail.append(f"Training, all {len(stages)} stages: {r['train_seconds']:.0f} s "
+                    f"({steps:,} steps).")
+        q = ev["questions"]
+        return [f"Every question asked of each of {q['images']} test scenes (yes above "
+                f"{q['threshold']}):", "",
+                *tables.table(["questions", "balanced accuracy", "target", "AUC",
+                               "false yes by kind of \"no\""], fashion_rows(r)), "",
+                " ".join(tail)]
+    rows = [["`accuracy` (test split, image-prompt pairs)", f3(ev["accuracy"]), "at least 0.95"],
+            *([f"`controls.{k}`", f3(v), "0.50 ± 0.05"] for k, v in ev["controls"].items()),
+            ["`heldout_accuracy` (unseen colour-shape prompts)", f3(ev["heldout_accuracy"]),
+             "at least 0.95"],
+            [f"training, all {len(stages)} stages", f"{r['train_seconds']:.0f} s ({steps:,} steps)",
+             "under 10 minutes"]]
+    return [*questions(ev["questions"]), "", *tables.table(["figure", "value", "target"], rows)]
+
+
+def targets(r: dict) -> list[tuple[str, str, bool]]:
+    """Each question group against its target, the controls, the unknown-word rule, pointing
+    and the training budget."""
+    if "variants" in r:
+        return []
+    ev, q = r["eval"], r["eval"]["questions"]
+    fashion = ev.get("data") == "fashion_scenes"
+    out = [(f"{g} questions: balanced accuracy {text}", f3(q[g]["balanced_accuracy"]),
+            q[g]["balanced_accuracy"] >= need)
+           for g, (text, need) in (FASHION if fashion else PROMPTSHAPES).items()]
+    if fashion:
+        out += [(f"seen questions of each kind ({kind}): balanced accuracy at least 0.93",
+                 f3(k["balanced_accuracy"]), k["balanced_accuracy"] >= 0.93)
+                for kind, k in q["seen"]["by_kind"].items()]
+        out.append(("false yes where the class is elsewhere, at most 0.10",
+                    f3(q["seen"]["false_yes"]["elsewhere"]),
+                    q["seen"]["false_yes"]["elsewhere"] <= HARD))
+        out += [(f"relevancy's strongest patch on the item ({k.replace('_', ' ')}), at least "
+                 "0.90", f3(v["rate"]), v["rate"] >= POINTING) for k, v in r["pointing"].items()]
+    else:
+        hard = q["heldout"]["false_yes"]["both_apart"]
+        out.append(("held-out pairs: false yes on hard negatives at most 0.10", f3(hard),
+                    hard <= HARD))
+        out += [(f"`{k}` at least 0.95", f3(ev[k]), ev[k] >= 0.95)
+                for k in ("accuracy", "heldout_accuracy")]
+    out.append((f"never-{'placed classes' if fashion else 'drawn words'}: yes-rate at most 0.05",
+                f3(q["never"]["yes_rate"]), q["never"]["yes_rate"] <= NEVER))
+    if "unknown" in q:
+        out.append(("prompts of unknown words: yes-rate at most 0.05",
+                    f3(q["unknown"]["yes_rate"]), q["unknown"]["yes_rate"] <= NEVER))
+    out += [(f"control `{k}` at 0.50 ± 0.05", f3(v), abs(v - 0.5) <= CONTROL)
+            for k, v in ev["controls"].items()]
+    budget = 900 if fashion else 600
+    out.append((f"all stages trained within {budget // 60} minutes",
+                f"{r['train_seconds']:.0f} s", r["train_seconds"] <= budget))
+    return out

@@ -1,45 +1,29 @@
 """Training-step speed: the step `vit train` runs against transformers' PyTorch ViT doing the
 same step, on the CPU, in float32 and in bfloat16.
 
-Ours is `vit train`'s own jitted step (benchmarks/train_step.py builds it from the recipe with the
-package's functions, as vit/training/loop.py does): `make_train_step` with the optimiser
-`make_optimizer` builds (global-norm clipping, then AdamW with weight decay on the weight
-matrices), the recipe's loss with its label smoothing, the accuracy metric and the check that
-the weights stayed finite. Theirs: `ViTForImageClassification` loaded from a Hugging Face folder
-that our writer made of the same initial weights, `torch.optim.AdamW` with the same rate, betas
-and decay mask, `clip_grad_norm_` at the same norm, cross-entropy with the same smoothing,
-accuracy and the same finiteness check. Both get the same batch (NHWC for us, NCHW for torch).
+Ours is `vit train`'s own jitted step (`benchmarks/train_step.py` builds it from the recipe as
+`vit train` does): the recipe's optimiser (global-norm clipping, then AdamW with decay on the
+weight matrices), its loss with label smoothing, the accuracy metric and the finiteness check.
+Theirs (`peers`): `ViTForImageClassification` from a Hugging Face folder our writer made of
+the same initial weights, torch's AdamW with the same rate, betas and decay mask,
+`clip_grad_norm_` at the same norm, cross-entropy with the same smoothing, accuracy and the
+same finiteness check, on the same batch. The recipe is configs/imagefolder.py with AdamW
+(`train_step.ADAMW`); `--set` changes it further, as it would `vit train`'s.
 
-Every measurement runs in its own process (`common.run_side`), ours and theirs alternating
-(the order flips every round), so neither warms the other's caches or competes for cores;
-torch uses a thread per core. Ours runs in the environment the `vit` command gives itself
-(GLIBC_TUNABLES asking for huge pages), transformers' in the caller's; the record names both.
-`--interleave` keeps every process alive instead (`common.Side`: compiled and warmed up once)
-and asks each for a run in turn, the order flipping every round: rounds cost only their steps
-and the two sides of a round run seconds apart, so the host's drift between minutes leaves the
-ratios.
-Each such run starts with `--rewarm` untimed steps (default 1), on both sides: on a virtual
-machine that hands a guest's free memory back to its host (free page reporting, as the
-Firecracker VMs these records come from do), memory a process freed a second or more ago is
-gone, and the first step after the other side's run faults it all in again. Our step frees its
-scratch memory at its end and takes it again at the next start, so that first step pays more
-than transformers' does. `vit train` runs its steps back to back and does not pay it; the
-record keeps those steps' times.
-`--plain-malloc` times ours a second time in the caller's environment, to show what that gains;
-`--jax-defaults` times ours once more compiled with jax's default XLA:CPU options
-(`VIT_XLA_DOTS=0`: YNNPACK's dots instead of XLA's), likewise. With either, the record is
-`train_variants` (what our environment and compile options gain), else `train`.
-Per case: each run's median step time, each round's ratio (transformers' time / ours: above 1
-means ours is faster) and their median, each process's peak memory, and each side's loss at its
-first and last step: from the same weights and batch the first agrees when the two steps
-compute the same thing. The recipe is configs/imagefolder.py with AdamW (train_step.ADAMW);
-`--set` changes it further, as it would `vit train`'s.
-
-bfloat16 compares like with like: our mixed-precision step (float32 master weights, bfloat16
-matrix products with float32 accumulation) against transformers' model cast with
-`.to(torch.bfloat16)`; each round also gives our float32 step over our bfloat16 step. The
-record names the CPU and its bfloat16 features: on a CPU without bfloat16
-arithmetic the bfloat16 figures are recorded but say nothing about one that has it.
+Every run is a process of its own (`common.run_side`), ours and theirs alternating, the order
+flipped every round; torch uses a thread per core. Ours runs in the environment the `vit`
+command gives itself (huge pages for XLA's scratch memory), theirs in the caller's; the record
+names both. `--interleave` keeps every process alive instead (`common.Side`, compiled once) and
+asks each for a run in turn, so the two sides of a round run seconds apart; each such run
+starts with `--rewarm` untimed steps on both sides, because on a VM that hands freed memory
+back to its host the first step after the other side's run faults it all in again.
+`--plain-malloc` also times ours without the huge-page tunable, `--jax-defaults` compiled with
+jax's default XLA:CPU options (`VIT_XLA_DOTS=0`); with either the record is `train_variants`.
+Per case: each run's median step, each round's ratio (transformers' time over ours: above 1
+means ours is faster) and their median, peak memory, and each side's first and last loss (from
+the same weights and batch the first agrees when the steps compute the same thing). bfloat16
+compares our mixed-precision step with transformers' model cast to bfloat16; on a CPU without
+bfloat16 arithmetic it is timed only when asked for by name.
 
     python -m benchmarks train [--case B/16:8 --case S/16:32] [--dtype float32
         --dtype bfloat16] [--rounds 3] [--steps 3] [--warmup 1] [--set KEY=VALUE ...]
@@ -56,7 +40,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks import common, memory, train_step
+from benchmarks import common, memory, peers, tables, train_step
 
 CASES = ("B/16:8", "S/16:32")
 # Ours once more, changed one way (what each change gains, measured in the same run):
@@ -136,23 +120,14 @@ def transformers_step(folder: Path, dtype: str = "float32"):
     AdamW, accuracy and the finiteness check; returns the loss."""
     import numpy as np
     import torch
-    from transformers import ViTForImageClassification
 
-    torch.set_num_threads(os.cpu_count())
     spec = json.loads((folder / "spec.json").read_text())
-    model = ViTForImageClassification.from_pretrained(folder / "hf").train()
-    if dtype == "bfloat16":
-        model = model.to(torch.bfloat16)  # as people run torch in bfloat16: the weights too
+    model = peers.load(folder / "hf", dtype, train=True)
     params = dict(model.named_parameters())
-    # Decay on the weight matrices only, as make_optimizer's mask (kernels, not biases,
-    # norms, position embeddings or the class token).
-    decayed = [p for n, p in params.items() if n.endswith(".weight") and p.ndim >= 2]
-    rest = [p for n, p in params.items() if not (n.endswith(".weight") and p.ndim >= 2)]
-    opt = torch.optim.AdamW([{"params": decayed, "weight_decay": spec["weight_decay"]},
-                             {"params": rest, "weight_decay": 0.0}],
-                            lr=spec["lr"], betas=(spec["b1"], spec["b2"]), eps=1e-8)
+    opt = peers.adamw(model, lr=spec["lr"], b1=spec["b1"], b2=spec["b2"],
+                      weight_decay=spec["weight_decay"])
     data = np.load(folder / "batch.npz")
-    images = torch.from_numpy(data["images"].transpose(0, 3, 1, 2).copy()).to(model.dtype)
+    images = peers.pixels(data["images"], model.dtype)
     labels = torch.from_numpy(data["labels"])
 
     def step() -> float:
@@ -190,21 +165,10 @@ def _step(kind: str, case: str, dtype: str, folder: str, sets: list[str]):
             else vit_step(case, sets, folder, dtype))
 
 
-def side(kind: str, case: str, dtype: str, folder: str, sets: list[str], steps: int,
-         warmup: int) -> dict:
-    """One run in a fresh process: `warmup` untimed steps (the compile), then `steps` timed
-    ones."""
-    step = _step(kind, case, dtype, folder, sets)
-    _, first = timed(step, warmup)
-    times, losses = timed(step, steps)
-    losses = first + losses
-    return {"times": times, "loss_first": losses[0], "loss_last": losses[-1], **memory.probe()}
-
-
 def serve(kind: str, case: str, dtype: str, folder: str, sets: list[str], steps: int,
           warmup: int, rewarm: int):
-    """`--interleave`'s side (`common.Side`): the warm-up once, then per run `rewarm` untimed
-    steps and `steps` timed ones."""
+    """A contestant's process (`common.Side`): `warmup` untimed steps (the compile) once, then
+    per run `rewarm` untimed steps and `steps` timed ones."""
     step = _step(kind, case, dtype, folder, sets)
     _, losses = timed(step, warmup)
     first = [losses[0] if losses else None]
@@ -232,37 +196,37 @@ def environment(kind: str) -> dict:
     return env
 
 
-def side_args(kind: str, case: str, dtype: str, folder: Path, args) -> dict:
-    return {"kind": "transformers" if kind == "transformers" else "vit", "case": case,
-            "dtype": dtype, "folder": str(folder), "sets": args.set, "steps": args.steps,
-            "warmup": args.warmup}
+def contestant(kind: str, dtype: str, case: str, folder: Path, args, kept: bool):
+    """A contestant's process, compiled and warmed up. One kept alive for many runs pauses
+    before each, for the other's idle threads to stop spinning, and re-warms (`--rewarm`)."""
+    return common.Side("benchmarks.train:serve", {
+        "kind": "transformers" if kind == "transformers" else "vit", "case": case,
+        "dtype": dtype, "folder": str(folder), "sets": args.set, "steps": args.steps,
+        "warmup": args.warmup, "rewarm": args.rewarm if kept else 0},
+        env=environment(kind), settle_s=0.5 if kept else 0.0)
 
 
 def measure(case: str, folder: Path, args) -> dict:
-    """Every (library, dtype) once per round, the order reversed every other round."""
+    """Every (library, dtype) once per round, the order reversed every other round: each run a
+    fresh process, or with `--interleave` each contestant's one process, all alive at once."""
     contestants = [(kind, dtype) for dtype in args.dtype for kind in ("vit", "transformers")]
     variants = [kind for kind, (_, flag) in VARIANTS.items() if getattr(args, flag)]
     contestants += [(kind, dtype) for kind in variants for dtype in args.dtype]
     runs = {c: [] for c in contestants}
-    # --interleave: every contestant's process started (and compiled) once, all alive at once.
-    # Between runs, time for the other process's idle threads to stop spinning.
-    servers = ({(kind, dtype): common.Side(
-        "benchmarks.train:serve", {**side_args(kind, case, dtype, folder, args),
-                                   "rewarm": args.rewarm},
-        env=environment(kind), settle_s=0.5) for kind, dtype in contestants}
-        if args.interleave else {})
+    kept = ({c: contestant(*c, case, folder, args, True) for c in contestants}
+            if args.interleave else {})
     for r in range(args.rounds):
         for kind, dtype in contestants if r % 2 == 0 else contestants[::-1]:
-            out = (servers[kind, dtype]() if servers
-                   else common.run_side("benchmarks.train:side",
-                                        side_args(kind, case, dtype, folder, args),
-                                        env=environment(kind)))
+            side = kept.get((kind, dtype)) or contestant(kind, dtype, case, folder, args, False)
+            out = side()
+            if not kept:
+                side.close()
             runs[kind, dtype].append({**out, "median_step_s": statistics.median(out["times"])})
             print(f"{case} round {r}: {kind} {dtype} median step "
                   f"{runs[kind, dtype][-1]['median_step_s']:.3f} s, peak RSS "
                   f"{out['peak_rss_bytes'] / 2**30:.2f} GiB", flush=True)
-    for server in servers.values():
-        server.close()
+    for side in kept.values():
+        side.close()
     result = {"case": case, "model": case.split(":")[0], "batch": int(case.split(":")[1])}
     for dtype in args.dtype:
         vit, tf = runs["vit", dtype], runs["transformers", dtype]
@@ -376,3 +340,70 @@ def main(argv: list[str]) -> None:
         "note": args.note,
     }, argv=argv, mode="train", out=args.out)
     print(f"-> {path}")
+
+
+def _environment(r: dict) -> list[str]:
+    env = r.get("environment")
+    return ([f"Environment: ours `GLIBC_TUNABLES={env['vit']}` (as the `vit` command sets it), "
+             f"transformers' `{env['transformers']}`; transparent huge pages "
+             f"`{env['transparent_hugepage']}`."] if env else [])
+
+
+def table(r: dict) -> list[str]:
+    """`train`: ours against transformers by case and dtype; `train_variants`: ours against
+    ours changed one way, in the same rounds."""
+    num, med = tables.num, statistics.median
+    rows, ours = [], []
+    variants = r["benchmark"] == "train_variants"
+    for c in r["cases"]:
+        for dtype in r["dtypes"]:
+            d, case = c[dtype], [f"ViT-{c['model']}", c["batch"], dtype]
+            vit = num(med(d["median_step_s"]["vit"]))
+            if not variants:
+                rows.append([*case, vit, num(med(d["median_step_s"]["transformers"])),
+                             " / ".join(num(x) for x in d["ratio_transformers_over_vit"]),
+                             num(d["median_ratio"]), f"{d['loss_last_relative_difference']:.1e}"])
+            for key, label in (("plain_malloc", "without huge pages (glibc's default malloc)"),
+                               ("jax_defaults", "jax's default XLA:CPU options")):
+                if variants and key in d:
+                    rows.append([*case, label, vit, num(med(d[key]["median_step_s"])),
+                                 " / ".join(num(x) for x in d[key]["ratio_over_vit"]),
+                                 num(d[key]["median_ratio"])])
+        if "vit_bfloat16_speedup_median" in c:
+            ours.append(f"ViT-{c['model']} batch {c['batch']}: our bfloat16 step is "
+                        f"{num(c['vit_bfloat16_speedup_median'])}x our float32 step.")
+    how = f"median of each run's {r['timed_steps_per_run']} timed steps, {r['rounds']} rounds"
+    if variants:
+        options = ", ".join(f"`{k.removeprefix('xla_cpu_')}={v}`"
+                            for k, v in r["xla_cpu_options"]["float32"].items())
+        return [f"`vit train`'s float32 step against the same step changed one way (a variant), "
+                f"seconds a step, {how}, each in its own process:", "",
+                *tables.table(["model", "batch", "dtype", "variant", "vit, s", "variant, s",
+                               "speed of vit over the variant, by round", "median"], rows), "",
+                f"vit's float32 options in this record: {options}.", *_environment(r)]
+    if r.get("interleaved"):
+        how += ", both processes alive throughout, their runs alternating"
+    if r.get("untimed_steps_per_run"):
+        how += (f", each run after {r['untimed_steps_per_run']} untimed step(s) (memory the VM "
+                "took back while the process waited)")
+    return [f"`vit train`'s step against transformers' (CPU), seconds a step, {how}:", "",
+            *tables.table(["model", "batch", "dtype", "vit", "transformers",
+                           "speed vs transformers, by round", "median",
+                           "loss difference after the last step (relative)"], rows),
+            "", *ours, *_environment(r)]
+
+
+def targets(r: dict) -> list[tuple[str, str, bool]]:
+    if r["benchmark"] != "train":
+        return []
+    out = []
+    for c in r["cases"]:
+        if "float32" in c:
+            ratio = c["float32"]["median_ratio"]
+            out.append((f"ViT-{c['model']} batch {c['batch']}: the float32 step at least 1.10x "
+                        "transformers'", f"{ratio:.2f}x", ratio >= 1.1))
+        if "vit_bfloat16_speedup_median" in c:
+            gain = c["vit_bfloat16_speedup_median"]
+            out.append((f"ViT-{c['model']} batch {c['batch']}: the bfloat16 step at least 1.30x "
+                        "our float32 step", f"{gain:.2f}x", gain >= 1.3))
+    return out

@@ -1,15 +1,11 @@
-"""`vit train`'s jitted step for the benchmarks that time it, built from a recipe with the
-package's own functions in the order vit/training/loop.py calls them: the recipe's model (fresh
-weights from its seed), the optimiser `make_optimizer` builds (clipping, weight-decay mask,
-schedule), `Placement` on the recipe's mesh, `new_state`, and `make_train_step` with the
-recipe's loss and its metrics. No data is read: batches are given, with the targets the data
-pipeline would make of their labels (one-hot, the recipe's label smoothing).
+"""`vit train`'s training program for the benchmarks that time its step: `build` is
+`vit.training.program.build_program`, the one builder `vit train` itself runs, on a recipe
+(fresh weights from its seed, or its `init`). No data is read: `program.batch(images, labels)`
+makes the batch the pipeline would (one-hot targets, the recipe's label smoothing),
+`program.put` places it, and `program(batch)` runs one step.
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
@@ -31,8 +27,8 @@ def load_recipe(sets=(), path=RECIPE):
 
 
 def initial_weights(config, num_classes: int):
-    """The recipe's model with the weights `TrainStep` starts from, as a `LoadedCheckpoint`
-    (to write for another library: the same seed gives the same weights)."""
+    """The recipe's model with the weights `build`'s program starts from, as a
+    `LoadedCheckpoint` (to write for another library: the same seed gives the same weights)."""
     from vit.checkpoints import LoadedCheckpoint
     from vit.checkpoints.tree import flatten, nest
     from vit.training.model import build_model
@@ -42,68 +38,9 @@ def initial_weights(config, num_classes: int):
     return LoadedCheckpoint(model.config, params, model.preprocessing)
 
 
-@dataclass
-class TrainStep:
-    """The step and the state it carries; calling it runs one training step."""
+def build(config, num_classes: int):
+    """`vit train`'s program (`TrainProgram`) for `config` (a loaded recipe) with
+    `num_classes` classes; `--set train.micro_tokens=0` runs a CPU step's batch whole."""
+    from vit.training.program import build_program
 
-    config: Any
-    model: Any  # vit.training.model.Model: its config, preprocessing and graphdef
-    num_classes: int
-    mesh: Any
-    step_fn: Any
-    params: Any
-    opt_state: Any
-    ema: Any
-    step: int = 0
-
-    def batch(self, images: np.ndarray, labels: np.ndarray) -> dict:
-        """Host batch from NHWC float32 images and integer labels, as the pipeline makes it."""
-        from vit.data.transforms import one_hot
-
-        return {"image": images.astype(np.float32), "label": labels.astype(np.int32),
-                "target": one_hot(labels, self.num_classes,
-                                  self.config.input.get("label_smoothing", 0.0))}
-
-    def put(self, batch: dict) -> dict:
-        """A host batch as the step's global arrays, split over the mesh (the loop's
-        `to_global`)."""
-        from vit import device_mesh
-
-        return device_mesh.to_global(batch, self.mesh)
-
-    def __call__(self, batch: dict) -> dict:
-        """One step on a batch from `put`; returns its metrics (device arrays, not waited
-        for)."""
-        self.params, self.opt_state, self.ema, metrics = self.step_fn(
-            self.params, self.opt_state, self.ema, batch, self.config.seed, self.step)
-        self.step += 1
-        return metrics
-
-
-def build(config, num_classes: int, whole_batch: bool = False) -> TrainStep:
-    """`vit train`'s step for `config` (a loaded recipe) with `num_classes` classes.
-    `whole_batch`: the step without splitting a large batch into cache-sized micro-batches on a
-    CPU (vit/training/step.py `MICRO_TOKENS`), for comparison."""
-    from vit.training import parallel
-    from vit.training.losses import DEFAULT, TEXT_LOSSES, get_loss
-    from vit.training.model import build_model
-    from vit.training.optim import make_optimizer
-    from vit.training.placement import Placement
-    from vit.training.state import new_state
-    from vit.training.step import MICRO_TOKENS, make_train_step
-
-    tc = config.train
-    loss_name = tc.get("loss", DEFAULT)
-    if loss_name in TEXT_LOSSES:
-        raise SystemExit(f"train.loss={loss_name}: batches with prompts are not made here")
-    mesh = parallel.mesh_from_config(config)
-    model, params = build_model(config, num_classes, init=config.get("init") or None)
-    tx, _ = make_optimizer(config.optim, params, model.config.depth, tc.steps)
-    place = Placement.of(mesh, params, tx, parallel.rules_from_config(config))
-    state = new_state(params, tx, place, ema=tc.ema_decay > 0)
-    step_fn = make_train_step(model.graphdef, tx, place, accum_steps=tc.accum_steps,
-                              compute_dtype=model.config.dtype, ema_decay=tc.ema_decay,
-                              loss_fn=get_loss(loss_name),
-                              micro_tokens=None if whole_batch else MICRO_TOKENS)
-    return TrainStep(config, model, num_classes, mesh, step_fn, state.params,
-                     state.opt_state, state.ema)
+    return build_program(config, num_classes, init=config.get("init") or None)

@@ -7,7 +7,7 @@
     vit train --config configs/digits.py --workdir runs/digits     # or ./scripts/demo.sh
     vit eval --workdir runs/digits --split test
 
-Expect the test accuracy the demo records in benchmarks/demo.json (shown in the README).
+Expect the test accuracy the demo records in benchmarks/records/demo.json (shown in the README).
 """
 
 import ml_collections

@@ -68,8 +68,8 @@ def tiny_program(*extra: str, num_classes: int = 10, seed: int = 0):
     program = build_program(config, num_classes)
     rng = np.random.default_rng(seed)
     size, count = config.input.image_size, config.train.batch_size
-    batch = program.batch(rng.normal(size=(count, size, size, 3)),
-                          rng.integers(0, num_classes, count))
+    batch = program.put(program.batch(rng.normal(size=(count, size, size, 3)),
+                                      rng.integers(0, num_classes, count)))
     return program, batch
 
 

@@ -1,7 +1,8 @@
 """benchmarks/common.py, what every benchmark mode stands on: a side in its own process hands
 back the dict its function returned (through a file, whatever the side prints), a failing
-side raises with its stderr, a kept-alive side answers run after run in one process, the timer
-counts the calls it is asked to, and a record carries its date, command and host."""
+side raises with its stderr, a kept-alive side answers run after run in one process, a command
+runs from the repository and is timed whole, the timer counts the calls it is asked to, and a
+record carries its date, command and host, with every path relative to the repository."""
 
 import json
 import os
@@ -92,3 +93,44 @@ def test_a_record_carries_date_command_and_host(tmp_path):
     assert record["machine"]["cpus"] == os.cpu_count()
     assert record["versions"]["python"] and "jax" in record["versions"]
     assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_a_command_runs_from_the_repository_and_is_timed_whole():
+    done = common.run_cli([sys.executable, "-c", "import os, json; print('progress'); "
+                           "print(json.dumps({'cwd': os.getcwd()}))"], capture=True)
+    assert common.last_json(done["stdout"]) == {"cwd": str(common.ROOT)}
+    assert done["returncode"] == 0 and done["wall_s"] >= 0
+    with pytest.raises(common.SideFailed, match="the command's own words"):
+        common.run_cli([sys.executable, "-c", "import sys; print(\"the command's own words\"); "
+                        "sys.exit(3)"], capture=True)
+    kept = common.run_cli([sys.executable, "-c", "raise SystemExit(4)"], check=False)
+    assert kept["returncode"] == 4
+
+
+def test_a_record_names_paths_inside_the_repository_only(tmp_path, monkeypatch):
+    inside = common.ROOT / "runs" / "demo"
+    assert common.relative({"workdir": str(inside), "run": [f"vit eval --workdir {inside}"],
+                            "rate": "3 img/s, 1/5 of it", "pattern": "(a|b)/.*"}) == {
+        "workdir": "runs/demo", "run": ["vit eval --workdir runs/demo"],
+        "rate": "3 img/s, 1/5 of it", "pattern": "(a|b)/.*"}
+    assert common.relative(f"{Path.home()}/data/x") == "~/data/x"
+    records = tmp_path / "benchmarks" / "records"
+    monkeypatch.setattr(common, "RECORDS", records)
+    with pytest.raises(common.PathOutside, match="/scratch/run1"):
+        common.write_record("toy", {"workdir": "/scratch/run1"}, argv=[], mode="demo",
+                            out=records / "toy.json")
+    assert not (records / "toy.json").exists()
+    # A copy written elsewhere keeps what it was given; where it went is no part of the
+    # command that makes it.
+    scratch = tmp_path / "toy.json"
+    path = common.write_record("toy", {"workdir": "/scratch/run1"}, mode="demo", out=scratch,
+                               argv=["--out", str(scratch), "--x=1"])
+    assert json.loads(path.read_text())["command"] == "python -m benchmarks demo --x=1"
+    assert json.loads(path.read_text())["workdir"] == "/scratch/run1"
+
+
+def test_the_runner_refuses_a_path_outside_the_repository_before_it_runs(capsys):
+    from benchmarks.__main__ import main
+
+    assert main(["demo", "--workdir", "/scratch/run1"]) == 2
+    assert "/scratch/run1 is outside the repository" in capsys.readouterr().err

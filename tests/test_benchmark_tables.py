@@ -1,11 +1,12 @@
 """The docs' figures are what `python -m benchmarks tables` makes from benchmarks/records/*.json:
 a record written without regenerating the tables, a hand-edited figure, a record without a
-table, or a measured figure written outside the generated tables fails here."""
+table, or a measured figure written outside the generated tables fails here; so does a record
+naming a path of the machine that made it, or a command no mode of the runner takes."""
 
 import json
 import re
+import shlex
 import shutil
-import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +18,8 @@ RECORDS = ROOT / "benchmarks" / "records"
 DOC = ROOT / "docs" / "benchmarks.md"
 sys.path.insert(0, str(ROOT))  # the benchmarks package lives beside vit, not inside it
 
-from benchmarks import tables  # noqa: E402
+from benchmarks import common, tables  # noqa: E402
+from benchmarks.__main__ import MODES  # noqa: E402
 
 
 def record(name: str) -> dict:
@@ -58,8 +60,40 @@ def test_every_record_is_dated_with_its_command_and_host():
         r = json.loads(path.read_text())
         assert r["benchmark"] == path.stem, path.name
         assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", r["date_utc"]), path.name
-        assert r["command"].startswith("python -m benchmarks "), path.name
+        words = shlex.split(r["command"])
+        assert words[:3] == ["python", "-m", "benchmarks"] and words[3] in MODES, path.name
         assert r["versions"]["jax"], path.name
+
+
+def test_every_records_command_is_one_its_mode_takes(monkeypatch):
+    """Each record's command parses with its mode's own options (stopped right after parsing,
+    so nothing runs)."""
+    import argparse
+    import importlib
+
+    class Parsed(Exception):
+        pass
+
+    parse = argparse.ArgumentParser.parse_args
+
+    def parse_then_stop(self, args=None, namespace=None):
+        raise Parsed(parse(self, args, namespace))
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", parse_then_stop)
+    for path in RECORDS.glob("*.json"):
+        words = shlex.split(json.loads(path.read_text())["command"])
+        with pytest.raises(Parsed):
+            importlib.import_module(MODES[words[3]][0]).main(words[4:])
+
+
+def test_no_record_or_page_names_a_path_of_the_machine_that_made_it():
+    """Paths are relative to the repository (`common.relative` raises on any other), in the
+    records and in the pages their commands are printed in."""
+    for path in RECORDS.glob("*.json"):
+        assert common.relative(json.loads(path.read_text())), path.name
+    for doc in tables.docs(ROOT):
+        text = (ROOT / doc).read_text()
+        assert not re.search(r"(?<![\w.~])/(?:work|tmp|root|home)/", text), doc
 
 
 def test_a_stale_figure_is_caught(tree):
@@ -68,24 +102,27 @@ def test_a_stale_figure_is_caught(tree):
     # A figure edited by hand in a table.
     doc = tree / "docs" / "benchmarks.md"
     text = doc.read_text()
-    steps = f"{record('scaling')['runs'][0]['steps_per_s']:.2f}"
-    assert f"| 1 | 1 x 1 | {steps} |" in text
-    doc.write_text(text.replace(f"| 1 | 1 x 1 | {steps} |", "| 1 | 1 x 1 | 9.99 |"))
+    speed = f"{record('inference')['img_s_median']['ours_float32']:.2f}"
+    assert f"| vit, float32 | {speed} |" in text
+    doc.write_text(text.replace(f"| vit, float32 | {speed} |", "| vit, float32 | 99.99 |"))
     assert tables.stale(tree) == ["docs/benchmarks.md"]
     doc.write_text(text)
 
-    # A new record, tables not regenerated.
+    # A new record, tables not regenerated: its table and the targets it meets are stale.
     demo = record("demo")
     demo["test_accuracy"] = 0.5
     (tree / "benchmarks" / "records" / "demo.json").write_text(json.dumps(demo))
-    assert tables.stale(tree) == ["README.md"]
+    assert tables.stale(tree) == ["README.md", "docs/results.md"]
 
 
 def test_a_record_without_a_table_is_caught(tree):
-    shutil.copy(RECORDS / "scaling.json", tree / "benchmarks" / "records" / "scaling_again.json")
+    shutil.copy(RECORDS / "inference.json", tree / "benchmarks" / "records" / "inference2.json")
+    stray = {**record("inference"), "command": "python scripts/bench_inference.py"}
+    (tree / "benchmarks" / "records" / "stray.json").write_text(json.dumps(stray))
     problems = tables.unshown(tree)
-    assert any("scaling_again.json has no renderer" in p for p in problems), problems
-    assert any("scaling_again.json has no table" in p for p in problems), problems
+    assert "benchmarks/records/inference2.json has no table in the docs" in problems, problems
+    assert any("stray.json has no renderer" in p for p in problems), problems
+    assert not any("inference2.json has no renderer" in p for p in problems), problems
 
 
 def test_a_mode_renders_its_own_record(tree, monkeypatch):
@@ -99,7 +136,7 @@ def test_a_mode_renders_its_own_record(tree, monkeypatch):
     module.table = lambda r: [f"toy figure {r['value']}"]
     monkeypatch.setitem(sys.modules, "toy_mode", module)
     monkeypatch.setitem(runner.MODES, "toy", ("toy_mode", "a toy benchmark"))
-    toy = {**record("scaling"), "benchmark": "toy", "command": "python -m benchmarks toy",
+    toy = {**record("inference"), "benchmark": "toy", "command": "python -m benchmarks toy",
            "value": 3}
     (tree / "benchmarks" / "records" / "toy.json").write_text(json.dumps(toy))
     assert [p for p in tables.unshown(tree) if "toy" in p] == [
@@ -151,22 +188,39 @@ def test_the_check_command_fails_on_a_figure_outside_the_tables(tree):
     assert "docs/predict.md" in done.stderr and "1.42x" in done.stderr, done.stderr
 
 
-def test_the_figures_from_git_history_are_that_records():
-    """The two figures of the float32-products experiment, quoted from its record in git."""
-    for doc, quoted in tables.FROM_HISTORY.items():
-        for figure, (commit, path) in quoted.items():
-            shown = subprocess.run(["git", "show", f"{commit}:{path}"], cwd=ROOT,
-                                   capture_output=True, text=True)
-            if shown.returncode:
-                pytest.skip("no git history here (an export, or a shallow clone)")
-            r = json.loads(shown.stdout)
-            ratios = []
-            for case in r["cases"]:
-                steps, mkl = case["float32"]["median_step_s"], case["float32"]["mkl_products"]
-                ratios.append(statistics.median(
-                    t / m for t, m in zip(steps["transformers"], mkl["median_step_s"],
-                                          strict=True)))
-            assert figure in [f"{x:.2f}x" for x in ratios], (doc, figure, ratios)
+def test_the_targets_say_whether_each_record_meets_them(tree):
+    """The results page's targets come from the records: a record that reaches a target turns
+    its row from "not met" to "met" when the tables are made again."""
+    page = tree / "docs" / "results.md"
+
+    def row(text: str) -> str:
+        rows = [x for x in text.splitlines() if x.startswith("|") and "0.910 within 15" in x]
+        assert len(rows) == 1, rows
+        return rows[0]
+
+    assert row(page.read_text()).endswith("| **not met** |")
+    r = record("fashion_mnist")
+    r["test_accuracy"], r["wall_s"] = 0.92, 850.0
+    (tree / "benchmarks" / "records" / "fashion_mnist.json").write_text(json.dumps(r))
+    made = tables.regenerate(page.read_text(), tables.records(tree), tables.placement(tree))
+    assert row(made).endswith("| met |") and "0.920 test" in row(made), row(made)
+
+
+def test_a_record_from_another_host_says_so():
+    """A table's heading names its host; one whose CPU is not that of most records says it is
+    another host, and one without its CPU says it was not recorded."""
+    recs, where = tables.records(ROOT), tables.placement(ROOT)
+    usual = tables.usual_cpu(recs)
+    for name, r in recs.items():
+        if getattr(tables.module_of(r), "INLINE", False):
+            continue
+        heading = tables.blocks((ROOT / where[name]).read_text())[name].splitlines()[0]
+        if tables.cpu_name(r) is None:
+            assert "not recorded" in heading, name
+        elif tables.cpu_name(r) != usual:
+            assert f"another host than the {usual} of the other records" in heading, name
+        else:
+            assert "another host" not in heading, name
 
 
 def test_figures_are_the_records():
@@ -185,11 +239,6 @@ def test_figures_are_the_records():
     assert re.search(rf"^\*\*{re.escape(cpu)}.*{inference['date_utc'][:10]}\*\*$", doc,
                      re.MULTILINE)
 
-    for run in record("scaling")["runs"]:
-        mesh = run["mesh"]
-        assert re.search(rf"^\| {run['devices']} \| {mesh['data']} x {mesh['fsdp']} \| "
-                         rf"{run['steps_per_s']:.2f} \|", doc, re.MULTILINE)
-
     faith = {(r["metric"], r["substrate"], r["steps"]): r["results"]
              for r in record("faithfulness")["runs"]}
     rollout = faith[("deletion", "mean", 16)]["rollout"]
@@ -198,14 +247,15 @@ def test_figures_are_the_records():
     memory = record("explain_memory")["results"]["rollout"]["compiled"]
     assert "| `rollout` | " + " | ".join(f"{c['total_gb']:.2f}" for c in memory) + " |" in doc
 
+    results = (ROOT / "docs" / "results.md").read_text()
     prompts = record("promptshapes")["eval"]
-    assert f"| {prompts['heldout_accuracy']:.3f} |" in readme
+    assert f"| {prompts['heldout_accuracy']:.3f} |" in results
     heldout = prompts["questions"]["heldout"]
-    assert f"| the 4 held-out pairs | {heldout['balanced_accuracy']:.3f} |" in readme
+    assert f"| the 4 held-out pairs | {heldout['balanced_accuracy']:.3f} |" in results
 
     unknown = prompts["questions"]["unknown"]
     assert (f"| prompts of unknown words ({unknown['questions']}): yes-rate | "
-            f"{unknown['yes_rate']:.3f} |") in readme
+            f"{unknown['yes_rate']:.3f} |") in results
 
 
 def text_page() -> str:
@@ -250,7 +300,7 @@ def test_a_compared_record_refreshes_the_table_that_shows_it(tree):
     recipe = record("promptshapes")
     recipe["eval"]["questions"]["heldout"]["auc"] = 0.4321
     (tree / "benchmarks" / "records" / "promptshapes.json").write_text(json.dumps(recipe))
-    assert tables.stale(tree) == ["README.md", "docs/text.md"]
+    assert tables.stale(tree) == ["docs/results.md", "docs/text.md"]
     page = tables.regenerate((tree / "docs" / "text.md").read_text(), tables.records(tree))
     ablation = tables.blocks(page)["promptshapes_ablation"]
     assert re.search(r"^\| colours and shapes apart \| closed \| blocks 2-3, 100 steps \| "

@@ -58,11 +58,9 @@ def our_probs(loaded, images):
     return np.asarray(jax.nn.softmax(loaded.build_model()(images), -1))
 
 
-@pytest.mark.parametrize("arch", list(CASES))
-def test_timm_saved_models_read_and_written_back_open_in_timm(tmp_path, arch):
+def _read_and_write_back(tmp_path, arch, args):
     from timm.models._hub import save_for_hf
 
-    args = CASES[arch]
     model = timm_model(arch, args)
     save_for_hf(model, str(tmp_path / "src"), model_args=args, safe_serialization=True)
     size = args["img_size"]
@@ -77,16 +75,20 @@ def test_timm_saved_models_read_and_written_back_open_in_timm(tmp_path, arch):
     assert config["architecture"] in timm.list_models()
     theirs = timm.create_model(f"local-dir:{tmp_path / 'out'}", pretrained=True).eval()
     np.testing.assert_allclose(timm_probs(theirs, images), ref, atol=1e-5)
+    return loaded, config
 
 
-def test_fc_norm_is_refused_by_name(tmp_path):
-    from timm.models._hub import save_for_hf
+@pytest.mark.parametrize("arch", list(CASES))
+def test_timm_saved_models_read_and_written_back_open_in_timm(tmp_path, arch):
+    _read_and_write_back(tmp_path, arch, CASES[arch])
 
+
+def test_fc_norm_is_read_and_written_back(tmp_path):
+    # global_pool="avg" turns timm's fc_norm on: the final norm after the pooling
     args = dict(embed_dim=48, depth=2, img_size=32, global_pool="avg")
-    save_for_hf(timm_model("vit_base_patch16_224", args), str(tmp_path / "src"),
-                model_args=args, safe_serialization=True)
-    with pytest.raises(CheckpointError, match="fc_norm"):
-        load_checkpoint(tmp_path / "src")
+    loaded, config = _read_and_write_back(tmp_path, "vit_base_patch16_224", args)
+    assert loaded.config.fc_norm and loaded.config.classifier == "gap"
+    assert "fc_norm" in loaded.params and "norm" not in loaded.params
 
 
 def test_an_unknown_architecture_is_refused_naming_what_would_settle_it(tmp_path):
@@ -114,7 +116,8 @@ def test_timms_npz_reader_opens_what_we_write(tmp_path):
     loaded = load_checkpoint(tmp_path / "src")
     from vit.models.config import ViTConfig
 
-    loaded.config = ViTConfig(**{**loaded.config.to_dict(), "act_layer": "gelu_tanh"})  # npz implies it
+    # npz files imply tanh GELU
+    loaded.config = ViTConfig(**{**loaded.config.to_dict(), "act_layer": "gelu_tanh"})
     loaded.preprocessing = loaded.preprocessing.__class__(size=(32, 32), resample="bilinear")
     save_checkpoint(loaded, tmp_path / "m.npz", "npz", lossy=True)
     theirs = timm.create_model("vit_base_patch16_224", pretrained=False, num_classes=5,
@@ -168,7 +171,15 @@ def test_the_table_resolves_each_architecture_as_timm_builds_it():
                     "fc_norm": bool(args["fc_norm"]) and bool(args["final_norm"]),
                     "layer_scale": args["init_values"] is not None}
             assert got == want, (arch, extra)
-            if not ta.unsupported(args):  # then its blocks are timm's plain Block and Mlp
-                act = type(m.blocks[0].mlp.act).__name__
-                assert ta.gelu(args) == {"GELU": "gelu", "GELUTanh": "gelu_tanh"}[act], arch
-                assert m.norm.eps == ta.layer_norm_eps(args), arch
+            fields, bad = ta.config_fields(args)
+            if not bad:  # our activation, norm and eps are the ones timm builds
+                block = m.blocks[0]
+                mlp = block.mlp if hasattr(block, "mlp") else block.ffns[0].mlp
+                act = type(mlp.act).__name__
+                assert fields["act_layer"] == {"GELU": "gelu", "GELUTanh": "gelu_tanh",
+                                               "QuickGELU": "quick_gelu",
+                                               "SiLU": "silu"}[act], arch
+                norm = block.norm1 if hasattr(block, "norm1") else block.attns[0].norm
+                assert fields["norm_layer"] == {"LayerNorm": "layernorm",
+                                                "RmsNorm": "rmsnorm"}[type(norm).__name__]
+                assert norm.eps == fields["layer_norm_eps"], arch

@@ -78,6 +78,47 @@ def test_resumed_run_matches_uninterrupted_run_step_for_step(straight_run, tmp_p
     assert best["val_accuracy"] == result["best_val_accuracy"]
 
 
+def test_a_run_writes_where_its_time_went_into_its_metrics_file(straight_run):
+    """`timing` records beside the training and validation ones (which keep their fields):
+    start-up, compile, each of the 8 steps, the validations and saves at 4 and 8, and the exit,
+    each a part of the call's time that no other part overlaps."""
+    from vit.training.timings import run_timings
+
+    workdir, _ = straight_run
+    rows = read_metrics(workdir / "metrics.jsonl")
+    assert {r["split"] for r in rows} == {"train", "validation", "timing"}
+    assert all(set(r) == {"step", "split", "loss", "accuracy", "lr", "images_per_s",
+                          "data_wait"} for r in rows if r["split"] == "train")
+    t = run_timings(workdir / "metrics.jsonl")
+    assert len(t["step_s"]) == 8 and all(s > 0 for s in t["step_s"]), t
+    assert t["startup_s"] > 0 and t["compile_s"] > 0 and t["process_start_s"] > 0
+    assert [e["step"] for e in t["evaluations"]] == [4, 8] == [c["step"] for c in
+                                                               t["checkpoints"]]
+    parts = (t["startup_s"] + t["compile_s"] + sum(t["step_s"]) + t["exit_s"]
+             + sum(e["seconds"] for e in t["evaluations"] + t["checkpoints"]))
+    assert parts <= t["end_at_s"] + 1e-3, (parts, t)
+
+
+def test_the_timings_read_are_the_last_runs_of_a_resumed_workdir(tmp_path):
+    from vit.training.timings import SPLIT, run_timings
+
+    def timing(step, **figures):
+        return {"step": step, "split": SPLIT, **figures, "at_s": 1.0}
+
+    rows = [timing(0, startup_s=5.0, process_start_s=2.0), timing(0, compile_s=9.0),
+            {"step": 2, "split": "train", "loss": 1.0}, timing(2, step_s=[0.5, 0.4]),
+            timing(2, checkpoint_s=0.3), timing(3, step_s=[0.4]), timing(3, exit_s=0.2),
+            timing(2, startup_s=4.0, process_start_s=1.0), timing(2, compile_s=8.0),
+            timing(4, step_s=[0.3, 0.2]), timing(4, evaluation_s=0.6),
+            timing(4, checkpoint_s=0.1), timing(4, exit_s=0.1)]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert run_timings(tmp_path / "metrics.jsonl") == {
+        "process_start_s": 1.0, "startup_s": 4.0, "compile_s": 8.0, "step_s": [0.3, 0.2],
+        "evaluations": [{"step": 4, "seconds": 0.6, "at_s": 1.0}],
+        "checkpoints": [{"step": 4, "seconds": 0.1, "at_s": 1.0}], "exit_s": 0.1,
+        "end_at_s": 1.0}
+
+
 def test_checkpoint_layout_and_retention(straight_run):
     import orbax.checkpoint as ocp
 

@@ -104,24 +104,29 @@ class SlowSource:
 
 
 def test_waiting_for_data_is_measured_and_shown(tmp_path, capsys):
-    """A source that sleeps a fiftieth of a second per image, read in the main thread: the
-    steps (a tiny model, milliseconds each) wait for data most of the time; the digits arrays
-    almost never."""
+    """A source that sleeps a fiftieth of a second per image, read in the main thread: each
+    training record's window waited at least the sleeps it injected (the share of its time
+    the record gives, times that time); the digits arrays, without sleeps, wait less than
+    that."""
     import vit
 
-    sets = tiny(**{"data.num_threads": 0, "train.steps": 6, "train.log_every": 3,
-                   "train.batch_size": 8, "train.checkpoint_every": 6})
-    vit.train("digits", tmp_path / "slow", overrides=sets, data=SlowSource(64, 0.02))
-    out = capsys.readouterr().out
-    slow = records(tmp_path / "slow", "train")
-    assert "waiting for data" in out
-    # The second window holds no compilation: its steps spend most of it waiting on the
-    # sleeping source (3 steps of 8 images, a fiftieth of a second each), against milliseconds
-    # of compute.
-    assert slow[-1]["data_wait"] > 0.5, slow
+    delay, batch, window = 0.02, 8, 3
+    sets = tiny(**{"data.num_threads": 0, "train.steps": 6, "train.log_every": window,
+                   "train.batch_size": batch, "train.checkpoint_every": 6})
+    vit.train("digits", tmp_path / "slow", overrides=sets, data=SlowSource(64, delay))
+    assert "waiting for data" in capsys.readouterr().out
+    injected = window * batch * delay
+    slow = [waited_s(r, window * batch) for r in records(tmp_path / "slow", "train")]
+    assert len(slow) == 2 and all(w >= injected for w in slow), (slow, injected)
     vit.train("digits", tmp_path / "fast", overrides=sets)
-    fast = records(tmp_path / "fast", "train")
-    assert all(0 <= r["data_wait"] < slow[-1]["data_wait"] for r in fast), fast
+    fast = [waited_s(r, window * batch) for r in records(tmp_path / "fast", "train")]
+    assert all(0 <= w < injected for w in fast), (fast, injected)
+
+
+def waited_s(record: dict, images: int) -> float:
+    """The seconds a training record's window of `images` images waited for data: its
+    `data_wait` share of the window's time, which its images/s gives."""
+    return record["data_wait"] * images / record["images_per_s"]
 
 
 @pytest.mark.parametrize("data,needle", [
@@ -226,7 +231,7 @@ def test_early_stopping_stops_says_why_and_stays_stopped(tmp_path, capsys):
     assert expected == 6 and result["stopped_by"] == "early_stop" and result["step"] == 6
     lines = [line for line in out.splitlines() if line.startswith("early stop")]
     assert len(lines) == 1 and "step 6" in lines[0] and "early_stop_patience=2" in lines[0]
-    stop = records(tmp_path / "run")[-1]
+    stop = [r for r in records(tmp_path / "run") if r["split"] != "timing"][-1]
     assert stop["split"] == "early_stop" and stop["step"] == 6 and stop["best_step"] == 2
     assert (tmp_path / "run" / "checkpoints" / "6").is_dir()  # saved where it stopped
     best = json.loads((tmp_path / "run" / "checkpoints" / "best.json").read_text())

@@ -78,11 +78,13 @@ def ynn_fusions(hlo: str) -> dict:
 @pytest.mark.skipif(jax.default_backend() != "cpu", reason="the options are XLA:CPU's")
 def test_the_training_step_takes_xla_dots_ynnpack_reductions_and_less_memory(monkeypatch):
     def compiled(dtype="float32"):
-        # `vit train`'s program of a model wider than the tiny recipe's: big enough for XLA to
-        # hand reductions to YNNPACK (it keeps tiny ones).
+        # `vit train`'s program of a model wider than the tiny recipe's (a class token and
+        # its head, batch 4): big enough for XLA to hand reductions to YNNPACK (it keeps tiny
+        # ones).
         program, batch = tiny_program("input.image_size=32", "model.patch_size=8",
                                       "model.width=64", "model.num_heads=2",
-                                      "model.mlp_dim=128", "train.batch_size=4",
+                                      "model.mlp_dim=128", "model.class_token=true",
+                                      "model.classifier=token", "train.batch_size=4",
                                       f"model.dtype={dtype}", num_classes=4)
         return program.compile(batch)
 

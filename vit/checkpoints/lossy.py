@@ -109,7 +109,9 @@ Fix = Callable[[LoadedCheckpoint], "tuple[LoadedCheckpoint, str] | None"]
 FIXES: dict[str, list[Fix]] = {
     "hf": [lambda c: _plain_resize(c, "ViTImageProcessor resizes without a crop"),
            _learned_sincos, _fold_layer_scale],
-    "timm": [lambda c: _eps(c, 1e-6, "timm's ViT uses 1e-6"), _learned_sincos],
+    "timm": [lambda c: (None if c.config.layer_norm_eps in (1e-6, 1e-5) else
+                        _eps(c, 1e-6, "timm's ViT architectures use 1e-6 or 1e-5")),
+             _learned_sincos],
     "npz": [_tanh_gelu, lambda c: _eps(c, 1e-6, "npz files imply 1e-6"), _inception,
             _no_labels, _fold_layer_scale],
 }

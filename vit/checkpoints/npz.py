@@ -312,8 +312,9 @@ def cannot_hold(loaded: LoadedCheckpoint) -> list[str]:
     differently (the reader infers the head from the keys and implies tanh GELU, LayerNorm eps
     1e-6, inputs scaled to [-1, 1] at the model's size, and no class names but ImageNet's)."""
     cfg, problems = loaded.config, []
-    if cfg.classifier == "map":
-        problems.append("a 'map' head")
+    if cfg.classifier in ("map", "token_gap"):
+        problems.append(f"a '{cfg.classifier}' head")
+    problems += [f"{option} (npz files hold the standard ViT)" for option in cfg.options_set()]
     if cfg.classifier == "gap" and cfg.class_token:
         problems.append("a 'gap' head with a class token (it would read back as 'token')")
     if cfg.num_registers:

@@ -483,7 +483,8 @@ def write(loaded: LoadedCheckpoint, dst) -> list[str]:
 # and the writer makes it so.
 _COMPARED = ("width", "depth", "num_heads", "mlp_dim", "patch_size", "in_channels",
              "class_token", "num_registers", "qkv_bias", "qk_norm", "layer_scale", "act_layer",
-             "norm_layer", "layer_norm_eps", "mlp_layer", "block_fn", "num_parallel",
+             "norm_layer", "layer_norm_eps", "mlp_layer", "block_fn", "attn_layer",
+             "num_parallel",
              "proj_bias", "embed_norm", "pre_norm", "final_norm", "fc_norm", "scale_attn_norm",
              "scale_mlp_norm", "classifier", "pool_include_prefix", "dynamic_image_size")
 _POOL_NAMES = {ours: theirs for theirs, ours in timm_architectures.POOLS.items()}
@@ -526,6 +527,8 @@ def _model_arg(field: str, cfg: ViTConfig) -> tuple[str, object] | None:
         return "global_pool", _POOL_NAMES[cfg.classifier]
     if field == "pool_include_prefix":
         return "pool_include_prefix", bool(cfg.pools_prefix)
+    if field == "attn_layer":  # a name timm's Block resolves (ATTN_LAYERS)
+        return "attn_layer", "diff" if cfg.attn_layer == "diff" else "attn"
     names = {"width": "embed_dim", "in_channels": "in_chans", "num_registers": "reg_tokens",
              "layer_scale": "init_values", "dynamic_image_size": "dynamic_img_size"}
     value = _ours(cfg)[field]

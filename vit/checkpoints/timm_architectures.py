@@ -103,14 +103,14 @@ ACTIVATIONS = {None: "gelu", "gelu": "gelu", "gelutanh": "gelu_tanh", "quickgelu
                "silu": "silu", "swish": "silu"}
 NORMS = {"layernorm": "layernorm", "rmsnorm": "rmsnorm"}
 NORM_EPS = 1e-6  # timm's LayerNorm and RmsNorm default
-BLOCKS = {"Block": "block", "ResPostBlock": "res_post", "ParallelThingsBlock": "parallel"}
-# What each block family timm has and this ViT lacks is, for refusals.
-NOT_BUILT = {
-    "ParallelScalingBlock": "ViT-22B's parallel block (one fused input projection for "
-                            "attention and MLP)",
-    "DiffParallelScalingBlock": "a parallel block with differential attention",
-    "diff": "differential attention (two softmax maps subtracted)",
-}
+BLOCKS = {"Block": "block", "ResPostBlock": "res_post", "ParallelThingsBlock": "parallel",
+          "ParallelScalingBlock": "parallel_scaling",
+          "DiffParallelScalingBlock": "parallel_scaling"}
+# The blocks that build their attention from `attn_layer` (the parallel-scaling ones have
+# their own, differential in DiffParallelScalingBlock).
+ATTN_BLOCKS = ("Block", "ResPostBlock", "ParallelThingsBlock")
+ATTENTIONS = {"Attention": "attention", "attn": "attention", "": "attention", None: "attention",
+              "diff": "diff", "DiffAttention": "diff"}
 POOLS = {"token": "token", "avg": "gap", "map": "map"}
 
 
@@ -172,13 +172,16 @@ def config_fields(args: dict) -> tuple[dict, list[str]]:
             problems.append(f"{key}=True (images padded to whole patches)")
     block = args["block_fn"]
     if block not in BLOCKS:
-        problems.append(f"block_fn={block} ({NOT_BUILT.get(block, 'a block family')}, which "
-                        "this ViT does not build)")
-    if args["attn_layer"] not in ("Attention", "attn", "", None):
-        what = NOT_BUILT.get(args["attn_layer"], "an attention this ViT does not build")
-        problems.append(f"attn_layer={args['attn_layer']} ({what})")
-    mlp = mlp_of(args["mlp_layer"]) if block in ("Block", "ResPostBlock",
-                                                  "ParallelThingsBlock") else "mlp"
+        problems.append(f"block_fn={block} (a block family this ViT does not build)")
+    attn = "diff" if block == "DiffParallelScalingBlock" else "attention"
+    if block in ATTN_BLOCKS:
+        attn = ATTENTIONS.get(args["attn_layer"])
+        if attn is None:
+            problems.append(f"attn_layer={args['attn_layer']} (an attention this ViT does not "
+                            "build)")
+    mlp = mlp_of(args["mlp_layer"]) if block in ATTN_BLOCKS else "mlp"
+    if block not in ATTN_BLOCKS and (args["scale_attn_norm"] or args["scale_mlp_norm"]):
+        problems.append(f"block_fn={block} with scale norms (timm refuses to build it)")
     if mlp is None:
         problems.append(f"mlp_layer={args['mlp_layer']} (an MLP this ViT does not build)")
     act = activation_of(args["act_layer"])
@@ -213,7 +216,8 @@ def config_fields(args: dict) -> tuple[dict, list[str]]:
         "qk_norm": bool(args["qk_norm"]), "layer_scale": float(init) if init else None,
         "act_layer": act or "gelu", "norm_layer": (norm or ("layernorm", NORM_EPS))[0],
         "layer_norm_eps": (norm or ("layernorm", NORM_EPS))[1], "mlp_layer": mlp or "mlp",
-        "block_fn": BLOCKS.get(block, "block"), "num_parallel": 2,
+        "block_fn": BLOCKS.get(block, "block"), "attn_layer": attn or "attention",
+        "num_parallel": 2,
         "proj_bias": bool(args["proj_bias"]), "patch_bias": not args["pre_norm"],
         "embed_norm": embed_norm, "pre_norm": bool(args["pre_norm"]),
         "final_norm": final_norm, "fc_norm": bool(use_fc_norm) and final_norm,

@@ -88,8 +88,9 @@ def _encode(model, images, tap, carry, backward: bool):
 
 
 def _readout(model, layout: TokenLayout, tokens: jax.Array) -> jax.Array:
-    if layout.classifier == "map":
-        return map_readout(model.map_head, tokens)
+    if layout.classifier == "map":  # over the tokens the head reads (all, or the patches)
+        row = map_readout(model.map_head, model.pooled_tokens(tokens))
+        return jnp.pad(row, ((0, 0), (tokens.shape[1] - row.shape[1], 0)))
     return layout.fixed_readout(tokens.shape[0])
 
 

@@ -24,7 +24,9 @@ class TokenLayout:
     @classmethod
     def for_model(cls, model, image_hw: tuple[int, int]) -> TokenLayout:
         cfg = model.config
-        return cls(cfg.class_token, cfg.num_registers, tuple(model.grid_for(image_hw)),
+        # DeiT's distillation token sits among the registers: a prefix token, not a patch.
+        return cls(cfg.class_token, cfg.num_prefix_tokens - int(cfg.class_token),
+                   tuple(model.grid_for(image_hw)),
                    cfg.classifier)
 
     @property

@@ -14,6 +14,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from vit.cpu import features
+from vit.models import diff_attention
 from vit.models.config import ViTConfig
 from vit.models.norms import make_norm
 from vit.models.relpos import RelativePositionBias
@@ -220,22 +221,28 @@ class Attention(nnx.Module):
     """Multi-head self-attention through `vit.ops.attention` (timm's `Attention`).
 
     Options from the config: `qk_norm` (norms of q and k over head_dim), `scale_attn_norm` (a
-    norm over the merged heads before `proj`), `proj_bias`, and BEiT's per-layer relative
-    position bias (`rel_pos_bias="layer"`). Attention with a bias runs the XLA reference path.
+    norm over the merged heads before `proj`), `proj_bias`, BEiT's per-layer relative position
+    bias (`rel_pos_bias="layer"`) and differential attention (`attn_layer="diff"`, whose lambda
+    depends on the block's `depth`; vit/models/diff_attention.py). Attention with a bias, and
+    differential attention, run the XLA reference path.
     """
 
-    def __init__(self, cfg: ViTConfig, rngs: nnx.Rngs):
+    def __init__(self, cfg: ViTConfig, rngs: nnx.Rngs, depth: int = 0):
         self.num_heads, self.head_dim = cfg.num_heads, cfg.head_dim
         self.qkv = dense(cfg.width, 3 * cfg.width, cfg, rngs, bias=cfg.qkv_bias)
         self.proj = dense(cfg.width, cfg.width, cfg, rngs, bias=cfg.proj_bias)
+        self.diff = cfg.attn_layer == "diff"
+        qk_dim = cfg.head_dim // 2 if self.diff else cfg.head_dim  # diff: half-width q and k
         if cfg.qk_norm:
-            self.q_norm = make_norm(cfg.head_dim, cfg, rngs)
-            self.k_norm = make_norm(cfg.head_dim, cfg, rngs)
+            self.q_norm = make_norm(qk_dim, cfg, rngs)
+            self.k_norm = make_norm(qk_dim, cfg, rngs)
         else:
             self.q_norm = self.k_norm = None
         self.norm = make_norm(cfg.width, cfg, rngs) if cfg.scale_attn_norm else None
         self.rel_pos_bias = (RelativePositionBias(cfg.grid, cfg.num_heads)
                              if cfg.rel_pos_bias == "layer" else None)
+        if self.diff:
+            diff_attention.add_parameters(self, cfg.head_dim, depth, rngs)
         self.impl, self.attn_rate = cfg.attention_impl, cfg.attention_dropout
 
     def __call__(self, x: jax.Array, keys: Keys,
@@ -258,6 +265,14 @@ class Attention(nnx.Module):
             q, k, v = self._fused_qkv(x, layout)
         else:
             q, k, v = self._three_products(x, layout, heads, queries)
+        if self.diff:
+            if probs_hook is not None:
+                raise ValueError("explain mode reads one softmax map per block; differential "
+                                 "attention (attn_layer='diff') mixes the values by the "
+                                 "difference of two")
+            out = diff_attention.attend(self, q, k, v, layout, self.q_norm, self.k_norm,
+                                        keys(0), self.attn_rate)
+            return self._merged_proj(out, layout)
         if self.q_norm is not None:
             q, k = self.q_norm(q).astype(v.dtype), self.k_norm(k).astype(v.dtype)
         if bias is None and self.rel_pos_bias is not None:
@@ -343,9 +358,9 @@ class LayerScale(nnx.Module):
 class Block(nnx.Module):
     """Pre-norm transformer encoder block (timm's `Block`)."""
 
-    def __init__(self, cfg: ViTConfig, drop_path: float, rngs: nnx.Rngs):
+    def __init__(self, cfg: ViTConfig, drop_path: float, rngs: nnx.Rngs, depth: int = 0):
         self.norm1 = make_norm(cfg.width, cfg, rngs)
-        self.attn = Attention(cfg, rngs)
+        self.attn = Attention(cfg, rngs, depth)
         self.norm2 = make_norm(cfg.width, cfg, rngs)
         self.mlp = make_mlp(cfg, rngs)
         self.ls1 = layer_scale(cfg)

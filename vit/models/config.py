@@ -51,8 +51,13 @@ NORM_LAYERS = ("layernorm", "rmsnorm")
 MLP_LAYERS = ("mlp", "swiglu", "glu")
 # block: pre-norm; res_post: post-norm (norm after each branch, Swin-v2 style, timm's
 # ResPostBlock); parallel: `num_parallel` pre-norm attention and MLP branches summed (timm's
-# ParallelThingsBlock).
-BLOCK_FNS = ("block", "res_post", "parallel")
+# ParallelThingsBlock); parallel_scaling: ViT-22B's block, one input projection for the
+# attention and the MLP side by side (timm's ParallelScalingBlock, and with attn_layer='diff'
+# its DiffParallelScalingBlock).
+BLOCK_FNS = ("block", "res_post", "parallel", "parallel_scaling")
+# attention: softmax attention; diff: differential attention, two softmax maps of half-width
+# queries and keys subtracted (timm's DiffAttention).
+ATTN_LAYERS = ("attention", "diff")
 # Relative position bias (BEiT): none, one table per block, or one table shared by all blocks.
 REL_POS_BIASES = ("none", "layer", "shared")
 DTYPES = ("float32", "bfloat16", "float16")
@@ -145,7 +150,8 @@ class ViTConfig:
     # leaves the standard ViT's graph unchanged.
     norm_layer: str = "layernorm"  # layernorm | rmsnorm, both with layer_norm_eps
     mlp_layer: str = "mlp"  # mlp | swiglu | glu (mlp_dim: fc1's output width)
-    block_fn: str = "block"  # block | res_post | parallel
+    block_fn: str = "block"  # block | res_post | parallel | parallel_scaling
+    attn_layer: str = "attention"  # attention | diff (differential attention)
     num_parallel: int = 2  # branches of a 'parallel' block
     proj_bias: bool = True  # biases of attn.proj and the MLP's linears
     patch_bias: bool = True  # the patch embedding's bias (CLIP's has none)
@@ -185,6 +191,7 @@ class ViTConfig:
         _check_choice("norm_layer", self.norm_layer, NORM_LAYERS)
         _check_choice("mlp_layer", self.mlp_layer, MLP_LAYERS)
         _check_choice("block_fn", self.block_fn, BLOCK_FNS)
+        _check_choice("attn_layer", self.attn_layer, ATTN_LAYERS)
         _check_choice("rel_pos_bias", self.rel_pos_bias, REL_POS_BIASES)
         _check_choice("dtype", self.dtype, DTYPES)
         _check_choice("attention_impl", self.attention_impl, ATTENTION_IMPLS)
@@ -222,6 +229,18 @@ class ViTConfig:
         if self.mlp_layer == "glu" and self.mlp_dim % 2:
             raise ConfigError(f"mlp_layer='glu' splits fc1's {self.mlp_dim} outputs in two "
                               "halves: mlp_dim must be even")
+        if self.attn_layer == "diff" and self.head_dim % 2:
+            raise ConfigError(f"attn_layer='diff' splits each head's {self.head_dim} query "
+                              "features in two halves: width // num_heads must be even")
+        if self.block_fn == "parallel_scaling" and (
+                self.mlp_layer != "mlp" or self.scale_attn_norm or self.scale_mlp_norm
+                or self.rel_pos_bias != "none"):
+            raise ConfigError("block_fn='parallel_scaling' fuses the MLP's input into the "
+                              "attention's: it takes mlp_layer='mlp', no scale norms and no "
+                              "rel_pos_bias")
+        if self.attn_layer == "diff" and self.rel_pos_bias != "none":
+            raise ConfigError("attn_layer='diff' with a rel_pos_bias is not a model any "
+                              "checkpoint has")
         if self.block_fn == "parallel" and self.num_parallel < 1:
             raise ConfigError(f"num_parallel={self.num_parallel}: must be at least 1")
         if self.pool_include_prefix not in (None, True, False):
@@ -269,6 +288,13 @@ class ViTConfig:
     def head_dim(self) -> int:
         return self.width // self.num_heads
 
+    def options_set(self) -> list[str]:
+        """`name=value` for each block-family option (`BLOCK_OPTIONS`) off its default: what a
+        format holding the standard ViT alone cannot say."""
+        defaults = ViTConfig()
+        return [f"{name}={getattr(self, name)!r}" for name in BLOCK_OPTIONS
+                if getattr(self, name) != getattr(defaults, name)]
+
     def replace(self, **overrides: Any) -> ViTConfig:
         check_fields(overrides)
         return dataclasses.replace(self, **overrides)
@@ -288,6 +314,11 @@ class ViTConfig:
 
 
 FIELDS = tuple(f.name for f in dataclasses.fields(ViTConfig))
+# The options of timm's block families and of BEiT's and DeiT's tokens; each default leaves the
+# standard ViT.
+BLOCK_OPTIONS = ("norm_layer", "mlp_layer", "block_fn", "attn_layer", "proj_bias",
+                 "patch_bias", "embed_norm", "pre_norm", "final_norm", "fc_norm",
+                 "scale_attn_norm", "scale_mlp_norm", "rel_pos_bias", "dist_token")
 
 
 # Sizes that must be at least 1 (0 would divide by zero or build an empty layer deep inside).

@@ -30,6 +30,8 @@ def count_macs(config: ViTConfig) -> int:
     n, d, h = c.num_tokens, c.width, c.mlp_dim
     macs = patches * c.patch_size[0] * c.patch_size[1] * c.in_channels * d
     attention = n * d * 3 * d + 2 * n * n * d + n * d * d
+    if c.attn_layer == "diff":  # two maps from half-width queries and keys, each mixing v
+        attention += n * n * d
     mlp = {"mlp": 2 * n * d * h, "swiglu": 3 * n * d * h,
            "glu": n * d * h + n * (h // 2) * d}[c.mlp_layer]
     branches = c.num_parallel if c.block_fn == "parallel" else 1

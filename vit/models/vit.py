@@ -105,7 +105,7 @@ class VisionTransformer(nnx.Module):
         else:
             self.pos_embed = None
         rates = [cfg.drop_path * i / max(cfg.depth - 1, 1) for i in range(cfg.depth)]
-        self.blocks = nnx.List([make_block(cfg, rate, rngs) for rate in rates])
+        self.blocks = nnx.List([make_block(cfg, rate, rngs, i) for i, rate in enumerate(rates)])
         self.norm = make_norm(d, cfg, rngs) if cfg.final_norm and not cfg.fc_norm else None
         self.map_head = MAPHead(cfg, rngs) if cfg.classifier == "map" else None
         if cfg.classifier == "token_gap":  # the class token and the patch mean side by side
@@ -284,15 +284,16 @@ class VisionTransformer(nnx.Module):
             x = (jnp.concatenate([tokens[:, 0], tokens[:, 1]], -1) if self._dist_pooled
                  else tokens[:, 0])
         elif cfg.classifier in ("gap", "token_gap"):
-            x = self._pooled_tokens(tokens).astype(jnp.float32).mean(1).astype(self.dtype)
+            x = self.pooled_tokens(tokens).astype(jnp.float32).mean(1).astype(self.dtype)
             if cfg.classifier == "token_gap":
                 x = jnp.concatenate([tokens[:, 0], x], -1)
         else:
-            x = self.map_head(self._pooled_tokens(tokens), Keys(_keys_for(train, rng, cfg)(2)))
+            x = self.map_head(self.pooled_tokens(tokens), Keys(_keys_for(train, rng, cfg)(2)))
         return self.fc_norm(x).astype(self.dtype) if self.fc_norm is not None else x
 
-    def _pooled_tokens(self, tokens: jax.Array) -> jax.Array:
-        """The tokens 'gap' and 'map' pool: every token, or the patches alone."""
+    def pooled_tokens(self, tokens: jax.Array) -> jax.Array:
+        """The tokens 'gap' and 'map' pool: every token, or the patches alone
+        (`pool_include_prefix`)."""
         cfg = self.config
         return tokens if cfg.pools_prefix else tokens[:, cfg.num_prefix_tokens:]
 

@@ -171,10 +171,11 @@ def reference_attention(q, k, v, *, mask=None, kv_len=None, scale=None, dropout_
     """Materialising softmax attention: float32 logits and softmax, output in q's dtype.
 
     `mask` is boolean, broadcastable to `[batch, heads, q_len, kv_len]`, True where a query may
-    attend. `bias` (float, broadcastable to the same shape) is added to the scaled logits
-    before the softmax: a relative position bias (BEiT). `kv_len` (`[batch]` ints) lets example b attend to its first `kv_len[b]` keys only,
-    as the Pallas kernel does. With `return_probs` the `[batch, heads, q_len, kv_len]`
-    probabilities come back too.
+    attend. `kv_len` (`[batch]` ints) lets example b attend to its first `kv_len[b]` keys
+    only, as the Pallas kernel does. `bias` (float, broadcastable to `[batch, heads, q_len,
+    kv_len]`) is added to the scaled logits before the softmax: a relative position bias
+    (BEiT). With `return_probs` the `[batch, heads, q_len, kv_len]` probabilities come back
+    too.
     """
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     if kv_len is not None:

@@ -141,9 +141,8 @@ DEFAULTS: dict[str, Key] = {
     "train.steps": Key(1000, "optimiser steps in all"),
     "train.batch_size": Key(64, "images per step, over all devices and hosts"),
     "train.accum_steps": Key(1, "micro-batches a step's batch is split into"),
-    "train.micro_tokens": Key(1536, "on one CPU device, a float32 or bfloat16 step runs each "
-                                    "micro-batch in pieces of at least this many image tokens, "
-                                    "which stay in cache (0: whole)",
+    "train.micro_tokens": Key(1536, "one CPU device: a float32 or bfloat16 micro-batch runs in "
+                                    "pieces of at least this many image tokens (0: whole)",
                               range=Range(0, whole=True)),
     "train.eval_every": Key(200, "validate every this many steps"),
     "train.checkpoint_every": Key(200, "save every this many steps"),

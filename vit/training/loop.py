@@ -168,7 +168,7 @@ def _train(config, workdir: Path, ckpts: TrainCheckpoints, claim: workdirs.Claim
     if claim is not None:  # the run writes from here on: an unmarked workdir becomes ours
         claim.adopt()
     end = steps if stop_after is None else min(steps, start + stop_after)
-    clock.started_up(start)
+    clock.started_up(start + 1)  # the step it leads to: a restart from `start` drops it
     last, step, stopped_by = run.steps(start, end)
     if primary and (workdir / "metrics.jsonl").exists():
         plot_curves(workdir / "metrics.jsonl", workdir / "curves.png")
@@ -262,7 +262,7 @@ class _Run:
                     batch = program.put(host_batch)
                     if program.compiled is None:  # where a program that cannot fit fails
                         program.compile(batch)
-                        clock.note(step, compile_s=round(program.compile_s, 6))
+                        clock.note(step + 1, compile_s=round(program.compile_s, 6))
                     called = time.perf_counter()
                     metrics = program(batch)
                     clock.steps.started(metrics, called)

@@ -20,6 +20,7 @@ import numpy as np
 
 from vit import device_mesh
 from vit.errors import ConfigError
+from vit.recipes.defaults import DEFAULTS
 from vit.training import parallel
 from vit.training.losses import DEFAULT as DEFAULT_LOSS
 from vit.training.losses import TEXT_LOSSES, get_loss
@@ -84,8 +85,9 @@ def micro_batches(config, model_config, mesh) -> int:
                and model_config.dtype in CACHE_SPLIT_DTYPES)
     if not one_cpu:
         return tc.accum_steps
+    min_tokens = tc.get("micro_tokens", DEFAULTS["train.micro_tokens"].default)
     return tc.accum_steps * cache_splits(tc.batch_size // tc.accum_steps,
-                                         model_config.num_tokens, tc.get("micro_tokens", 0))
+                                         model_config.num_tokens, min_tokens)
 
 
 def cache_splits(examples: int, tokens_per_example: int, min_tokens: int | None) -> int:
@@ -152,17 +154,18 @@ class TrainProgram:
         return device_mesh.to_global(host_batch, self.mesh)
 
     def batch(self, images: np.ndarray, labels: np.ndarray) -> dict:
-        """A global batch of NHWC float images (already normalised) and integer labels, with
-        the targets the data pipeline makes of them (one-hot, the recipe's label smoothing)."""
+        """A host batch, as the data pipeline yields one (`put` it), of NHWC float images
+        (already normalised) and integer labels, with the targets the pipeline makes of them
+        (one-hot, the recipe's label smoothing)."""
         from vit.data.transforms import one_hot
 
         if self.loss_name in TEXT_LOSSES:
             raise ConfigError(f"train.loss={self.loss_name}: batches with prompts come from the "
                               "data pipeline, not from images and labels")
         labels = np.asarray(labels).astype(np.int32)
-        return self.put({"image": np.asarray(images, np.float32), "label": labels,
-                         "target": one_hot(labels, self.model.config.num_classes,
-                                           self.config.input.get("label_smoothing", 0.0))})
+        return {"image": np.asarray(images, np.float32), "label": labels,
+                "target": one_hot(labels, self.model.config.num_classes,
+                                  self.config.input.get("label_smoothing", 0.0))}
 
     def variant(self, **options) -> TrainProgram:
         """This program with its step built again with `options` of `make_train_step` over

@@ -3,7 +3,9 @@ training and validation records, so a benchmark (or a user) reads where a run's 
 instead of parsing what it printed.
 
 Each `train` call (each stage of a staged run) writes, every record with the `step` it belongs
-to and `at_s`, the seconds from the call to the moment it describes:
+to (start-up and compile: the first step of the call, so a run that starts again from a
+step before it sets them aside with the steps after it) and `at_s`, the seconds from the call to
+the moment it describes:
 
 - `startup_s`: from the call to the program built (data opened, model, optimiser, state,
   pipeline), with `process_start_s`, the process's age at the call (the interpreter, the

@@ -44,7 +44,7 @@ LOCK = ".vit-workdir.lock"
 FORMAT = "vit-workdir-1"
 # What a 0.1.0 workdir holds: finished checkpoints/<step>/, metrics.jsonl records, staged runs.
 CHECKPOINTS, METRICS, STAGES = "checkpoints", "metrics.jsonl", "stages"
-METRIC_SPLITS = ("train", "validation")
+METRIC_SPLITS = ("train", "validation", "timing")  # timing: vit.training.timings
 SHOWN = 4  # names listed in a refusal
 
 
