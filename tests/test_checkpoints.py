@@ -310,13 +310,19 @@ def test_timm_safetensors_matches_transformers(tmp_path):
                            "mean": [0.5] * 3, "std": [0.5] * 3, "crop_pct": 0.9}}))
     loaded = load_checkpoint(folder)
     assert loaded.family == "timm" and loaded.preprocessing.crop_pct == 0.9
-    assert loaded.config.posemb_resize == "bicubic"
+    assert loaded.config.posemb_resize == "bicubic_antialias"  # timm's resample_abs_pos_embed
     x = images(2, 32, seed=5)
     np.testing.assert_allclose(_probs(loaded.build_model(), x), hf_probs(ref, x), atol=1e-4)
-    resized = load_checkpoint(folder, image_size=48)  # timm resizes bicubic like transformers
-    x = images(2, 48, seed=6)
-    np.testing.assert_allclose(_probs(resized.build_model(), x),
-                               hf_probs(ref, x, interpolate_pos_encoding=True), atol=1e-4)
+    # At another size timm resizes as its resample_abs_pos_embed does: bicubic, antialiased
+    # (not as transformers' interpolate_pos_encoding, which does not antialias).
+    import torch
+
+    resized = load_checkpoint(folder, image_size=48)
+    grid = np.asarray(loaded.params["pos_embed"])[:, 1:].reshape(1, 4, 4, -1)
+    want = torch.nn.functional.interpolate(
+        torch.from_numpy(grid.transpose(0, 3, 1, 2)), size=(6, 6), mode="bicubic",
+        align_corners=False, antialias=True).permute(0, 2, 3, 1).reshape(36, -1).numpy()
+    np.testing.assert_allclose(np.asarray(resized.params["pos_embed"])[0, 1:], want, atol=1e-6)
 
 
 def test_timm_names_are_aliases_and_resolve_from_the_hub_cache(tmp_path, monkeypatch, hf_exact):
@@ -390,7 +396,8 @@ def test_round_trip_from_hf_is_bit_identical_or_refused(tmp_path, hf_exact, fmt,
 ])
 @pytest.mark.parametrize("fmt", ["timm", "orbax"])
 def test_round_trip_of_model_features(tmp_path, features, fmt):
-    src = featured(labels=[f"c{i}" for i in range(5)], **features)
+    resize = "bicubic_antialias" if fmt == "timm" else "bicubic"  # the format's convention
+    src = featured(labels=[f"c{i}" for i in range(5)], posemb_resize=resize, **features)
     save_checkpoint(src, tmp_path / "out", fmt)
     back = load_checkpoint(tmp_path / "out")
     assert_same(src, back)  # same config and tensors: the same function

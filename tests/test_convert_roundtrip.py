@@ -29,7 +29,7 @@ pytestmark = pytest.mark.timeout(300)
 
 FORMATS = ("npz", "hf", "timm", "orbax")
 # The position-embedding resize each non-orbax format implies (orbax keeps the config's own).
-RESIZE = {"npz": "linear", "hf": "bicubic", "timm": "bicubic"}
+RESIZE = {"npz": "linear", "hf": "bicubic", "timm": "bicubic_antialias"}
 INCEPTION = Preprocessing(size=(32, 32), resample="bilinear", crop_pct=None,
                           mean=(0.5,) * 3, std=(0.5,) * 3)
 BASE = dict(width=32, depth=2, mlp_dim=64, num_heads=4, patch_size=8, image_size=32,
@@ -144,7 +144,7 @@ def test_preprocessing_is_kept_or_refused(tmp_path, fmt, words):
             save_checkpoint(src, dst, fmt)
         return
     save_checkpoint(src, dst, fmt)
-    assert_same_model(load_checkpoint(dst), src, "bicubic")
+    assert_same_model(load_checkpoint(dst), src, RESIZE.get(fmt, "bicubic"))
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -177,10 +177,10 @@ def test_cli_convert_output_reads_back_the_same(tmp_path, capsys):
     save_checkpoint(src, tmp_path / "src", "orbax")
     assert main(["convert", str(tmp_path / "src"), str(tmp_path / "timm"), "--format",
                  "timm"]) == 0
-    assert_same_model(load_checkpoint(tmp_path / "timm"), src, "bicubic")
+    assert_same_model(load_checkpoint(tmp_path / "timm"), src, RESIZE["timm"])
     assert main(["convert", str(tmp_path / "timm"), str(tmp_path / "back"), "--format",
                  "orbax"]) == 0
-    assert_same_model(load_checkpoint(tmp_path / "back"), src, "bicubic")
+    assert_same_model(load_checkpoint(tmp_path / "back"), src, RESIZE["timm"])
 
 
 @pytest.mark.parametrize("argv,words", [

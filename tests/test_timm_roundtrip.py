@@ -174,12 +174,68 @@ def test_the_table_resolves_each_architecture_as_timm_builds_it():
             fields, bad = ta.config_fields(args)
             if not bad:  # our activation, norm and eps are the ones timm builds
                 block = m.blocks[0]
-                mlp = block.mlp if hasattr(block, "mlp") else block.ffns[0].mlp
-                act = type(mlp.act).__name__
+                mlp = block.mlp if hasattr(block, "mlp") else (
+                    block.ffns[0].mlp if hasattr(block, "ffns") else None)
+                act = type(mlp.act if mlp is not None else block.mlp_act).__name__
                 assert fields["act_layer"] == {"GELU": "gelu", "GELUTanh": "gelu_tanh",
                                                "QuickGELU": "quick_gelu",
                                                "SiLU": "silu"}[act], arch
-                norm = block.norm1 if hasattr(block, "norm1") else block.attns[0].norm
+                norm = (block.norm1 if hasattr(block, "norm1") else block.attns[0].norm
+                        if hasattr(block, "attns") else block.in_norm)
                 assert fields["norm_layer"] == {"LayerNorm": "layernorm",
                                                 "RmsNorm": "rmsnorm"}[type(norm).__name__]
                 assert norm.eps == fields["layer_norm_eps"], arch
+
+
+OURS = {  # our models with block options -> timm opens what we write, to the same probabilities
+    "rmsnorm_swiglu_token": dict(norm_layer="rmsnorm", mlp_layer="swiglu", act_layer="silu",
+                                 proj_bias=False, embed_norm=True),
+    "parallel_qk_norm_map": dict(block_fn="parallel", qk_norm=True, act_layer="gelu_tanh",
+                                 classifier="map", num_registers=2, pool_include_prefix=False),
+    "res_post_fc_norm": dict(block_fn="res_post", classifier="gap", fc_norm=True,
+                             class_token=False),
+    "glu_pre_norm": dict(mlp_layer="glu", act_layer="silu", layer_scale=0.1, pre_norm=True,
+                         patch_bias=False, final_norm=False),
+    "diff_parallel_scaling": dict(block_fn="parallel_scaling", attn_layer="diff",
+                                  qkv_bias=False, scale_attn_norm=False),
+}
+
+
+@pytest.mark.parametrize("name", list(OURS))
+def test_our_models_with_options_open_in_timm(tmp_path, name):
+    import jax
+    from flax import nnx
+
+    import vit
+    from vit.checkpoints import LoadedCheckpoint
+
+    model = vit.create_model("Ti/16", width=32, depth=2, mlp_dim=64, num_heads=4, patch_size=8,
+                             image_size=16, num_classes=5, rngs=nnx.Rngs(0), **OURS[name])
+    state = nnx.state(model, nnx.Param)
+    leaves, tree = jax.tree.flatten(state)
+    keys = jax.random.split(jax.random.key(1), len(leaves))
+    nnx.update(model, jax.tree.unflatten(tree, [x + 0.1 * jax.random.normal(k, x.shape)
+                                                for x, k in zip(leaves, keys, strict=True)]))
+    images = np.random.RandomState(2).uniform(-1, 1, (2, 16, 16, 3)).astype(np.float32)
+    ours = np.asarray(jax.nn.softmax(model(images), -1))
+    assert np.ptp(ours, axis=-1).min() > 1e-3
+    save_checkpoint(LoadedCheckpoint.from_model(model), tmp_path / "out", "timm")
+    theirs = timm.create_model(f"local-dir:{tmp_path / 'out'}", pretrained=True).eval()
+    np.testing.assert_allclose(timm_probs(theirs, images), ours, atol=1e-5)
+    np.testing.assert_allclose(our_probs(load_checkpoint(tmp_path / "out"), images), ours,
+                               atol=1e-6)
+
+
+def test_what_no_timm_architecture_builds_is_refused_naming_it(tmp_path):
+    import vit
+
+    model = vit.create_model("Ti/16", width=32, depth=1, mlp_dim=64, num_heads=4, patch_size=8,
+                             image_size=16, num_classes=5, mlp_layer="swiglu",
+                             block_fn="res_post")
+    with pytest.raises(CheckpointError, match="the MLP.*mlp_layer='swiglu'|the block"):
+        save_checkpoint(model, tmp_path / "out", "timm")
+    eps = vit.create_model("Ti/16", width=32, depth=1, mlp_dim=64, num_heads=4, patch_size=8,
+                           image_size=16, num_classes=5, norm_layer="rmsnorm",
+                           layer_norm_eps=1e-3)
+    with pytest.raises(CheckpointError, match="RMSNorm eps 0.001"):
+        save_checkpoint(eps, tmp_path / "out", "timm")

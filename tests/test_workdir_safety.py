@@ -12,7 +12,6 @@ The full-disk rows mount a small tmpfs; where mounting is not allowed they skip,
 """
 
 import contextlib
-import hashlib
 import json
 import os
 import shutil
@@ -25,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from builders import digests as tree
 from builders import tiny_recipe_sets
 from PIL import Image
 
@@ -81,15 +81,6 @@ sys.exit(main(argv))
 
 
 # -- what every row checks --------------------------------------------------------------------
-
-def tree(root: Path) -> dict:
-    """Every file under `root` (hidden ones too) -> sha1 of its bytes; folders -> "dir"."""
-    out = {}
-    for path in sorted(Path(root).rglob("*")):
-        rel = str(path.relative_to(root))
-        out[rel] = hashlib.sha1(path.read_bytes()).hexdigest() if path.is_file() else "dir"
-    return out
-
 
 def assert_outcome(code: int, err: str, want: int, *says: str) -> str:
     """Exit code `want`, no traceback; for exit 2, one error line, the last, naming `says`."""

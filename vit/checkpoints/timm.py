@@ -131,10 +131,9 @@ def _inferred_arguments(arrays: dict, model_args: dict, width: int) -> dict:
             "init_values": (LAYER_SCALE_INIT if f"{block}ls1.gamma" in arrays
                             or f"{block}ls.gamma" in arrays else None),
             "pre_norm": "norm_pre.weight" in arrays,
-            "final_norm": "norm.weight" in arrays or "fc_norm.weight" in arrays,
-            "fc_norm": "fc_norm.weight" in arrays,
-            "embed_norm_layer": norm or "layernorm" if "patch_embed.norm.weight" in arrays
-            else None,
+            "fc_norm": "fc_norm.weight" in arrays,  # no final norm only if model_args say so
+            "embed_norm_layer": ((norm or "layernorm") if "patch_embed.norm.weight" in arrays
+                                 else None),
             "norm_layer": norm,
             "block_fn": "ParallelThingsBlock" if parallel else "Block",
             "mlp_layer": "SwiGLU" if f"{mlp}fc1_g.weight" in arrays else "Mlp",
@@ -276,6 +275,8 @@ def read(path: Path) -> LoadedCheckpoint:
         if fc1 is not None and fc1.ndim == 2:
             fields["mlp_dim"] = fc1.shape[0]
     class_token, registers = fields["class_token"], fields["num_registers"]
+    if fields["pool_include_prefix"] == (fields["classifier"] == "map"):
+        fields["pool_include_prefix"] = None  # the head's own convention (ViTConfig.pools_prefix)
     no_embed_class = bool(args["no_embed_class"]) if arch else None
     arch_size = timm_architectures.ARCHITECTURES.get(arch, {}).get("img_size")
     grid = _grid(tc, arrays, patch, int(class_token) + registers, str(file), config_file,
@@ -428,6 +429,11 @@ def cannot_hold(loaded: LoadedCheckpoint) -> list[str]:
     if cfg.block_fn == "parallel" and cfg.num_parallel != 2:
         problems.append(f"{cfg.num_parallel} parallel branches (timm's ParallelThingsBlock "
                         "has 2 in its ViT)")
+    eps = _norm_eps().get(cfg.norm_layer, ())
+    if cfg.layer_norm_eps not in eps:
+        name = {"layernorm": "LayerNorm", "rmsnorm": "RMSNorm"}[cfg.norm_layer]
+        problems.append(f"{name} eps {cfg.layer_norm_eps:g} (timm's ViT architectures have "
+                        f"{' or '.join(f'{e:g}' for e in sorted(eps))})")
     if cfg.pre_norm and cfg.patch_bias and np.any(loaded.params.get("patch_bias", 0)):
         problems.append("a patch-embedding bias beside pre_norm (timm's pre_norm has none)")
     if not problems:
@@ -435,6 +441,18 @@ def cannot_hold(loaded: LoadedCheckpoint) -> list[str]:
         if reason:
             problems.append(reason)
     return problems
+
+
+@functools.cache
+def _norm_eps() -> dict[str, tuple[float, ...]]:
+    """{our norm_layer: the eps timm can build it with}: 1e-6 by model_args (timm's default),
+    others where an architecture's name carries them."""
+    found = {"layernorm": {NORM_EPS}, "rmsnorm": {NORM_EPS}}
+    for args in timm_architectures.ARCHITECTURES.values():
+        norm = timm_architectures.norm_of(args.get("norm_layer"))
+        if norm is not None:
+            found[norm[0]].add(norm[1])
+    return {kind: tuple(sorted(eps)) for kind, eps in found.items()}
 
 
 def write(loaded: LoadedCheckpoint, dst) -> list[str]:
@@ -504,11 +522,19 @@ def _ours(cfg: ViTConfig) -> dict:
     return out
 
 
+def _model_args(field: str, cfg: ViTConfig) -> dict | None:
+    """The model_args (timm's arguments and their JSON values) that make `field` what `cfg`
+    has; None when none can (`_FIXED`)."""
+    if field in ("norm_layer", "layer_norm_eps"):  # timm's default eps, by name; the patch
+        if cfg.layer_norm_eps != NORM_EPS:  # embedding's norm is ours too
+            return None
+        return {"norm_layer": cfg.norm_layer, **({"embed_norm_layer": cfg.norm_layer}
+                                                  if cfg.embed_norm else {})}
+    found = _model_arg(field, cfg)
+    return None if found is None else dict([found])
+
+
 def _model_arg(field: str, cfg: ViTConfig) -> tuple[str, object] | None:
-    """(timm's argument, its JSON value) that makes `field` what `cfg` has; None when no
-    model_args value can (`_FIXED`)."""
-    if field in ("norm_layer", "layer_norm_eps"):
-        return ("norm_layer", cfg.norm_layer) if cfg.layer_norm_eps == NORM_EPS else None
     if field == "embed_norm":
         if not cfg.embed_norm:
             return "embed_norm_layer", None
@@ -549,10 +575,11 @@ def _search(cfg: ViTConfig, class_row: bool) -> tuple[str | None, dict, str | No
             fields, bad = timm_architectures.config_fields(
                 timm_architectures.arguments(arch, args, arch))
             differ = [k for k in _COMPARED if fields[k] != ours[k]]
-            fixed = [k for k in differ if _model_arg(k, cfg) is None]
+            fixed = [k for k in differ if _model_args(k, cfg) is None]
             if bad or fixed or not differ:
                 break
-            args.update(_model_arg(k, cfg) for k in differ)
+            for k in differ:
+                args.update(_model_args(k, cfg))
         if bad or differ:
             if not bad and (closest is None or len(fixed) < len(closest[1])):
                 closest = (arch, fixed, fields)

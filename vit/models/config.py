@@ -62,7 +62,8 @@ ATTN_LAYERS = ("attention", "diff")
 REL_POS_BIASES = ("none", "layer", "shared")
 DTYPES = ("float32", "bfloat16", "float16")
 ATTENTION_IMPLS = ("auto", "pallas", "cudnn", "xla")
-POSEMB_RESIZES = ("linear", "bicubic")  # the methods of vit.models.posemb.resize_posemb
+# the methods of vit.models.posemb.resize_posemb
+POSEMB_RESIZES = ("linear", "bicubic", "bicubic_antialias")
 
 
 TEXT_HEADS = ("pooled", "patches")
@@ -175,7 +176,8 @@ class ViTConfig:
     attention_impl: str = "auto"  # auto | pallas | cudnn | xla
     dynamic_image_size: bool = False  # resize position embeddings on the fly for other sizes
     # How position embeddings are resized for another grid: the convention of the checkpoint's
-    # source ("linear" for vit_jax/big_vision npz, "bicubic" for timm/Hugging Face/ours).
+    # source ("linear" for vit_jax/big_vision npz, "bicubic" for Hugging Face and ours,
+    # "bicubic_antialias" for timm).
     posemb_resize: str = "bicubic"
     text: TextConfig | None = None  # text conditioning (cross-attention); None: a plain ViT
 

@@ -5,9 +5,13 @@ convention is reproduced exactly, as a separable interpolation matrix per axis:
 
 - `"linear"`: vit_jax and big_vision, `scipy.ndimage.zoom(grid, zoom, order=1)`: linear with the
   corner samples aligned (output i reads input i * (n_in - 1) / (n_out - 1)).
-- `"bicubic"`: timm and transformers, `torch.nn.functional.interpolate(mode="bicubic",
+- `"bicubic"`: transformers, `torch.nn.functional.interpolate(mode="bicubic",
   align_corners=False, antialias=False)`: Keys' cubic with a = -0.75, half-pixel centres, border
   samples clamped. (This is not `jax.image.resize`'s cubic, which uses a = -0.5.)
+- `"bicubic_antialias"`: timm (`resample_abs_pos_embed`, at another image size and under
+  `dynamic_img_size`), the same call with `antialias=True`: Pillow's resampling, a cubic with
+  a = -0.5 stretched over the input pixels a downscaled one covers, the taps beyond the border
+  dropped and the weights renormalised.
 
 Class and register rows are kept apart and never interpolated.
 """
@@ -17,9 +21,9 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
-METHODS = ("linear", "bicubic")
+METHODS = ("linear", "bicubic", "bicubic_antialias")
 # Which convention each checkpoint family uses.
-METHOD_OF_SOURCE = {"vit_jax": "linear", "big_vision": "linear", "timm": "bicubic",
+METHOD_OF_SOURCE = {"vit_jax": "linear", "big_vision": "linear", "timm": "bicubic_antialias",
                     "hf": "bicubic", "vit": "bicubic"}
 
 
@@ -68,13 +72,30 @@ def _bicubic_torch_matrix(n_in: int, n_out: int) -> np.ndarray:
     return m
 
 
+def _bicubic_antialias_torch_matrix(n_in: int, n_out: int) -> np.ndarray:
+    # ATen's _compute_weights_aa (UpSample.h) with its bicubic aa_filter (a = -0.5).
+    scale = n_in / n_out
+    support = 2.0 * scale if scale >= 1.0 else 2.0
+    invscale = 1.0 / scale if scale >= 1.0 else 1.0
+    m = np.zeros((n_out, n_in))
+    for i in range(n_out):
+        center = scale * (i + 0.5)
+        lo = max(int(center - support + 0.5), 0)
+        hi = min(int(center + support + 0.5), n_in)
+        taps = np.arange(lo, hi)
+        w = _cubic((taps - center + 0.5) * invscale, a=-0.5)
+        m[i, lo:hi] = w / w.sum() if w.sum() != 0 else w
+    return m
+
+
 def interpolation_matrix(n_in: int, n_out: int, method: str) -> np.ndarray:
     """`[n_out, n_in]` float64 weights of a 1-D resize; the identity when sizes agree."""
     if method not in METHODS:
         raise ValueError(f"posemb resize method {method!r} is not one of {', '.join(METHODS)}")
     if n_in == n_out:
         return np.eye(n_in)
-    return (_linear_corners_matrix if method == "linear" else _bicubic_torch_matrix)(n_in, n_out)
+    return {"linear": _linear_corners_matrix, "bicubic": _bicubic_torch_matrix,
+            "bicubic_antialias": _bicubic_antialias_torch_matrix}[method](n_in, n_out)
 
 
 def resize_grid(grid_emb, new_grid: tuple[int, int], method: str):

@@ -19,7 +19,7 @@ import numpy as np
 from flax import nnx
 
 from vit.models.blocks import Block, Keys, layer_norm
-from vit.models.config import TextConfig, ViTConfig
+from vit.models.config import BLOCK_OPTIONS, TextConfig, ViTConfig
 
 # Ids 0-2 are reserved; byte b has id b + 3. No vocabulary file: any language round-trips.
 PAD, END, NULL = 0, 1, 2
@@ -82,10 +82,12 @@ def text_block_config(cfg: ViTConfig) -> ViTConfig:
     """The ViT config of the text encoder's blocks: the text sizes, the image model's dtype,
     attention backend and numerics, and none of its image-only options."""
     t = cfg.text
+    standard = {name: getattr(ViTConfig(), name) for name in BLOCK_OPTIONS}
     return dataclasses.replace(
         cfg, width=t.width, depth=t.depth, num_heads=t.num_heads, mlp_dim=t.mlp_dim,
         qk_norm=False, layer_scale=None, drop_path=0.0, remat=False, text=None,
-        posemb="learn", classifier="token", class_token=True, num_registers=0)
+        posemb="learn", classifier="token", class_token=True, num_registers=0,
+        pool_include_prefix=None, **standard)
 
 
 def _word_byte_table() -> np.ndarray:

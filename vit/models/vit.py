@@ -19,7 +19,11 @@ The parameter tree (a name is absent when its option is off):
   `attn/proj` and the MLP's linears with `proj_bias=False`, nor in `qkv` with
   `qkv_bias=False`;
 - `block_fn="res_post"`: `attn`, `norm1`, `mlp`, `norm2`; `block_fn="parallel"`:
-  `attns/{j}/{norm, attn, ls}`, `ffns/{j}/{norm, mlp, ls}` (vit/models/block_fns.py);
+  `attns/{j}/{norm, attn, ls}`, `ffns/{j}/{norm, mlp, ls}`; `block_fn="parallel_scaling"`:
+  `in_norm`, `in_proj`, `mlp_bias`, `q_norm`, `k_norm`, `attn_out_proj`, `mlp_out_proj` (or
+  one `out_proj` with differential attention), `ls` (vit/models/block_fns.py);
+- `attn_layer="diff"` adds `lambda_q1`, `lambda_k1`, `lambda_q2`, `lambda_k2` and `sub_norm`
+  beside the attention's projections (vit/models/diff_attention.py);
 - `map_head`: `probe`, `q`, `kv`, `proj`, `norm`, `mlp/{fc1, fc2}` (always with biases).
 
 Calling convention: `model(images)` is inference; `model(images, train=True, rng=key)` enables
