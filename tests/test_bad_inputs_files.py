@@ -294,7 +294,8 @@ def test_wrong_typed_preprocessor_field_is_one_line_from_the_cli(files, tmp_path
 
 def test_preprocessor_fields_as_transformers_reads_them(files, tmp_path):
     """ViTImageProcessor takes one number for image_mean/image_std (every channel) and a null
-    field as its default; a white pixel then normalises to (1 - mean) / std."""
+    field as its class default (224x224, bilinear, whatever the model's size: transformers
+    prepares it so); a white pixel then normalises to (1 - mean) / std."""
     from vit.checkpoints import load_checkpoint
 
     folder = tmp_path / "hf"
@@ -302,9 +303,9 @@ def test_preprocessor_fields_as_transformers_reads_them(files, tmp_path):
     (folder / "preprocessor_config.json").write_text(json.dumps(
         {"image_mean": 0.25, "image_std": 0.5, "size": None, "resample": None}))
     pre = load_checkpoint(folder).preprocessing
-    assert pre.size == (8, 8) and pre.resample == "bilinear"
+    assert pre.size == (224, 224) and pre.resample == "bilinear"
     white = pre(Image.new("RGB", (8, 8), (255, 255, 255)))
-    np.testing.assert_allclose(white, np.full((8, 8, 3), (1 - 0.25) / 0.5), rtol=1e-6)
+    np.testing.assert_allclose(white, np.full((224, 224, 3), (1 - 0.25) / 0.5), rtol=1e-6)
 
 
 @pytest.mark.parametrize(("fields", "names"), [

@@ -18,7 +18,8 @@ def test_other_skip_is_fine():
 
 
 def _run(tmp_path, ci: str | None):
-    shutil.copy(Path(__file__).with_name("conftest.py"), tmp_path / "conftest.py")
+    for name in ("conftest.py", "builders.py"):  # conftest's fixtures use the builders
+        shutil.copy(Path(__file__).with_name(name), tmp_path / name)
     (tmp_path / "test_peer.py").write_text(SKIPPING)
     env = {"PATH": "/usr/bin:/bin", **({"CI": ci} if ci is not None else {})}
     return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",

@@ -121,9 +121,6 @@ def _train(config, workdir: Path, ckpts: TrainCheckpoints, claim: workdirs.Claim
            sources: dict | None) -> dict:
     primary = parallel.is_primary()  # process 0 alone writes files and prints
     mesh = parallel.mesh_from_config(config)
-    if config.train.batch_size % config.train.accum_steps:
-        raise ConfigError(f"train.batch_size={config.train.batch_size} is not divisible by "
-                          f"train.accum_steps={config.train.accum_steps}")
     augment = augment_of(config)  # a bad input.randaugment: one line, before anything is built
     loss_name = config.train.get("loss", DEFAULT_LOSS)
     train_src, val_src = _open_sources(config, loss_name, sources)
