@@ -95,7 +95,8 @@ TIMM_PRE = Preprocessing(size=(32, 32), resample="bicubic", crop_pct=0.9,
 CASES = {
     "gap_with_class_token": (dict(classifier="gap"),
                              {"npz": "'gap' head with a class token", "hf": "'gap' head"}),
-    "gap_no_class_token": (dict(classifier="gap", class_token=False), {"hf": "'gap' head"}),
+    # Hugging Face: a SiglipForImageClassification (the mean of every token, none a class token)
+    "gap_no_class_token": (dict(classifier="gap", class_token=False), {}),
     "map_qk_norm": (dict(classifier="map", class_token=False, qk_norm=True),
                     {"npz": "'map' head", "hf": "'map' head"}),
     "map_with_class_token": (dict(classifier="map"), {"npz": "'map' head", "hf": "'map' head"}),

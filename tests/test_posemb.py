@@ -47,7 +47,8 @@ def reference_resize(grid_emb, new, method):
         return scipy.ndimage.zoom(grid_emb, zoom, order=1)
     torch = pytest.importorskip("torch")
     t = torch.from_numpy(np.ascontiguousarray(grid_emb)).permute(2, 0, 1)[None]
-    out = torch.nn.functional.interpolate(t, size=new, mode="bicubic", align_corners=False)
+    out = torch.nn.functional.interpolate(t, size=new, mode="bicubic", align_corners=False,
+                                          antialias=method == "bicubic_antialias")
     return out[0].permute(1, 2, 0).numpy()
 
 
