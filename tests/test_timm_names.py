@@ -18,7 +18,7 @@ import pytest
 from safetensors.numpy import load_file, save_file
 from timm_reference import import_timm
 
-import vit.checkpoints.timm_architectures as timm_architectures
+import vit.models.timm_architectures as timm_architectures
 from vit.checkpoints import load_checkpoint, save_checkpoint
 
 pytestmark = pytest.mark.timeout(300)

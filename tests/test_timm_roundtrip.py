@@ -131,7 +131,7 @@ def test_timms_npz_reader_opens_what_we_write(tmp_path):
 
 
 def test_the_architecture_table_is_what_timm_states():
-    import vit.checkpoints.timm_table as table
+    import vit.models.timm_table as table
 
     if timm.__version__ != table.TIMM_VERSION:
         pytest.skip(f"the table states timm {table.TIMM_VERSION}, timm {timm.__version__} is "
@@ -150,7 +150,7 @@ def test_the_table_resolves_each_architecture_as_timm_builds_it():
     device (no weights made)."""
     import torch
 
-    import vit.checkpoints.timm_architectures as ta
+    import vit.models.timm_architectures as ta
 
     for arch in ta.ARCHITECTURES:
         for extra in ({}, {"global_pool": "avg"}):
@@ -239,3 +239,42 @@ def test_what_no_timm_architecture_builds_is_refused_naming_it(tmp_path):
                            layer_norm_eps=1e-3)
     with pytest.raises(CheckpointError, match="RMSNorm eps 0.001"):
         save_checkpoint(eps, tmp_path / "out", "timm")
+
+
+def _timm_built_like_ours(arch):
+    """(parameters, patch grid, classes) of timm's `create_model(arch)` on the meta device
+    against ours from `vit.variant_config(arch)`, which `vit.create_model` and `vit info` use."""
+    import torch
+
+    from vit.models.info import count_params
+
+    with torch.device("meta"):
+        theirs = timm.create_model(arch, pretrained=False)
+    cfg = __import__("vit").variant_config(arch)
+    # timm's no_embed_class gives the class token no position row; ours has one (the reader
+    # folds timm's class token into it), one width more
+    folded = cfg.width if theirs.no_embed_class and theirs.cls_token is not None else 0
+    timm_side = (sum(p.numel() for p in theirs.parameters()) + folded,
+                 tuple(theirs.patch_embed.grid_size), theirs.num_classes)
+    return timm_side, (count_params(cfg), cfg.grid, cfg.num_classes)
+
+
+@pytest.mark.parametrize("arch", ["vit_base_patch16_224", "vit_base_patch16_clip_224",
+                                  "aimv2_large_patch14_224", "vit_so400m_patch14_siglip_384",
+                                  "vit_small_patch14_reg4_dinov2", "vit_base_patch16_rpn_224"])
+def test_a_timm_name_builds_what_timm_builds(arch):
+    theirs, ours = _timm_built_like_ours(arch)
+    assert theirs == ours and ours[0] > 1_000_000
+
+
+@pytest.mark.slow  # every architecture at full size, abstractly on both sides
+@pytest.mark.timeout(1800)
+def test_every_timm_name_builds_what_timm_builds():
+    import vit.models.timm_table as table
+
+    wrong = {}
+    for arch in table.ARCHITECTURES:
+        theirs, ours = _timm_built_like_ours(arch)
+        if theirs != ours:
+            wrong[arch] = (theirs, ours)
+    assert not wrong, wrong

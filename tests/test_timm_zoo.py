@@ -14,7 +14,7 @@ import pytest
 import zoo_coverage as zoo
 from timm_reference import architectures, import_timm
 
-from vit.checkpoints.timm_table import ARCHITECTURES
+from vit.models.timm_table import ARCHITECTURES
 
 timm = import_timm()
 needs_timm = pytest.mark.skipif(timm is None, reason="timm is not installed "

@@ -29,7 +29,7 @@ TIMM_FIELDS = dict(embed_dim=32, depth=2, num_heads=2, num_classes=5)
 def tiny_args(arch: str) -> dict:
     """model_args that shrink `arch` (width, depth, heads, a 2x2 patch grid) and keep what the
     name decides: activation, norms, MLP and block family, pooling, tokens, MLP ratio."""
-    from vit.checkpoints.timm_architectures import ARCHITECTURES, DEFAULTS
+    from vit.models.timm_architectures import ARCHITECTURES, DEFAULTS
 
     stated = {**DEFAULTS, **ARCHITECTURES[arch]}
     patch = stated["patch_size"]
@@ -119,7 +119,7 @@ def check(timm, arch: str, folder: Path) -> Outcome:
 def expected(arch: str) -> Outcome:
     """What reading tiny `arch` must give: refused for the arguments this ViT does not build,
     else read and written back."""
-    from vit.checkpoints import timm_architectures
+    from vit.models import timm_architectures
 
     bad = timm_architectures.unsupported(timm_architectures.arguments(arch, tiny_args(arch),
                                                                       arch))
@@ -191,7 +191,7 @@ def replace_section(text: str, rows: str) -> str:
 
 
 def table() -> str:
-    from vit.checkpoints.timm_table import ARCHITECTURES, TIMM_VERSION
+    from vit.models.timm_table import ARCHITECTURES, TIMM_VERSION
 
     return coverage_rows([expected(arch) for arch in ARCHITECTURES], TIMM_VERSION)
 

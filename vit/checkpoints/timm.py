@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-import vit.checkpoints.timm_architectures as timm_architectures
+import vit.models.timm_architectures as timm_architectures
 from vit.checkpoints.files import (
     field_error,
     json_int,
@@ -40,7 +40,7 @@ from vit.checkpoints.loaded import LoadedCheckpoint, refuse_text, zero_head_warn
 from vit.checkpoints.lossy import lossy_hint
 from vit.checkpoints.named_arrays import NamedArrays
 from vit.checkpoints.safetensors_io import read_safetensors, write_safetensors
-from vit.checkpoints.timm_architectures import NORM_EPS
+from vit.models.timm_architectures import NORM_EPS
 from vit.checkpoints.torch_tensors import conv_of, patch_kernel_of, transposed
 from vit.checkpoints.tree import flatten, nest
 from vit.errors import CheckpointError, ConfigError

@@ -6,7 +6,7 @@ import json
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("name", help="variant such as vit_b16, 'B/16' or vit_base_patch16_224")
+    parser.add_argument("name", help="variant such as vit_b16 or 'B/16', or any timm vision_transformer architecture (vit_base_patch16_clip_224)")
     parser.add_argument("--num-classes", type=int, default=None, help="head size (default 1000)")
     parser.add_argument("--image-size", type=int, default=None, help="image side in pixels")
     parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",

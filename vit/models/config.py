@@ -1,7 +1,9 @@
 """The ViT configuration and the named variants.
 
-Names follow timm's short form (`vit_b16`) and big_vision's strings (`"B/16"`); timm's long names
-(`vit_base_patch16_224`) are accepted as aliases. Every field can be overridden by keyword.
+Names follow timm's short form (`vit_b16`) and big_vision's strings (`"B/16"`); every architecture
+of timm's `vision_transformer` module (`vit_base_patch16_224`, `vit_base_patch16_clip_224`, ...)
+means what timm builds (`vit.models.timm_architectures`). Every field can be overridden by
+keyword.
 """
 
 from __future__ import annotations
@@ -36,9 +38,6 @@ VARIANTS = {
     "vit_l32": "L/32",
     "vit_h14": "H/14",
 }
-_TIMM_SIZES = {"tiny": "Ti", "small": "S", "medium": "M", "base": "B", "large": "L", "huge": "H",
-               "giant": "g", "gigantic": "G"}
-
 # token: the class token; gap: the mean of the patch tokens; map: attention pooling;
 # token_gap: the class token and the patch mean side by side (transformers' DINOv2 classifier).
 CLASSIFIERS = ("token", "gap", "map", "token_gap")
@@ -369,33 +368,30 @@ def check_fields(overrides: dict[str, Any]) -> None:
 
 
 def _parse_spec(name: str) -> dict[str, Any] | None:
-    """Decodes "B/16", "vit_b16" or "vit_base_patch16_224" into config fields."""
-    spec = VARIANTS.get(name.lower(), name)
-    m = re.fullmatch(r"(Ti|S|M|B|L|H|g|G)/(\d+)", spec)
-    if m:
-        size, patch, image = m.group(1), int(m.group(2)), None
-    else:
-        m = re.fullmatch(r"vit_(\w+?)_patch(\d+)(?:_(?:clip_)?(\d+))?(?:\.\w+)?", name)
-        if not m or m.group(1) not in _TIMM_SIZES:
-            return None
-        size, patch = _TIMM_SIZES[m.group(1)], int(m.group(2))
-        image = int(m.group(3)) if m.group(3) else None
-    width, depth, mlp_dim, heads = WIDTHS[size]
-    fields = dict(width=width, depth=depth, mlp_dim=mlp_dim, num_heads=heads,
-                  patch_size=(patch, patch))
-    if image:
-        fields["image_size"] = (image, image)
-    return fields
+    """Decodes "B/16" or "vit_b16" into config fields (timm's long names are timm's table's)."""
+    m = re.fullmatch(r"(Ti|S|M|B|L|H|g|G)/(\d+)", VARIANTS.get(name.lower(), name))
+    if not m:
+        return None
+    width, depth, mlp_dim, heads = WIDTHS[m.group(1)]
+    return dict(width=width, depth=depth, mlp_dim=mlp_dim, num_heads=heads,
+                patch_size=(int(m.group(2)),) * 2)
 
 
 def variant_config(name: str, **overrides: Any) -> ViTConfig:
-    """The ViTConfig of a variant name ("B/16", "vit_b16", "vit_base_patch16_224"), with
-    keyword overrides applied (and checked). Not a recipe's `get_config()`, which returns a
-    training ConfigDict."""
-    fields = _parse_spec(name)
+    """The ViTConfig of a variant name ("B/16", "vit_b16") or of any architecture of timm's
+    `vision_transformer` module ("vit_base_patch16_clip_224", "aimv2_large_patch14_224",
+    optionally with a `.tag`), built as timm builds it; keyword overrides applied (and
+    checked). Not a recipe's `get_config()`, which returns a training ConfigDict."""
+    from vit.models import timm_architectures  # a large table: loaded when a name is asked
+
+    fields = timm_architectures.timm_fields(name)
     if fields is None:
-        choices = list(VARIANTS) + ["<size>/<patch> such as 'B/16'"]
-        near = difflib.get_close_matches(name, list(VARIANTS), n=1)
+        fields = _parse_spec(name)
+    if fields is None:
+        choices = list(VARIANTS) + ["<size>/<patch> such as 'B/16'",
+                                    "a timm architecture such as vit_base_patch16_224"]
+        names = [*VARIANTS, *timm_architectures.ARCHITECTURES]
+        near = difflib.get_close_matches(name, names, n=1)
         hint = f" (did you mean {near[0]!r}?)" if near else ""
         raise ConfigError(f"unknown model {name!r}{hint}; choose one of {', '.join(choices)}")
     check_fields(overrides)

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import re
 
-from vit.checkpoints.timm_table import ARCHITECTURES, TIMM_VERSION
+from vit.models.posemb import METHOD_OF_SOURCE
+from vit.models.timm_table import ARCHITECTURES, PRETRAINED, TIMM_VERSION
 from vit.errors import CheckpointError
 
 # `VisionTransformer.__init__`'s defaults (timm/models/vision_transformer.py) for the arguments
@@ -233,3 +234,31 @@ def config_fields(args: dict) -> tuple[dict, list[str]]:
 def unsupported(args: dict) -> list[str]:
     """The arguments (`name=value (why)`) that build a model this ViT does not have."""
     return config_fields(args)[1]
+
+
+def timm_fields(name: str) -> dict | None:
+    """The ViTConfig fields of the model timm builds for architecture `name`
+    (`vit_base_patch16_clip_224`, a `.tag` allowed: it names weights only), at timm's image
+    size with its classes (as `timm.create_model(name)`); None when timm's table has no such
+    architecture. What `vit.create_model` and `vit info` build for a timm name."""
+    arch = name.split(".")[0]
+    if arch not in ARCHITECTURES:
+        return None
+    args = arguments(arch, {}, arch)
+    fields, problems = config_fields(args)
+    if problems:  # none of timm's own names today; a later table may add one
+        raise CheckpointError(f"timm architecture {arch}: {'; '.join(problems)}")
+    # timm's builder sets img_size and num_classes from the default pretrained_cfg unless the
+    # entry point passes them (`setdefault`)
+    size = ARCHITECTURES[arch].get("img_size", PRETRAINED[arch]["img_size"])
+    size = tuple(size) if isinstance(size, list | tuple) else (size, size)
+    # timm's stride-p patch convolution ignores the pixels past the last whole patch (384 px at
+    # patch 14: a 27x27 grid on 378 px); this ViT states the size its grid covers
+    fields["image_size"] = tuple(s // p * p for s, p in zip(size, fields["patch_size"],
+                                                             strict=True))
+    fields["num_classes"] = ARCHITECTURES[arch].get("num_classes",
+                                                    PRETRAINED[arch]["num_classes"])
+    fields["posemb_resize"] = METHOD_OF_SOURCE["timm"]
+    if fields["pool_include_prefix"] == (fields["classifier"] == "map"):
+        fields["pool_include_prefix"] = None  # the head's own convention
+    return fields
