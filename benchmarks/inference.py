@@ -222,6 +222,11 @@ def table(r: dict) -> list[str]:
         tail.append("Images/s by round, " + ", ".join(
             f"{who} bfloat16 {num(min(v), 1)}-{num(max(v), 1)}" for who, v in
             zip(("vit", "transformers"), spread.values(), strict=True)) + ".")
+    base = r.get("ratio_to_baseline_median")
+    if base is not None:
+        by_round = [x["ours_float32"] / x["baseline"] for x in r["rounds"]]
+        tail.append(f"vit float32 against `--baseline` (the older code): {num(base)}x, the median "
+                    "of the per-round ratios (" + ", ".join(num(x) for x in by_round) + ").")
     return [f"`{s['model']}`, batch {s['batch']}, {s['image_size']} px, median of "
             f"{s['rounds']} rounds:", "",
             *tables.table(["model", "images/s", "vs transformers", "top-1 = transformers'",
