@@ -326,7 +326,8 @@ def test_timm_safetensors_matches_transformers(tmp_path):
 
 
 def test_timm_names_are_aliases_and_resolve_from_the_hub_cache(tmp_path, monkeypatch, hf_exact):
-    assert vit.variant_config("vit_tiny_patch16_224") == vit.variant_config("Ti/16")
+    assert vit.variant_config("vit_tiny_patch16_224") == vit.variant_config(
+        "Ti/16", posemb_resize="bicubic_antialias")
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
     model = vit.create_model("vit_tiny_patch16_224", width=32, depth=1, mlp_dim=64,
                              num_heads=4, image_size=32)

@@ -40,10 +40,15 @@ def test_parameter_counts_match_standard_architecture(name, expected):
     assert count_params(vit.variant_config(name)) == expected
 
 
-def test_big_vision_and_timm_names_are_aliases():
+def test_big_vision_names_are_aliases_and_timm_names_timms_models():
     assert vit.variant_config("B/16") == vit.variant_config("vit_b16")
-    assert vit.variant_config("vit_base_patch16_224") == vit.variant_config("vit_b16")
+    # timm's name is the same architecture, with timm's way of resizing position embeddings
+    timm_b16 = vit.variant_config("vit_base_patch16_224")
+    assert timm_b16.posemb_resize == "bicubic_antialias"
+    assert timm_b16 == vit.variant_config("vit_b16", posemb_resize="bicubic_antialias")
     assert vit.variant_config("vit_large_patch16_384").image_size == (384, 384)
+    clip = vit.variant_config("vit_base_patch16_clip_224")  # not the plain ViT of its size
+    assert clip.pre_norm and not clip.patch_bias and clip.layer_norm_eps == 1e-5
 
 
 @pytest.mark.parametrize("name", list(vit.VARIANTS))
