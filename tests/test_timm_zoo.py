@@ -1,10 +1,11 @@
-"""Every architecture of timm's `vision_transformer` module, built tiny by timm itself (its own
-activation, norms, MLP, block family, pooling and tokens; 32 wide, 2 deep, a 2x2 patch grid;
-every parameter perturbed) and saved with timm's `save_for_hf`: read to timm's probabilities
-within 1e-5, written back and reopened by `timm.create_model("local-dir:...")` to the same, or
-refused by name for what this ViT does not build (tests/zoo_coverage.py). One name per block
-family by default; the whole zoo with `-m slow`. And docs/checkpoints.md holds the coverage
-table our architecture table gives."""
+"""Every architecture of timm's `vision_transformer` and `deit` modules, built tiny by timm
+itself (its own activation, norms, MLP, block family, pooling and tokens, DeiT's distillation
+token and head; 32 wide, 2 deep, a 2x2 patch grid; every parameter perturbed) and saved with
+timm's `save_for_hf`: read to timm's probabilities within 1e-5, written back and reopened by
+`timm.create_model("local-dir:...")` to the same, or refused by name for what this ViT does not
+build (tests/zoo_coverage.py). One name per block family by default; the whole zoo with
+`-m slow` (and tests/test_timm_deit.py for the deit module). And docs/checkpoints.md holds the
+coverage table our architecture table gives."""
 
 import re
 import tempfile
@@ -36,6 +37,7 @@ FAMILIES = [
     "vit_base_patch16_xp_224",  # ParallelScalingBlock, qk-norm, RmsNorm by class name
     "vit_dwee_patch16_reg1_gap_256",  # differential attention
     "vit_dpwee_patch16_reg1_gap_256",  # DiffParallelScalingBlock
+    "deit_tiny_distilled_patch16_224",  # the deit module's distillation token and second head
 ]
 
 

@@ -1,5 +1,5 @@
-"""timm's whole ViT zoo (every architecture of its `vision_transformer` module) built tiny by
-timm itself, saved by timm's hub writer, read by `vit.load_checkpoint`, written back by
+"""timm's whole ViT zoo (every architecture of its `vision_transformer` and `deit` modules) built
+tiny by timm itself, saved by timm's hub writer, read by `vit.load_checkpoint`, written back by
 `vit.save_checkpoint(..., "timm")` and reopened by timm; and the coverage table of
 docs/checkpoints.md.
 
@@ -139,7 +139,9 @@ def agrees(outcome: Outcome) -> bool:
 
 # -- the coverage table -----------------------------------------------------------------------
 # A family per name: the first of these tags the name holds (timm's names say the recipe).
-_TAGS = (("aimv2", "AIMv2"), ("beit3", "BEiT-3"), ("eva_", "EVA"), ("flexivit", "FlexiViT"),
+_TAGS = (("_distilled_", "DeiT, distilled (deit module)"),
+         ("deit3_", "DeiT-III (deit module)"), ("deit_", "DeiT (deit module)"),
+         ("aimv2", "AIMv2"), ("beit3", "BEiT-3"), ("eva_", "EVA"), ("flexivit", "FlexiViT"),
          ("test_vit", "timm's test models"), ("_xp_", "ViT-22B style (parallel scaling)"),
          ("pwee", "parallel scaling (pwee)"), ("dlittle", "differential attention"),
          ("dwee", "differential attention"), ("18x2", "parallel blocks (18x2)"),
@@ -160,7 +162,8 @@ def coverage_rows(outcomes: list[Outcome], version: str) -> str:
         families.setdefault(family(o.arch), []).append(o)
     read = sum(o.read for o in outcomes)
     written = sum(o.written for o in outcomes)
-    lines = [f"Made by `{REGENERATE}` from timm {version}'s `vision_transformer` module: "
+    lines = [f"Made by `{REGENERATE}` from timm {version}'s `vision_transformer` and `deit` "
+             "modules: "
              f"{len(outcomes)} architectures, **{read} read** within 1e-5 of timm's "
              f"probabilities, **{written} written back** and reopened by "
              f"`timm.create_model(\"local-dir:...\", pretrained=True)` to the same "

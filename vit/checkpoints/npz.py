@@ -206,7 +206,8 @@ def read(path: Path) -> LoadedCheckpoint:
         width=d, patch_size=(ph, pw), image_size=(grid[0] * ph, grid[1] * pw),
         in_channels=channels, num_classes=num_classes, class_token=class_token,
         classifier=classifier, representation_size=representation, posemb=posemb,
-        layer_norm_eps=1e-6, act_layer="gelu_tanh", posemb_resize=METHOD_OF_SOURCE[family], **block_fields)
+        layer_norm_eps=1e-6, act_layer="gelu_tanh", posemb_resize=METHOD_OF_SOURCE[family],
+        **block_fields)
     warning = zero_head_warning(params)
     return LoadedCheckpoint(
         config=config, params=params, preprocessing=INCEPTION.with_size(config.image_size),

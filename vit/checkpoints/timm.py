@@ -5,7 +5,9 @@ tree): `patch_embed.proj` (OIHW), `patch_embed.norm`, `cls_token`, `reg_token`, 
 `norm_pre`, `blocks.{i}.norm1`, `attn.qkv` (fused, output rows laid out (3, heads, head_dim)
 like ours), `attn.q_norm/k_norm`, `attn.norm`, `attn.proj`, `ls1.gamma`, `norm2`,
 `mlp.fc1/fc2` (`mlp.fc1_g/fc1_x/fc2` for SwiGLU, `mlp.norm`), `ls2.gamma`, parallel blocks'
-`attns.{j}.*`/`ffns.{j}.*`, `norm`, `fc_norm`, `attn_pool.*` (a MAP head), `head`. The hub's
+`attns.{j}.*`/`ffns.{j}.*`, `norm`, `fc_norm`, `attn_pool.*` (a MAP head), `head`; DeiT's
+distilled architectures (timm's `VisionTransformerDistilled`) add `dist_token` and `head_dist`,
+and their `pos_embed` rows are [cls, dist, grid], as ours. The hub's
 timm repos carry a `config.json` with `architecture`, `model_args` and `pretrained_cfg`
 (input size, interpolation, mean/std, crop_pct); the architecture decides the rest
 (`timm_architectures`: norms, activation, MLP, block family, pooling).
@@ -40,12 +42,13 @@ from vit.checkpoints.loaded import LoadedCheckpoint, refuse_text, zero_head_warn
 from vit.checkpoints.lossy import lossy_hint
 from vit.checkpoints.named_arrays import NamedArrays
 from vit.checkpoints.safetensors_io import read_safetensors, write_safetensors
-from vit.models.timm_architectures import NORM_EPS
 from vit.checkpoints.torch_tensors import conv_of, patch_kernel_of, transposed
 from vit.checkpoints.tree import flatten, nest
 from vit.errors import CheckpointError, ConfigError
 from vit.models.config import WIDTHS, ViTConfig
 from vit.models.posemb import METHOD_OF_SOURCE
+from vit.models.timm_architectures import NORM_EPS
+from vit.models.timm_table import DEIT
 from vit.preprocess import Preprocessing
 
 TIMM_SIZE_NAMES = {"Ti": "tiny", "S": "small", "M": "medium", "B": "base", "L": "large",
@@ -59,7 +62,11 @@ def is_timm_keys(keys) -> bool:
 
 
 def is_timm_name(name: str) -> bool:
-    """`vit_base_patch16_224` or `vit_base_patch16_224.augreg2_in21k_ft_in1k`."""
+    """`vit_base_patch16_224`, `vit_base_patch16_224.augreg2_in21k_ft_in1k`, or any other
+    architecture of timm's table (`deit_tiny_distilled_patch16_224`, `aimv2_large_patch14_224`),
+    with or without a `.tag`."""
+    if name.split(".")[0] in timm_architectures.ARCHITECTURES and "/" not in name:
+        return True
     return re.fullmatch(r"vit_\w+_patch\d+\w*(\.\w+)?", name) is not None
 
 
@@ -139,6 +146,7 @@ def _inferred_arguments(arrays: dict, model_args: dict, width: int) -> dict:
             "mlp_layer": "SwiGLU" if f"{mlp}fc1_g.weight" in arrays else "Mlp",
             "global_pool": ("map" if "attn_pool.latent" in arrays
                             else "token" if class_token else "avg"),
+            "distilled": "dist_token" in arrays,
             "num_heads": None}
     fc1, fc2 = arrays.get(f"{mlp}fc1.weight"), arrays.get(f"{mlp}fc2.weight")
     if fc1 is not None and fc2 is not None and fc1.ndim == fc2.ndim == 2 and \
@@ -275,11 +283,12 @@ def read(path: Path) -> LoadedCheckpoint:
         if fc1 is not None and fc1.ndim == 2:
             fields["mlp_dim"] = fc1.shape[0]
     class_token, registers = fields["class_token"], fields["num_registers"]
+    positioned = int(class_token) + int(fields["dist_token"])  # prefix rows of pos_embed
     if fields["pool_include_prefix"] == (fields["classifier"] == "map"):
         fields["pool_include_prefix"] = None  # the head's own convention (ViTConfig.pools_prefix)
     no_embed_class = bool(args["no_embed_class"]) if arch else None
     arch_size = timm_architectures.ARCHITECTURES.get(arch, {}).get("img_size")
-    grid = _grid(tc, arrays, patch, int(class_token) + registers, str(file), config_file,
+    grid = _grid(tc, arrays, patch, positioned + registers, str(file), config_file,
                  no_embed_class, arch_size)
     head = arrays.get("head.weight")
     num_classes = head.shape[0] if head is not None and head.ndim == 2 else 0
@@ -314,11 +323,11 @@ def _read_params(get: NamedArrays, config: ViTConfig, grid: tuple[int, int], fil
     reg_tokens = get("reg_token") if config.num_registers else None
     pos_embed = get("pos_embed")
     get.check(str(file), "timm")
-    prefix = int(config.class_token) + config.num_registers
+    prefix = config.num_prefix_tokens
     if pos_embed.ndim != 3 or pos_embed.shape[1] - grid[0] * grid[1] not in (0, prefix):
         raise CheckpointError(f"{file}: pos_embed has shape {pos_embed.shape}, not the rows of "
                               f"{prefix} prefix tokens and a {grid[0]}x{grid[1]} grid")
-    tokens = _split_posemb(pos_embed, grid, config.class_token, config.num_registers,
+    tokens = _split_posemb(pos_embed, grid, config.num_posemb_prefix, config.num_registers,
                            reg_tokens)
     flat.update({(name,): value for name, value in tokens.items()})
     if reg_tokens is not None and "reg_tokens" not in tokens:
@@ -376,21 +385,22 @@ def _grid(tc: dict, arrays: dict, patch: tuple[int, int], prefix: int, where: st
                           "config.json with pretrained_cfg.input_size")
 
 
-def _split_posemb(pe: np.ndarray, grid: tuple[int, int], class_token: bool, registers: int,
+def _split_posemb(pe: np.ndarray, grid: tuple[int, int], positioned: int, registers: int,
                   reg_tokens: np.ndarray | None) -> dict[str, np.ndarray]:
-    """timm's pos_embed -> ours: [class row, patches]; register rows folded into the tokens."""
+    """timm's pos_embed -> ours: [class (and distillation) rows, patches], `positioned` rows
+    before the grid's; register rows folded into the tokens."""
     d = pe.shape[-1]
     embedded_prefix = pe.shape[1] - grid[0] * grid[1]
     out = {}
     if embedded_prefix == 0:  # no_embed_class: prefix tokens get no position
-        cls_row = np.zeros((1, 1, d), np.float32)
+        rows = np.zeros((1, positioned, d), np.float32)
     else:
-        cls_row = pe[:, :1]
+        rows = pe[:, :positioned]
         if registers:
-            regs = pe[:, int(class_token):embedded_prefix]
+            regs = pe[:, positioned:embedded_prefix]
             out["reg_tokens"] = (reg_tokens + regs).astype(np.float32)
     patches = pe[:, embedded_prefix:]
-    out["pos_embed"] = np.concatenate([cls_row, patches], 1) if class_token else patches
+    out["pos_embed"] = np.concatenate([rows, patches], 1) if positioned else patches
     return out
 
 
@@ -422,8 +432,6 @@ def cannot_hold(loaded: LoadedCheckpoint) -> list[str]:
         problems.append(f"{cfg.posemb} position embeddings (timm's ViT learns them)")
     if cfg.rel_pos_bias != "none":
         problems.append("a relative position bias (BEiT's; timm's beit module, not its ViT)")
-    if cfg.dist_token:
-        problems.append("a distillation token (DeiT's; timm's deit module, not its ViT)")
     if cfg.classifier == "token_gap":
         problems.append("the class token and patch mean side by side (token_gap pooling)")
     if cfg.block_fn == "parallel" and cfg.num_parallel != 2:
@@ -486,7 +494,8 @@ def write(loaded: LoadedCheckpoint, dst) -> list[str]:
         pe = pe[:, n_cls:]
     elif cfg.num_registers:  # registers get zero rows: x + 0 leaves them exact
         zeros = np.zeros((1, cfg.num_registers, cfg.width), np.float32)
-        pe = np.concatenate([pe[:, :n_cls], zeros, pe[:, n_cls:]], 1)
+        rows = cfg.num_posemb_prefix
+        pe = np.concatenate([pe[:, :rows], zeros, pe[:, rows:]], 1)
     out["pos_embed"] = pe
     with staged(dst) as tmp:
         tmp.mkdir()
@@ -504,11 +513,14 @@ _COMPARED = ("width", "depth", "num_heads", "mlp_dim", "patch_size", "in_channel
              "norm_layer", "layer_norm_eps", "mlp_layer", "block_fn", "attn_layer",
              "num_parallel",
              "proj_bias", "embed_norm", "pre_norm", "final_norm", "fc_norm", "scale_attn_norm",
-             "scale_mlp_norm", "classifier", "pool_include_prefix", "dynamic_image_size")
+             "scale_mlp_norm", "classifier", "pool_include_prefix", "dynamic_image_size",
+             "dist_token", "dist_head")
 _POOL_NAMES = {ours: theirs for theirs, ours in timm_architectures.POOLS.items()}
 # What no model_args value can set (timm takes classes for these, or eps inside a partial).
 _FIXED = {"mlp_layer": "the MLP", "block_fn": "the block", "num_parallel": "the parallel "
-          "branches", "norm_layer": "the norm", "layer_norm_eps": "the norm's eps"}
+          "branches", "norm_layer": "the norm", "layer_norm_eps": "the norm's eps",
+          "dist_token": "the distillation token (a deit architecture's)",
+          "dist_head": "the distillation head (a deit architecture's)"}
 
 
 def _ours(cfg: ViTConfig) -> dict:
@@ -519,6 +531,7 @@ def _ours(cfg: ViTConfig) -> dict:
                                   else None)
     out["layer_scale"] = float(cfg.layer_scale) if cfg.layer_scale else None
     out["fc_norm"] = cfg.fc_norm and cfg.final_norm
+    out["dist_head"] = cfg.dist_head or not cfg.dist_token  # timm's distilled ViT has it always
     return out
 
 
@@ -566,9 +579,13 @@ def _search(cfg: ViTConfig, class_row: bool) -> tuple[str | None, dict, str | No
     """(the timm architecture nearest to `cfg`, the model_args that make it `cfg`, None), or
     (None, {}, why none can) when no architecture of the table builds `cfg`."""
     ours, preferred = _ours(cfg), timm_name(cfg)
+    if cfg.dist_token:  # DeiT's name for it: deit_base_distilled_patch16_224
+        preferred = preferred.replace("vit_", "deit_", 1).replace("_patch", "_distilled_patch", 1)
     best, closest = None, None
     for arch in timm_architectures.ARCHITECTURES:
-        if arch.startswith("test_"):
+        # the deit module's names only for DeiT's distillation token: the same ViTs otherwise
+        # go by the vision_transformer module's names
+        if arch.startswith("test_") or (arch in DEIT and not cfg.dist_token):
             continue
         args, fixed = {}, []
         for _ in range(4):  # a field set may move another (mlp_ratio is per embed_dim)
@@ -627,7 +644,9 @@ def _timm_config_json(loaded: LoadedCheckpoint, arch: str, args: dict) -> dict:
            "pretrained_cfg": {**transform, "fixed_input_size": not cfg.dynamic_image_size,
                               "num_classes": cfg.num_classes, "pool_size": None,
                               "first_conv": "patch_embed.proj",
-                              "classifier": "head" if cfg.num_classes else None}}
+                              "classifier": (None if not cfg.num_classes else
+                                             ["head", "head_dist"] if cfg.dist_token
+                                             else "head")}}
     if loaded.labels:
         out["label_names"] = list(loaded.labels)
     return out

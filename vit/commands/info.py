@@ -6,7 +6,8 @@ import json
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("name", help="variant such as vit_b16 or 'B/16', or any timm vision_transformer architecture (vit_base_patch16_clip_224)")
+    parser.add_argument("name", help="variant such as vit_b16 or 'B/16', or any timm ViT "
+                        "architecture (vit_base_patch16_clip_224, deit_small_patch16_224)")
     parser.add_argument("--num-classes", type=int, default=None, help="head size (default 1000)")
     parser.add_argument("--image-size", type=int, default=None, help="image side in pixels")
     parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",

@@ -2,8 +2,9 @@
 
 A timm `config.json` names an `architecture` and the `model_args` that differ from it; the name
 carries the rest (heads, activation, pooling, `fc_norm`, `no_embed_class`, registers, layer
-scale). `ARCHITECTURES` below is every architecture of timm's `vision_transformer` module with
-the keyword arguments its entry point passes to `VisionTransformer`, as timm states them
+scale, DeiT's distillation token and head). `ARCHITECTURES` below is every architecture of
+timm's `vision_transformer` and `deit` modules with the keyword arguments its entry point passes
+to `VisionTransformer` (`distilled`: a `VisionTransformerDistilled`), as timm states them
 (generated into timm_table.py by tests/timm_reference.py; tests/test_timm_roundtrip.py checks
 every row against timm's own models). A name not in it is asked of timm's registry
 when timm can be imported; otherwise it is refused, naming the model_args that would settle it.
@@ -13,9 +14,9 @@ from __future__ import annotations
 
 import re
 
+from vit.errors import CheckpointError
 from vit.models.posemb import METHOD_OF_SOURCE
 from vit.models.timm_table import ARCHITECTURES, PRETRAINED, TIMM_VERSION
-from vit.errors import CheckpointError
 
 # `VisionTransformer.__init__`'s defaults (timm/models/vision_transformer.py) for the arguments
 # that change what a file's arrays mean.
@@ -28,6 +29,10 @@ DEFAULTS = {
     "dynamic_img_size": False, "dynamic_img_pad": False, "embed_norm_layer": None,
     "norm_layer": None, "act_layer": None, "block_fn": "Block", "mlp_layer": "Mlp",
     "attn_layer": "Attention",
+    # not VisionTransformer's: the deit module's `_create_deit(distilled=True)` builds a
+    # VisionTransformerDistilled (a distillation token after the class token, pos_embed rows
+    # [cls, dist, grid], `head` and `head_dist` averaged); never a model_arg
+    "distilled": False,
 }
 # The name older `vit convert --format timm` folders carry (not timm's): their model_args and
 # arrays state the whole model, and they are read as a file naming no architecture is.
@@ -63,6 +68,7 @@ def _from_timm_registry(arch: str) -> dict | None:
     as a VisionTransformer; None otherwise."""
     try:
         import timm
+        import timm.models.deit as deit
         import timm.models.vision_transformer as vt
     except Exception:  # not installed, or its torchvision cannot load beside this torch
         return None
@@ -75,7 +81,11 @@ def _from_timm_registry(arch: str) -> dict | None:
     def capture(variant, pretrained=False, **kwargs):
         raise Captured(kwargs)
 
-    original, vt._create_vision_transformer = vt._create_vision_transformer, capture
+    def capture_deit(variant, pretrained=False, distilled=False, **kwargs):
+        raise Captured({**kwargs, **({"distilled": True} if distilled else {})})
+
+    originals = vt._create_vision_transformer, deit._create_deit
+    vt._create_vision_transformer, deit._create_deit = capture, capture_deit
     try:
         timm.models._registry.model_entrypoint(arch)(pretrained=False)
     except Captured as done:
@@ -83,7 +93,7 @@ def _from_timm_registry(arch: str) -> dict | None:
     except Exception:  # another family's entry point (hybrid, relpos, eva): not ours
         return None
     finally:
-        vt._create_vision_transformer = original
+        vt._create_vision_transformer, deit._create_deit = originals
     return None
 
 
@@ -202,6 +212,21 @@ def config_fields(args: dict) -> tuple[dict, list[str]]:
                         "have: token, avg or map)")
     pool = POOLS.get(args["global_pool"], "token")
     class_token, registers = bool(args["class_token"]), int(args["reg_tokens"] or 0)
+    distilled = bool(args["distilled"])
+    if distilled:  # what timm's VisionTransformerDistilled refuses, or builds and never reads
+        if args["global_pool"] != "token":
+            problems.append(f"global_pool={args['global_pool']!r} (timm's distilled head reads "
+                            "the class and distillation tokens)")
+        if not class_token:
+            problems.append("class_token=False (timm's distilled ViT needs its class token)")
+        if registers:
+            problems.append(f"reg_tokens={registers} (timm's distilled ViT never feeds its "
+                            "registers in)")
+        if args["no_embed_class"]:
+            problems.append("no_embed_class=True (timm's distilled ViT then adds a pos_embed "
+                            "of the wrong length)")
+        if args["fc_norm"] and args["final_norm"]:
+            problems.append("fc_norm=True (timm's distilled head skips fc_norm)")
     final_norm = bool(args["final_norm"])
     use_fc_norm = args["fc_norm"]
     if use_fc_norm is None:
@@ -227,6 +252,8 @@ def config_fields(args: dict) -> tuple[dict, list[str]]:
         "pool_include_prefix": (bool(args["pool_include_prefix"])
                                 if pool != "token" and int(class_token) + registers else None),
         "dynamic_image_size": bool(args["dynamic_img_size"]),
+        # a distilled ViT has its second head always (dist_head: ViTConfig's default)
+        "dist_token": distilled, "dist_head": True,
     }
     return fields, problems
 
