@@ -62,11 +62,11 @@ def hooked_text_encoder(model, hook):
     blocks = list(model.text_path.encoder.blocks) if model.text_path.encoder else []
     original = Block.__call__
 
-    def call(self, x, keys, probs_hook=None, kv_len=None, queries=None):
+    def call(self, x, keys, probs_hook=None, kv_len=None, queries=None, **options):
         for i, block in enumerate(blocks):
             if block is self:
                 probs_hook = lambda p, i=i: hook(i, p)  # noqa: E731
-        return original(self, x, keys, probs_hook, kv_len, queries)
+        return original(self, x, keys, probs_hook, kv_len, queries, **options)
 
     with mock.patch.object(Block, "__call__", call):
         yield

@@ -253,9 +253,11 @@ def _timm_built_like_ours(arch):
     with torch.device("meta"):
         theirs = timm.create_model(arch, pretrained=False)
     cfg = __import__("vit").variant_config(arch)
-    # timm's no_embed_class gives the class token no position row; ours has one (the reader
-    # folds timm's class token into it), one width more
-    folded = cfg.width if theirs.no_embed_class and theirs.cls_token is not None else 0
+    # timm's no_embed_class gives the class token no position row, ours has one (the reader
+    # folds timm's class token into it); without it timm gives registers position rows, ours
+    # none (folded into the register tokens)
+    folded = (cfg.width if theirs.no_embed_class and theirs.cls_token is not None else
+              -cfg.width * cfg.num_registers if not theirs.no_embed_class else 0)
     timm_side = (sum(p.numel() for p in theirs.parameters()) + folded,
                  tuple(theirs.patch_embed.grid_size), theirs.num_classes)
     return timm_side, (count_params(cfg), cfg.grid, cfg.num_classes)
