@@ -290,10 +290,12 @@ def out_of(argv: list[str]) -> str | None:
 
 def command(argv: list[str] | None, mode: str) -> str:
     """The command line that makes a record, `python -m benchmarks MODE ARGS`, without
-    `--out FILE` (where this copy was written says nothing about the measurement)."""
+    `--out FILE` unless FILE is one of the repository's records (a scratch copy's place says
+    nothing about the measurement; a record beside another, `inference_amd.json`, is remade
+    there)."""
     args = list(sys.argv[1:] if argv is None else argv)
     out = out_of(args)
-    if out is not None:
+    if out is not None and not is_record(out):
         args = [a for a in args if a not in ("--out", out, f"--out={out}")]
     return shlex.join(["python", "-m", "benchmarks", mode, *args])
 
@@ -312,13 +314,17 @@ def record_path(name: str) -> Path:
 
 def write_record(name: str, figures: dict, *, argv: list[str] | None, mode: str | None = None,
                  extra_packages: tuple[str, ...] = (), out: str | Path | None = None) -> Path:
-    """Writes `benchmarks/records/NAME.json` (or `out`) atomically: the benchmark's name, the
-    date (UTC), the command (`mode`, default NAME, with `argv`; None takes this process's),
-    the machine and the versions, then `figures`, paths relative (`relative`, strict for the
-    repository's records)."""
+    """Writes `benchmarks/records/NAME.json` (or `out`) atomically: the benchmark's name (a
+    record's file stem: `--out benchmarks/records/inference_amd.json` names it
+    `inference_amd`), the date (UTC), the command (`mode`, default NAME, with `argv`; None
+    takes this process's), the machine and the versions, then `figures`, paths relative
+    (`relative`, strict for the repository's records)."""
+    mode = mode or name
+    if out is not None and is_record(out):
+        name = Path(out).stem
     full = relative({"benchmark": name,
                      "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                     "command": command(argv, mode or name), "machine": machine(),
+                     "command": command(argv, mode), "machine": machine(),
                      "versions": versions(extra_packages),
                      **json.loads(json.dumps(figures, default=str))}, strict=is_record(out))
     path = Path(out) if out else record_path(name)

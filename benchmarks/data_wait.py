@@ -17,15 +17,13 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 from benchmarks import common
+from benchmarks import tables as T
 
-ROOT = common.ROOT
 FOLDER_SETS = ["model.name=Ti/16", "input.image_size=96", "train.batch_size=32",
                "model.dtype=float32"]
 
@@ -45,19 +43,16 @@ def make_photos(root: Path, per_class: int = 200) -> Path:
 
 
 def train(recipe: str, workdir: Path, steps: int, sets: list[str]) -> dict:
-    log_every = max(steps // 6, 1)
-    cmd = [sys.executable, "-m", "vit.cli", "train", "--config", recipe, "--workdir",
-           str(workdir)]
-    for item in [*sets, f"train.steps={steps}", f"train.log_every={log_every}",
-                 f"train.eval_every={steps}", f"train.checkpoint_every={steps}"]:
-        cmd += ["--set", item]
-    t = time.time()
-    subprocess.run(cmd, check=True, cwd=ROOT, capture_output=True, text=True)
-    rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
-    train_rows = [r for r in rows if r["split"] == "train"]
-    later = train_rows[1:] or train_rows
-    return {"recipe": recipe, "overrides": sets, "steps": steps, "wall_s": time.time() - t,
-            "data_wait_per_window": [round(r["data_wait"], 4) for r in train_rows],
+    from vit.training.metrics import read_metrics
+
+    run = common.run_cli(["vit", "train", "--config", recipe, "--workdir", str(workdir), *(
+        x for s in [*sets, f"train.steps={steps}", f"train.log_every={max(steps // 6, 1)}",
+                    f"train.eval_every={steps}", f"train.checkpoint_every={steps}"]
+        for x in ("--set", s))], capture=True)
+    rows = [r for r in read_metrics(workdir / "metrics.jsonl") if r.get("split") == "train"]
+    later = rows[1:] or rows
+    return {"recipe": recipe, "overrides": sets, "steps": steps, "wall_s": run["wall_s"],
+            "data_wait_per_window": [round(r["data_wait"], 4) for r in rows],
             "data_wait_median_after_first": statistics.median(r["data_wait"] for r in later),
             "images_per_s_median_after_first": statistics.median(r["images_per_s"]
                                                                  for r in later)}
@@ -104,3 +99,24 @@ def main(argv: list[str]) -> None:
     print(json.dumps(runs, indent=2))
     print(f"wrote {out}")
 
+
+
+def table(r: dict) -> list[str]:
+    rows = [[name, run["recipe"], run["steps"],
+             " / ".join(T.pct(x) for x in run["data_wait_per_window"]),
+             T.pct(run["data_wait_median_after_first"]),
+             T.num(run["images_per_s_median_after_first"], 1),
+             T.num(run["pipeline_alone_images_per_s"], 0)] for name, run in r["runs"].items()]
+    load = (r.get("machine") or {}).get("load_average")
+    return ["The share of `vit train`'s wall time spent waiting for the input pipeline, per "
+            f"logging window (target: {r['target']}):", "",
+            *T.table(["run", "recipe", "steps", "waiting, by window", "median after the first",
+                      "training img/s", "pipeline alone img/s"], rows),
+            *(["", f"Load average while measured: {load[0]:.1f} (the machine was shared)."]
+              if load else [])]
+
+
+def targets(r: dict) -> list[tuple[str, str, bool]]:
+    return [(f"{name}: at most 5.0% of the wall time waiting for data",
+             T.pct(run["data_wait_median_after_first"]),
+             run["data_wait_median_after_first"] <= 0.05) for name, run in r["runs"].items()]

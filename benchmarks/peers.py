@@ -6,6 +6,7 @@ own (`common.run_side`), so torch's threads and allocator never share one with X
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import numpy as np
@@ -90,3 +91,70 @@ def adamw(model, *, lr: float, b1: float, b2: float, weight_decay: float):
     return torch.optim.AdamW([{"params": groups[True], "weight_decay": weight_decay},
                               {"params": groups[False], "weight_decay": 0.0}],
                              lr=lr, betas=(b1, b2), eps=1e-8)
+
+
+def train_classifier(*, dataset: str, steps: int, batch: int, lr: float, warmup: int,
+                     weight_decay: float, clip: float, label_smoothing: float, shift: float,
+                     rotate: float, config_file: str, init: str | None, out_dir: str,
+                     workers: int = 2) -> dict:
+    """The PyTorch user's training script on one of `vit.data.real_sets` (28x28 grey, as RGB):
+    transformers' ViT (from `init`, else fresh from `config_file`), `adamw`, warmup-cosine,
+    clipping, label smoothing and `random_affine` shifts in a DataLoader's workers; then the
+    test split and a save. -> test accuracy and where the time went."""
+    t0 = time.perf_counter()
+    import torch
+    from transformers import ViTConfig, ViTForImageClassification, get_cosine_schedule_with_warmup
+
+    from vit.data.real_sets import LOADERS
+    from vit.data.transforms import random_affine
+
+    torch.set_num_threads(os.cpu_count())
+    torch.manual_seed(0)
+    train_x, train_y, _ = LOADERS[dataset]("train")
+    test_x, test_y, _ = LOADERS[dataset]("test")
+    model = (load(init, train=True) if init else
+             ViTForImageClassification(ViTConfig.from_json_file(config_file)).train())
+    opt = adamw(model, lr=lr, b1=0.9, b2=0.999, weight_decay=weight_decay)
+    sched = get_cosine_schedule_with_warmup(opt, warmup, steps)
+    loss_fn = torch.nn.CrossEntropyLoss(label_smoothing=label_smoothing)
+
+    def to_model(images: np.ndarray):  # uint8 [b, h, w] -> NCHW in [-1, 1], grey as RGB
+        x = (images.astype(np.float32) / 255.0 - 0.5) / 0.5
+        return torch.from_numpy(np.repeat(x[:, None], 3, 1))
+
+    def collate(index):
+        images = train_x[np.array(index)][..., None]
+        if shift or rotate:
+            images = random_affine(images, np.random.default_rng(), shift=shift, rotate=rotate)
+        return to_model(images[..., 0]), torch.from_numpy(train_y[np.array(index)])
+
+    loader = torch.utils.data.DataLoader(
+        range(len(train_y)), batch_size=batch, shuffle=True, drop_last=True,
+        num_workers=workers, collate_fn=collate, persistent_workers=workers > 0)
+    t1 = time.perf_counter()
+    step = 0
+    while step < steps:
+        for x, y in loader:
+            loss = loss_fn(model(pixel_values=x).logits, y)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+            opt.step()
+            sched.step()
+            step += 1
+            if step == steps:
+                break
+    t2 = time.perf_counter()
+    model.eval()
+    with torch.no_grad():
+        correct = sum(int((model(pixel_values=to_model(test_x[i:i + 256])).logits.argmax(-1)
+                           .numpy() == test_y[i:i + 256]).sum())
+                      for i in range(0, len(test_y), 256))
+    t3 = time.perf_counter()
+    model.save_pretrained(out_dir)
+    t4 = time.perf_counter()
+    return {"test_accuracy": round(correct / len(test_y), 4),
+            "torch_threads": torch.get_num_threads(),
+            "split": {"startup_s": round(t1 - t0, 1), "steps_s": round(t2 - t1, 1),
+                      "step_ms": round(1000 * (t2 - t1) / steps, 1),
+                      "final_eval_s": round(t3 - t2, 1), "save_s": round(t4 - t3, 1)}}

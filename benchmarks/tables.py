@@ -131,10 +131,8 @@ def module_of(record: dict) -> ModuleType | None:
 
 
 def part(record: dict, name: str) -> Callable | None:
-    """The `table` or `targets` function of the record's mode (`ELSEWHERE`'s, where given)."""
-    module = module_of(record)
-    return (ELSEWHERE.get(getattr(module, "__name__", None), {}).get(name)
-            or getattr(module, name, None))
+    """The `table` or `targets` function of the record's mode."""
+    return getattr(module_of(record), name, None)
 
 
 def drawer(record: dict) -> Callable | None:
@@ -152,88 +150,6 @@ def render(name: str, record: dict, recs: dict[str, dict]) -> str:
         lines = [f"**{host(record, usual_cpu(recs))}**", "", *lines,
                  "", f"Record: `{RECORDS}/{name}.json`, made by `{record['command']}`."]
     return "\n".join(lines) + "\n"
-
-
-def realdata_targets(r: dict) -> list[tuple[str, str, bool]]:
-    """The targets of `realdata`'s records (benchmarks/realdata.py, whose owner moves this into
-    it as its `targets`)."""
-    if r["benchmark"] == "fashion_mnist":
-        within = r.get("reached_within_15_min") or {}
-        return [("test accuracy at least 0.910 within 15 minutes of training on 2 cores",
-                 f"{r['test_accuracy']:.3f} test after {r['wall_s'] / 60:.0f} minutes; "
-                 f"{within.get('validation_accuracy', 0):.3f} validation at 15 minutes",
-                 r["test_accuracy"] >= 0.91 and r["wall_s"] <= 900)]
-    if r["benchmark"] == "mnist_transfer":
-        gain = r["pretrained_gain_points"]
-        return [("the pretrained start beats scratch", f"{gain:+.1f} points", gain > 0)]
-    if r["benchmark"] != "realdata_peer":
-        return []
-    out = []
-    for phase, runs in r["summary"].items():
-        for side, s in runs.items():
-            if side != "torch":
-                out += [(f"{phase}, {side}: test accuracy at least the peer's less 0.3 points",
-                         f"{s['accuracy_minus_peer_points']:+.1f} points",
-                         s["accuracy_minus_peer_points"] >= -0.3),
-                        (f"{phase}, {side}: the whole command at least 1.00x the peer's speed",
-                         f"{s['speed_vs_peer']:.2f}x", s["speed_vs_peer"] >= 1.0)]
-    for phase, runs in r["rounds"][0].items():
-        if isinstance(runs, dict) and {"vit", "torch"} <= set(runs):
-            ours, theirs = runs["vit"]["split"], runs["torch"]["split"]
-            for what, mine, peer in (("start-up and compile", "startup_and_compile_s",
-                                      "startup_s"), ("final evaluation", "final_eval_s",
-                                                     "final_eval_s"),
-                                     ("checkpoint and exit", "checkpoint_and_exit_s", "save_s")):
-                if mine in ours and peer in theirs:
-                    out.append((f"{phase.split('_')[0]}: {what} at most the peer's",
-                                f"{ours[mine]:.1f} s against {theirs[peer]:.1f} s",
-                                ours[mine] <= theirs[peer]))
-    return out
-
-
-def realdata_table(r: dict) -> list[str]:
-    """`fashion_mnist`'s table; `realdata.table` draws the mode's other records."""
-    if r["benchmark"] != "fashion_mnist":
-        return importlib.import_module("benchmarks.realdata").table(r)
-    rows = [[f"{v['step']:,}", pct(v["validation_accuracy"]), f"{v['seconds'] / 60:.1f}"]
-            for v in r["validation_curve"]]
-    load, within = r.get("load_average_1min"), r.get("reached_within_15_min")
-    return [f"`vit train --config {r['recipe']}`, {r['steps']:,} steps of {r['batch_size']} "
-            f"(target: {r['target']}):", "",
-            *table(["step", "validation accuracy", "minutes from the start"], rows), "",
-            f"Test accuracy {pct(r['test_accuracy'])} on the {r['test_images']:,} test images; "
-            f"{num(r['images_per_s_median'], 1)} images/s (median), the run "
-            f"{r['wall_s'] / 60:.0f} minutes"
-            + (f", load average {load['median']:.1f} (median over the run)." if load else ".")
-            + (f" Within 15 minutes: {pct(within['validation_accuracy'])} validation accuracy "
-               f"(step {within['step']:,})." if within else "")]
-
-
-def data_wait_table(r: dict) -> list[str]:
-    rows = [[name, run["recipe"], run["steps"],
-             " / ".join(pct(x) for x in run["data_wait_per_window"]),
-             pct(run["data_wait_median_after_first"]),
-             num(run["images_per_s_median_after_first"], 1),
-             num(run["pipeline_alone_images_per_s"], 0)] for name, run in r["runs"].items()]
-    load = (r.get("machine") or {}).get("load_average")
-    return ["The share of `vit train`'s wall time spent waiting for the input pipeline, per "
-            f"logging window (target: {r['target']}):", "",
-            *table(["run", "recipe", "steps", "waiting, by window", "median after the first",
-                    "training img/s", "pipeline alone img/s"], rows),
-            *(["", f"Load average while measured: {load[0]:.1f} (the machine was shared)."]
-              if load else [])]
-
-
-def data_wait_targets(r: dict) -> list[tuple[str, str, bool]]:
-    return [(f"{name}: at most 5.0% of the wall time waiting for data",
-             pct(run["data_wait_median_after_first"]), run["data_wait_median_after_first"] <= 0.05)
-            for name, run in r["runs"].items()]
-
-
-# The parts of modes kept here until their modules (owned by another change) state them:
-# {module: {"table" | "targets": function}}.
-ELSEWHERE = {"benchmarks.realdata": {"table": realdata_table, "targets": realdata_targets},
-             "benchmarks.data_wait": {"table": data_wait_table, "targets": data_wait_targets}}
 
 
 def targets(recs: dict[str, dict], where: dict[str, str]) -> str:

@@ -1,4 +1,5 @@
-"""The real-data benchmark's reading of a `vit train` command's timings: where its time went."""
+"""The real-data benchmark: a `vit train` side read from the timings its run wrote, the torch
+peer, and one record per host kind."""
 
 import json
 
@@ -33,10 +34,66 @@ def test_the_split_of_a_run_adds_up_from_the_timings_it_wrote(tmp_path):
     assert parts == pytest.approx(27.5, abs=0.2) and split["other_s"] == pytest.approx(0.7)
 
 
-def test_a_poll_log_gives_each_metrics_line_the_first_time_it_was_seen():
-    text = ("100.0 3.00 2.00 1.00 0\n120.0 4.00 2.00 1.00 2\nckpt 130 500\nckpt 125 500\n"
-            "ckpt 128 600.orbax-checkpoint-tmp\n140.5 5.00 3.00 1.0 3\n")
-    load, counts, saved = realdata._timeline_from_poll(text, None)
-    assert load == [[100.0, 3.0], [120.0, 4.0], [140.5, 5.0]]
-    assert counts == [[100.0, 0], [120.0, 2], [140.5, 3]]
-    assert saved == {500: 125.0}  # the earliest listing of a finished step; unfinished ones not
+@pytest.mark.timeout(180)  # a `vit train` command, a process of its own
+def test_a_tiny_vit_train_side_reads_its_run_from_the_metrics_it_wrote(tmp_path):
+    from builders import tiny_recipe_sets
+
+    side = realdata.ours("vit train", "digits", tiny_recipe_sets("train.eval_every=2"),
+                         tmp_path / "run")
+    split = side["split"]
+    assert 0 <= side["test_accuracy"] <= 1 and side["wall_s"] > 0
+    assert split["startup_and_compile_s"] > 0 and split["steps_s"] >= 0 and split["step_ms"] > 0
+    parts = sum(split[k] for k in ("startup_and_compile_s", "steps_s", "final_eval_s",
+                                   "checkpoint_and_exit_s", "other_s"))
+    assert parts == pytest.approx(side["wall_s"], abs=0.5)
+
+
+@pytest.mark.slow
+def test_the_data_wait_of_a_tiny_run_is_read_from_its_metrics(tmp_path):
+    from builders import tiny_recipe_sets
+
+    from benchmarks import data_wait
+
+    run = data_wait.train("digits", tmp_path / "wait", 2, tiny_recipe_sets())
+    assert len(run["data_wait_per_window"]) == 2 and run["images_per_s_median_after_first"] > 0
+
+
+def test_the_torch_peer_trains_tests_and_saves(tmp_path, monkeypatch):
+    import numpy as np
+    import transformers
+
+    from benchmarks import peers
+    from vit.data import real_sets
+
+    rng = np.random.default_rng(0)
+    data = {s: (rng.integers(0, 255, (n, 28, 28), dtype=np.uint8), rng.integers(0, 3, n), None)
+            for s, n in (("train", 16), ("test", 6))}
+    monkeypatch.setitem(real_sets.LOADERS, "fake", lambda split: data[split])
+    config = tmp_path / "config.json"
+    transformers.ViTConfig(hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                           intermediate_size=32, image_size=28, patch_size=7,
+                           num_labels=3).to_json_file(config)
+    out = peers.train_classifier(dataset="fake", steps=3, batch=8, lr=1e-3, warmup=1,
+                                 weight_decay=0.05, clip=1.0, label_smoothing=0.1, shift=2.0,
+                                 rotate=0.0, config_file=str(config), init=None,
+                                 out_dir=str(tmp_path / "hf"), workers=0)
+    assert 0 <= out["test_accuracy"] <= 1
+    assert set(out["split"]) == {"startup_s", "steps_s", "step_ms", "final_eval_s", "save_s"}
+    assert (tmp_path / "hf" / "config.json").exists()
+
+
+def test_a_peer_record_of_another_host_sits_beside_the_first_with_its_own_table(
+        tmp_path, monkeypatch):
+    from benchmarks import common, tables
+
+    beside = str(common.RECORDS / "realdata_peer_amd.json")
+    assert common.command(["peer", "--out", beside], "realdata").endswith(f"--out {beside}")
+    records = tmp_path / "benchmarks" / "records"
+    monkeypatch.setattr(common, "RECORDS", records)
+    path = common.write_record("realdata_peer", {"summary": {}}, argv=[], mode="realdata",
+                               out=records / "realdata_peer_amd.json")
+    assert json.loads(path.read_text())["benchmark"] == "realdata_peer_amd" == path.stem
+    intel = tables.records()["realdata_peer"]
+    amd = {**intel, "benchmark": "realdata_peer_amd"}
+    assert realdata.table(amd) == realdata.table(intel)
+    assert realdata.targets(amd) == realdata.targets(intel)
