@@ -139,9 +139,8 @@ def main(argv: list[str]) -> None:
                 result["checkpoint"] = "(a temporary workdir, deleted)"
             results.append({**result, "training": training})
             print(results[-1], flush=True)
-    path = common.write_record("bfloat16_agreement", {"results": results}, argv=argv,
-                               mode="agreement", out=args.out)
-    print(f"wrote {path}")
+    common.write_record("bfloat16_agreement", {"results": results}, argv=argv,
+                        mode="agreement", out=args.out)
 
 
 def table(r: dict) -> list[str]:

@@ -76,12 +76,6 @@ class Deadline:
         return Deadline(max(0.0, self.left()) * fraction)
 
 
-def _time(fn, *args, iters: int, reps: int = 3) -> float:
-    """Median seconds per call over `reps` samples of `iters` calls; the first call compiles
-    and is not timed."""
-    return common.time_call(lambda: fn(*args), warmup=1, repeats=reps, number=iters)["median_s"]
-
-
 def reference_attention(q, k, v, kv_len=None):
     """The yardstick for correctness: the package's XLA path (`vit.ops.attention`) in float32,
     its products at full precision (a GPU's default float32 dots round through TF32)."""
@@ -178,15 +172,21 @@ def correctness(dry_run: bool) -> list[dict]:
     return results
 
 
-def _timed_row(row: dict, fn, args, iters: int, flop: float, deadline: Deadline) -> dict:
-    """Fills `row` with ms and TFLOP/s, or the reason it has none."""
-    if deadline.left() <= 0:
+def _guarded(row: dict, measure, deadline: Deadline, min_left_s: float = 0.0) -> dict:
+    """`row` with what `measure()` gives (and status "ok"), or "skipped" with at most
+    `min_left_s` of the budget left, or "failed" with the error it raised."""
+    if deadline.left() <= min_left_s:
         return {**row, **SKIPPED}
     try:
-        seconds = _time(fn, *args, iters=iters)
-        return {**row, "status": "ok", "ms": seconds * 1e3, "tflops": flop / seconds / 1e12}
-    except Exception as exc:
+        return {**row, "status": "ok", **measure()}
+    except Exception as exc:  # recorded, and the run goes on
+        traceback.print_exc()
         return {**row, "status": "failed", "error": _error(exc)}
+
+
+def _timing(fn, args, iters: int, flop: float) -> dict:
+    seconds = common.time_call(lambda: fn(*args), repeats=3, number=iters)["median_s"]
+    return {"ms": seconds * 1e3, "tflops": flop / seconds / 1e12}
 
 
 def _measure_modes(attention, batch, seq, heads, d, inputs, iters, deadline, **labels):
@@ -199,7 +199,7 @@ def _measure_modes(attention, batch, seq, heads, d, inputs, iters, deadline, **l
                    dtype="bfloat16")
         fn = jax.jit(attention if mode == "fwd" else functools.partial(_with_grads, attention))
         args = (q, k, v) if mode == "fwd" else (q, k, v, do)
-        rows.append(_timed_row(row, fn, args, iters, flop, deadline))
+        rows.append(_guarded(row, functools.partial(_timing, fn, args, iters, flop), deadline))
     return rows
 
 
@@ -258,14 +258,6 @@ def _sweep_settings(kernel: str, seq: int, head_dim: int, count: int):
     return settings[:count]
 
 
-def _dkv_only(vjp_fn, do):
-    return vjp_fn(do)[1:]
-
-
-def _dq_only(vjp_fn, do):
-    return vjp_fn(do)[0]
-
-
 def block_sweep(dry_run: bool, iters: int, deadline: Deadline, per_case: int) -> list[dict]:
     """Each kernel over tiles and warps at ViT shapes, with the other two at their defaults:
     the data for tuning `default_block_sizes`. Forward rows time the forward; dK/dV and dQ rows
@@ -291,27 +283,19 @@ def block_sweep(dry_run: bool, iters: int, deadline: Deadline, per_case: int) ->
             row = dict(kernel=kernel, seq=seq, head_dim=d, batch=batch, heads=heads,
                        dtype="bfloat16", **labels)
             flop = SWEEP_FLOP[kernel] * batch * heads * seq * seq * d
-            if deadline.left() <= 0:
-                row.update(SKIPPED)
-            else:
+            def measure(seq=seq, d=d, kernel=kernel, blocks=blocks, flop=flop):
                 if (seq, d) not in inputs:
                     inputs[(seq, d)] = _inputs(jax.random.PRNGKey(0), batch, seq, seq, heads,
                                                d, jnp.bfloat16)
                 q, k, v, do = inputs[(seq, d)]
                 attention = functools.partial(flash_attention, block_sizes=blocks)
-                try:
-                    if kernel == "fwd":
-                        fn, args = jax.jit(attention), (q, k, v)
-                    else:
-                        _, vjp_fn = jax.vjp(attention, q, k, v)
-                        fn = jax.jit(_dkv_only if kernel == "dkv" else _dq_only)
-                        args = (vjp_fn, do)
-                except Exception as exc:
-                    fn, args = None, exc
-                if fn is None:
-                    row.update(status="failed", error=_error(args))
-                else:
-                    row = _timed_row(row, fn, args, iters, flop, deadline)
+                if kernel == "fwd":
+                    return _timing(jax.jit(attention), (q, k, v), iters, flop)
+                _, vjp_fn = jax.vjp(attention, q, k, v)
+                grads = (lambda f, g: f(g)[1:]) if kernel == "dkv" else (lambda f, g: f(g)[0])
+                return _timing(jax.jit(grads), (vjp_fn, do), iters, flop)
+
+            row = _guarded(row, measure, deadline)
             results.append(row)
             print(f"blocks {row}", flush=True)
     return results
@@ -348,25 +332,21 @@ def train_bench(dry_run: bool, iters: int, deadline: Deadline, min_left_s: float
     runs = []
     # On CPU "cudnn" falls back to "xla": the dry run skips compiling the same step twice.
     for impl in ("pallas", "xla") if dry_run else ("pallas", "cudnn", "xla"):
-        row = dict(impl=impl, batch=batch, image_size=image_size)
-        if deadline.left() < min_left_s:
-            row.update(SKIPPED)
-        else:
+        def measure(impl=impl):
             try:
                 seconds, first_step_s, config = _train_step_time(
                     impl, batch, image_size, overrides, iters)
-                images_per_s = batch / seconds
-                row.update(status="ok", step_ms=seconds * 1e3, images_per_s=images_per_s,
-                           mfu=images_per_s * TRAIN_FLOP_PER_IMAGE / PEAK_FLOP_S,
-                           first_step_s=first_step_s, dispatch=_dispatch(impl, batch, config))
             except ModuleNotFoundError as exc:
                 # The training step reads its recipe (ml_collections) and builds its state with
                 # the data stack (grain); a host with only the model's dependencies skips it.
-                row.update(status="skipped", reason=f"needs {exc.name}, which training uses; "
-                           "install the package's full dependencies")
-            except Exception as exc:
-                row.update(status="failed", error=_error(exc))
-                traceback.print_exc()
+                return {"status": "skipped", "reason": f"needs {exc.name}, which training "
+                        "uses; install the package's full dependencies"}
+            return {"step_ms": seconds * 1e3, "images_per_s": batch / seconds,
+                    "mfu": batch / seconds * TRAIN_FLOP_PER_IMAGE / PEAK_FLOP_S,
+                    "first_step_s": first_step_s, "dispatch": _dispatch(impl, batch, config)}
+
+        row = _guarded(dict(impl=impl, batch=batch, image_size=image_size), measure, deadline,
+                       min_left_s)
         runs.append(row)
         print(f"train_step {row}", flush=True)
     return dict(model="vit_b16", dtype="bfloat16", recipe=f"{train_step.RECIPE.name} with "
@@ -387,7 +367,8 @@ def _forward_time(dtype: str, batch: int, image_size: int, overrides: dict, iter
     start = time.perf_counter()
     logits = jax.block_until_ready(forward(state, images))
     first_call_s = time.perf_counter() - start
-    return _time(forward, state, images, iters=iters), first_call_s, logits, model.config
+    seconds = common.time_call(lambda: forward(state, images), repeats=3, number=iters)
+    return seconds["median_s"], first_call_s, logits, model.config
 
 
 def inference_bench(dry_run: bool, iters: int, deadline: Deadline, min_left_s: float) -> list:
@@ -400,25 +381,22 @@ def inference_bench(dry_run: bool, iters: int, deadline: Deadline, min_left_s: f
     for batch in (2,) if dry_run else (8, 256):
         float32 = None
         for dtype in ("float32", "bfloat16"):
-            row = dict(model="vit_b16", batch=batch, image_size=image_size, dtype=dtype)
-            if deadline.left() < min_left_s:
-                row.update(SKIPPED)
-            else:
-                try:
-                    seconds, first_call_s, logits, config = _forward_time(
-                        dtype, batch, image_size, overrides, iters)
-                    row.update(status="ok", ms=seconds * 1e3, images_per_s=batch / seconds,
-                               first_call_s=first_call_s,
-                               dispatch=_dispatch("auto", batch, config, dtype))
-                    if float32 is not None:
-                        row.update(speedup_over_float32=float32[0] / seconds,
-                                   top1_agreement=float(jnp.mean(
-                                       jnp.argmax(logits, -1) == jnp.argmax(float32[1], -1))))
-                    else:
-                        float32 = (seconds, logits)
-                except Exception as exc:
-                    row.update(status="failed", error=_error(exc))
-                    traceback.print_exc()
+            def measure(dtype=dtype, batch=batch):
+                nonlocal float32
+                seconds, first_call_s, logits, config = _forward_time(
+                    dtype, batch, image_size, overrides, iters)
+                out = {"ms": seconds * 1e3, "images_per_s": batch / seconds,
+                       "first_call_s": first_call_s,
+                       "dispatch": _dispatch("auto", batch, config, dtype)}
+                if float32 is None:
+                    float32 = (seconds, logits)
+                    return out
+                return {**out, "speedup_over_float32": float32[0] / seconds,
+                        "top1_agreement": float(jnp.mean(jnp.argmax(logits, -1)
+                                                         == jnp.argmax(float32[1], -1)))}
+
+            row = _guarded(dict(model="vit_b16", batch=batch, image_size=image_size,
+                                dtype=dtype), measure, deadline, min_left_s)
             rows.append(row)
             print(f"inference {row}", flush=True)
     return rows
@@ -436,60 +414,13 @@ def _dispatch(impl: str, batch: int, config, dtype: str = "bfloat16") -> str:
         return f"unknown ({_error(exc)})"
 
 
-def _figure(r: dict, width: int = 10) -> str:
-    if r.get("status") == "ok":
-        return f"{r['ms']:>{width}.3f}{r['tflops']:>9.1f}"
-    return f"  {r['status'].upper()}: {r.get('error') or r.get('reason', '')}"
-
-
-def _summary(result: dict) -> None:
-    print(f"\n== {jax.devices()[0].device_kind} jax {jax.__version__}")
-    checks = result.get("correctness", [])
-    if checks:
-        print(f"correctness: {sum(c['ok'] for c in checks)}/{len(checks)} ok")
-    for c in checks:
-        if not c["ok"]:
-            print(f"  FAILED {c}")
-    print(f"{'impl':<16}{'mode':<9}{'B':>5}{'S':>5}{'H':>4}{'ms':>10}{'TFLOP/s':>9}")
-    for r in result.get("attention", []):
-        print(f"{r['impl']:<16}{r['mode']:<9}{r['batch']:>5}{r['seq']:>5}{r['heads']:>4}"
-              f"{_figure(r)}")
-    sweep = result.get("block_sweep", [])
-    if sweep:
-        print(f"{'kernel':<7}{'S':>5}{'D':>5}  {'tile':<11}{'warps':>5}{'ms':>10}{'TFLOP/s':>9}")
-    for r in sweep:
-        mark = " (default)" if r["default"] else ""
-        print(f"{r['kernel']:<7}{r['seq']:>5}{r['head_dim']:>5}  {str(r['tile']):<11}"
-              f"{r['num_warps']:>5}{_figure(r)}{mark}")
-    for r in result.get("inference", []):
-        if r.get("status") == "ok":
-            vs = (f"  {r['speedup_over_float32']:.2f}x float32, top-1 agreement "
-                  f"{r['top1_agreement']:.3f}" if "speedup_over_float32" in r else "")
-            print(f"infer B={r['batch']:<4} {r['dtype']:<9}{r['images_per_s']:>9.1f} img/s{vs}"
-                  f"  ({r.get('dispatch', '')})")
-        else:
-            print(f"infer B={r['batch']:<4} {r['dtype']:<9} {r['status'].upper()}: "
-                  f"{r.get('error') or r.get('reason', '')}")
-    for r in result.get("train_step", {}).get("runs", []):
-        if r.get("status") == "ok":
-            print(f"train {r['impl']:<8} {r['images_per_s']:>9.1f} img/s  MFU {r['mfu']:.1%}"
-                  f"  ({r.get('dispatch', '')})")
-        else:
-            print(f"train {r['impl']:<8} {r['status'].upper()}: "
-                  f"{r.get('error') or r.get('reason', '')}")
-    print(f"rows: {result['status']}")
-
-
-def _rows(result: dict) -> list[dict]:
-    return [*result.get("correctness", []), *result.get("attention", []),
-            *result.get("block_sweep", []), *result.get("inference", []),
-            *result.get("train_step", {}).get("runs", [])]
-
-
 def _status(result: dict) -> dict:
     """Rows per status; a section that failed as a whole (no rows) counts as one failure."""
     counts = {"ok": 0, "failed": 0, "skipped": 0}
-    for row in _rows(result):
+    for section in ("correctness", "attention", "block_sweep", "inference"):
+        for row in result.get(section, []):
+            counts[row["status"]] += 1
+    for row in result.get("train_step", {}).get("runs", []):
         counts[row["status"]] += 1
     counts["failed"] += sum(1 for section in ("train_step",)
                             if "error" in result.get(section, {}))
@@ -566,7 +497,6 @@ def main(argv: list[str]) -> int:
             result["train_step"] = {"error": _error(exc), "runs": []}
         save()
     save()
-    _summary(result)
-    print(f"\nwrote {path}")
+    print(f"rows: {result['status']}")
     return exit_code(result["status"])
 

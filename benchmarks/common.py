@@ -142,10 +142,12 @@ def last_json(text: str) -> dict:
     return json.loads(text.strip().splitlines()[-1])
 
 
-def metrics(workdir: Path) -> list[dict]:
-    """The rows of a `vit train` workdir's metrics.jsonl."""
-    return [json.loads(line) for line in (Path(workdir) / "metrics.jsonl").read_text()
-            .splitlines() if line.strip()]
+def metrics(workdir: str | Path, split: str | None = None) -> list[dict]:
+    """The records of a `vit train` workdir's metrics.jsonl (those of `split`, if given)."""
+    from vit.training.metrics import read_metrics
+
+    return [r for r in read_metrics(Path(workdir) / "metrics.jsonl")
+            if split is None or r.get("split") == split]
 
 
 # ---------------------------------------------------------------------------------- timing
@@ -332,4 +334,5 @@ def write_record(name: str, figures: dict, *, argv: list[str] | None, mode: str 
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(full, indent=2) + "\n")
     tmp.replace(path)
+    print(f"wrote {path}", flush=True)
     return path

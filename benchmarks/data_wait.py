@@ -15,7 +15,6 @@ percent.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import tempfile
 import time
@@ -43,13 +42,11 @@ def make_photos(root: Path, per_class: int = 200) -> Path:
 
 
 def train(recipe: str, workdir: Path, steps: int, sets: list[str]) -> dict:
-    from vit.training.metrics import read_metrics
-
     run = common.run_cli(["vit", "train", "--config", recipe, "--workdir", str(workdir), *(
         x for s in [*sets, f"train.steps={steps}", f"train.log_every={max(steps // 6, 1)}",
                     f"train.eval_every={steps}", f"train.checkpoint_every={steps}"]
         for x in ("--set", s))], capture=True)
-    rows = [r for r in read_metrics(workdir / "metrics.jsonl") if r.get("split") == "train"]
+    rows = common.metrics(workdir, "train")
     later = rows[1:] or rows
     return {"recipe": recipe, "overrides": sets, "steps": steps, "wall_s": run["wall_s"],
             "data_wait_per_window": [round(r["data_wait"], 4) for r in rows],
@@ -94,10 +91,8 @@ def main(argv: list[str]) -> None:
         runs["folder"]["pipeline_alone_images_per_s"] = pipeline_rate("imagefolder",
                                                                       folder_sets)
         runs["folder"]["overrides"] = ["data.name=<400 generated 320x240 JPEGs>", *FOLDER_SETS]
-    out = common.write_record("data_wait", {"target": "data_wait <= 0.05", "runs": runs},
-                              argv=argv, out=args.out)
-    print(json.dumps(runs, indent=2))
-    print(f"wrote {out}")
+    common.write_record("data_wait", {"target": "data_wait <= 0.05", "runs": runs}, argv=argv,
+                        out=args.out)
 
 
 

@@ -40,13 +40,11 @@ def main(argv: list[str]) -> None:
         "train_seconds": train["wall_s"], "eval_seconds": evaluate["wall_s"],
         "best_checkpoint": best,
         "validation": [{"step": r["step"], "accuracy": r["accuracy"]}
-                       for r in common.metrics(common.ROOT / args.workdir)
-                       if r.get("split") == "validation"],
+                       for r in common.metrics(common.ROOT / args.workdir, "validation")],
         "test_accuracy": report["accuracy"], "test_top5_accuracy": report["top5_accuracy"],
         "num_test_examples": report["num_examples"],
         "eval": {k: v for k, v in report.items() if k != "confusion_png"},
     }, argv=argv, out=args.out, extra_packages=("grain", "orbax-checkpoint"))
-    print(json.dumps({"test_accuracy": report["accuracy"], "train_seconds": train["wall_s"]}))
 
 
 def table(r: dict) -> list[str]:

@@ -20,7 +20,6 @@ measured against the code before it in the same run (`ratio_to_baseline_median`)
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -189,11 +188,7 @@ def main(argv: list[str]) -> None:
                                 capture_output=True, text=True).stdout.strip()
         result["baseline"] = {"dir": args.baseline, "commit": commit or None}
         result["ratio_to_baseline_median"] = med("ratio_to_baseline")
-    path = common.write_record("inference", result, argv=argv, out=args.out)
-    print(json.dumps({k: result.get(k) for k in ("img_s_median", "ratio_to_transformers_median",
-                                                 "ours_bfloat16_ratio_to_hf_bfloat16_median",
-                                                 "agreement")}, indent=1))
-    print(f"-> {path}")
+    common.write_record("inference", result, argv=argv, out=args.out)
 
 
 def table(r: dict) -> list[str]:

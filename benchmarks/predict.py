@@ -183,13 +183,10 @@ def main(argv: list[str]) -> None:
         "pass_seconds": times,
         "top1_agreement_with_transformers": agree,
     }
-    paths = [common.write_record("predict", result, argv=argv, out=args.out)]
+    path = common.write_record("predict", result, argv=argv, out=args.out)
     if startup:  # its own record, beside the steady state's
-        paths.append(common.write_record(
-            "predict_startup", {"start_up_one_image": startup}, argv=argv, mode="predict",
-            out=paths[0].with_name("predict_startup.json")))
-    print(json.dumps({**result, "start_up_one_image": startup}, indent=2))
-    print("->", *paths)
+        common.write_record("predict_startup", {"start_up_one_image": startup}, argv=argv,
+                            mode="predict", out=path.with_name("predict_startup.json"))
 
 
 def table(r: dict) -> list[str]:

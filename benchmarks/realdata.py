@@ -68,12 +68,6 @@ def vit_eval(workdir: Path) -> dict:
                                             "test", "--json"], capture=True)["stdout"])
 
 
-def metrics(workdir: Path, split: str) -> list[dict]:
-    from vit.training.metrics import read_metrics
-
-    return [r for r in read_metrics(workdir / "metrics.jsonl") if r.get("split") == split]
-
-
 def split_of_vit_run(workdir: Path, wall_s: float) -> dict:
     """Where a `vit train` command's `wall_s` went, from the timings the run wrote into its
     metrics.jsonl (`vit.training.timings`): the process's start-up and compile, each step's
@@ -124,7 +118,7 @@ def fashion(args) -> dict:
     at = {e["step"]: round(timings["process_start_s"] + e["at_s"], 1)  # from the launch
           for e in timings["evaluations"]}
     curve = [{"step": r["step"], "validation_accuracy": round(r["accuracy"], 4),
-              "seconds": at.get(r["step"])} for r in metrics(workdir, "validation")]
+              "seconds": at.get(r["step"])} for r in common.metrics(workdir, "validation")]
     test = vit_eval(workdir)
     config = json.loads((workdir / "config.json").read_text())
     within = [c for c in curve if c["seconds"] is not None and c["seconds"] <= 900]
@@ -135,7 +129,7 @@ def fashion(args) -> dict:
             "wall_s": run["wall_s"], "split": split_of_vit_run(workdir, run["wall_s"]),
             "validation_curve": curve, "reached_within_15_min": within[-1] if within else None,
             "images_per_s_median": round(statistics.median(
-                r["images_per_s"] for r in metrics(workdir, "train")), 1),
+                r["images_per_s"] for r in common.metrics(workdir, "train")), 1),
             "load_average_1min": {"median": round(statistics.median(load), 2),
                                   "max": round(max(load), 2)} if load else None,
             "target": "test accuracy >= 0.91 within 15 minutes of training on 2 cores"}
@@ -177,8 +171,9 @@ def ours(name: str, recipe: str, sets: list[str], workdir: Path, *, init=None,
     """One `vit train` side: the last validation's accuracy (the test split), the command's
     wall time and where it went."""
     run = vit_train(recipe, workdir, sets, init=init, env=env)
-    return {"side": name, "test_accuracy": round(metrics(workdir, "validation")[-1]["accuracy"], 4),
-            "wall_s": run["wall_s"], "split": split_of_vit_run(workdir, run["wall_s"])}
+    last = common.metrics(workdir, "validation")[-1]
+    return {"side": name, "test_accuracy": round(last["accuracy"], 4), "wall_s": run["wall_s"],
+            "split": split_of_vit_run(workdir, run["wall_s"])}
 
 
 def theirs(cfg, dataset: str, steps: int, out_dir: Path, **model) -> dict:
@@ -307,8 +302,7 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     name, run = {"fashion": ("fashion_mnist", fashion), "transfer": ("mnist_transfer", transfer),
                  "peer": ("realdata_peer", peer), "dryrun": ("dry_run", dryrun)}[args.what]
-    path = common.write_record(name, run(args), argv=argv, mode="realdata", out=args.out)
-    print(f"wrote {path}")
+    common.write_record(name, run(args), argv=argv, mode="realdata", out=args.out)
     return 0
 
 

@@ -43,8 +43,7 @@ def main(argv: list[str]) -> int:
     for r in runs:
         print(f"{r['command']}: {r.get('passed', 0)} passed, {r.get('failed', 0)} failed in "
               f"{r['wall_s'] / 60:.1f} minutes (exit {r['exit_code']})")
-    path = common.write_record("suite", {"runs": runs}, argv=argv, out=args.out)
-    print(f"-> {path}")
+    common.write_record("suite", {"runs": runs}, argv=argv, out=args.out)
     return max(r["exit_code"] for r in runs)
 
 

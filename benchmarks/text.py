@@ -23,7 +23,6 @@ where given; the pairs variants share one pairs ViT stage.
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 from pathlib import Path
 
@@ -71,9 +70,7 @@ def stage_results(workdir: Path) -> dict:
     trained and the last validation row of its metrics.jsonl."""
     out = {}
     for metrics in sorted(workdir.glob("**/metrics.jsonl")):
-        rows = common.metrics(metrics.parent)
-        train = [r for r in rows if r.get("split") == "train"]
-        val = [r for r in rows if r.get("split") == "validation"]
+        train, val = (common.metrics(metrics.parent, s) for s in ("train", "validation"))
         out[metrics.parent.name if metrics.parent != workdir else "final"] = {
             "steps": train[-1]["step"] if train else 0, "last_validation": val[-1] if val else None}
     return out
@@ -192,17 +189,6 @@ def main(argv: list[str]) -> None:
             result["pointing"] = pointing(workdir, args.pointing_scenes)
     common.write_record(name, result, argv=argv, mode="text", out=args.out,
                         extra_packages=("grain",))
-    runs = result["variants"] if args.ablation else {name: result}
-    for label, run in runs.items():
-        report, questions = run["eval"], run["eval"].get("questions", {})
-        print(label, json.dumps({"train_seconds": run["train_seconds"], **{
-            k: report.get(k) for k in ("accuracy", "controls", "heldout_accuracy")},
-            **{group: {k: questions[group][k] for k in ("balanced_accuracy", "auc", "false_yes")}
-               for group in ("seen", "heldout", "wording") if group in questions},
-            **{f"{group}_yes_rate": questions[group]["yes_rate"]
-               for group in ("never", "unknown") if group in questions},
-            **({"pointing": run["pointing"]} if "pointing" in run else {})}))
-
 
 
 # ---------------------------------------------------------------------------------- tables

@@ -316,7 +316,7 @@ def main(argv: list[str]) -> None:
             print(f"{case}: ours, float32 step / bfloat16 step "
                   f"{results[-1]['vit_bfloat16_speedup_median']:.2f}", flush=True)
     variants = args.plain_malloc or args.jax_defaults
-    path = common.write_record("train_variants" if variants else "train", {
+    common.write_record("train_variants" if variants else "train", {
         "setup": "training step, vit train's against transformers', CPU, "
                  f"{' and '.join(args.dtype)}",
         "recipe": f"{os.path.relpath(train_step.RECIPE, common.ROOT)} with "
@@ -339,7 +339,6 @@ def main(argv: list[str]) -> None:
         "cases": results,
         "note": args.note,
     }, argv=argv, mode="train", out=args.out)
-    print(f"-> {path}")
 
 
 def _environment(r: dict) -> list[str]:
