@@ -1,17 +1,10 @@
-"""How far `--dtype bfloat16` moves a trained model's predictions from float32's.
+"""How far `--dtype bfloat16` moves a trained model's predictions from float32's, on the 360 test
+digits: top-1 agreement and the largest probability difference, bfloat16 against float32 and
+each against transformers float32 (where a Hugging Face folder can hold the model), and
+float32's top-2 margins. The models: `--checkpoint` and ViT-Ti/16's layout (patch 2) trained
+here on the digits recipe.
 
-On the 360 held-out test digits, for each trained checkpoint: top-1 agreement and the largest
-probability difference of our bfloat16 path against our float32 path (each built and compiled
-as `vit predict --dtype` builds it), and of each against transformers' model in float32
-through a Hugging Face folder `save_checkpoint` writes (skipped, with the writer's reason, for
-a model that folder cannot hold, such as a `gap` head); and float32's own top-2 margins, since
-top-1 can only flip where they are within bfloat16's error. The checkpoints: `--checkpoint`
-(anything `load_checkpoint` reads that takes 8x8 digits, e.g. the demo's runs/record_demo),
-and unless `--no-train` ViT-Ti/16's layout with 2x2 patches trained here by `vit train` on the
-digits recipe: twelve blocks let bfloat16 rounding accumulate as in a real checkpoint.
-
-    python -m benchmarks agreement [--checkpoint runs/record_demo] [--steps 400]
-        [--workdir DIR] [--no-train]
+    python -m benchmarks agreement [--checkpoint runs/record_demo] [--steps 400] [--workdir DIR]
 """
 
 from __future__ import annotations
@@ -120,25 +113,21 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--steps", type=int, default=400,
                         help="training steps of the Ti-layout model (minutes on a CPU)")
     parser.add_argument("--workdir", help="where to train it (default: a temporary folder)")
-    parser.add_argument("--no-train", action="store_true", help="measure --checkpoint only")
     parser.add_argument("--out", default=None, help="record path (default benchmarks/records/)")
     args = parser.parse_args(argv)
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    if args.no_train and not args.checkpoint:
-        parser.error("--no-train leaves nothing to measure without --checkpoint")
     results = []
     if args.checkpoint:
         results.append(measure(Path(args.checkpoint), "given checkpoint"))
         print(results[-1], flush=True)
-    if not args.no_train:
-        with tempfile.TemporaryDirectory() as tmp:
-            workdir = Path(args.workdir or Path(tmp) / "ti_digits")
-            training = train_ti(workdir, args.steps)
-            result = measure(workdir, "ViT-Ti/16 layout, patch 2, trained on digits")
-            if not args.workdir:
-                result["checkpoint"] = "(a temporary workdir, deleted)"
-            results.append({**result, "training": training})
-            print(results[-1], flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        workdir = Path(args.workdir or Path(tmp) / "ti_digits")
+        training = train_ti(workdir, args.steps)
+        result = measure(workdir, "ViT-Ti/16 layout, patch 2, trained on digits")
+        if not args.workdir:
+            result["checkpoint"] = "(a temporary workdir, deleted)"
+        results.append({**result, "training": training})
+        print(results[-1], flush=True)
     common.write_record("bfloat16_agreement", {"results": results}, argv=argv,
                         mode="agreement", out=args.out)
 

@@ -1,29 +1,16 @@
-"""Attention kernels, ViT-B/16 inference in float32 and bfloat16, and a training step, timed.
+"""Attention kernels, the ViT-B/16 forward and a training step on an accelerator: the benchmark
+step of scripts/gpu_check.sh, which says what each section measures.
 
     python -m benchmarks attention [--out DIR] [--budget-s S] [--quick] [--dry-run]
 
-Sections, in this order, each written to DIR/bench_attention.json (default benchmarks/gpu/,
-where scripts/gpu_check.sh runs it) as soon as it finishes:
-  correctness  our kernel (compiled where there is an accelerator) against the package's XLA
-               reference attention in float32 at full matmul precision: outputs and
-               dq/dk/dv at ragged ViT lengths, head dims, dtypes, kv_len, per element within
-               atol + rtol * |reference|.
-  attention    forward and forward+backward TFLOP/s at ViT shapes for our kernel,
-               jax.nn.dot_product_attention (cudnn, xla) and jax's Pallas GPU `mha`.
-  block_sweep  each of our kernels (forward, dK/dV, dQ) over tiles and warps, per head_dim (64,
-               128) and sequence (197, 577), the default (fitted) tiles first: data for tuning.
-  inference    ViT-B/16 forward (eval mode, the attention path the dispatcher picks) in float32
-               and bfloat16 at batch 8 and 256: images/s, and bfloat16's speed-up over
-               float32 with the share of top-1 labels the two agree on.
-  train_step   `vit train`'s step (benchmarks/train_step.py: configs/imagefolder.py with AdamW) on
-               ViT-B/16 in bfloat16, in images/s and MFU, with each attention path.
-Each timed section has its own share of --budget-s. Every row has a status: "ok", "failed" (it
-raised, or a correctness check missed) or "skipped" (the time budget ran out before it started,
-or a training dependency is missing).
-The exit code keeps them apart: 1 if any row failed, else 3 if any was skipped, else 0.
-
---quick: the seq-577 attention rows only. --dry-run: tiny shapes in Pallas interpret mode, so CI
-on a CPU proves the script runs.
+Sections (DIR/bench_attention.json, default benchmarks/gpu/, written as each ends):
+`correctness` (our kernel against the XLA reference, outputs and gradients, per element within
+atol + rtol * |reference|), `attention` (TFLOP/s of ours, cuDNN, XLA and jax's Pallas `mha`),
+`block_sweep` (each of our kernels over tiles and warps), `inference` (float32 and bfloat16)
+and `train_step` (`vit train`'s step, images/s and MFU). Each timed section has its share of
+--budget-s; a row is "ok", "failed" or "skipped", and the exit code is 1 if any row failed,
+else 3 if any was skipped, else 0. --quick: the seq-577 attention rows only; --dry-run: tiny
+shapes in Pallas interpret mode, so a CPU proves the script runs.
 """
 
 from __future__ import annotations
@@ -443,11 +430,6 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--iters", type=int, default=None, help="timed calls per repetition")
     parser.add_argument("--budget-s", type=float, default=300,
                         help="stop starting new measurements after this many seconds")
-    parser.add_argument("--sweep-settings", type=int, default=None,
-                        help="settings per kernel, head_dim and sequence (default 4; dry run 1)")
-    parser.add_argument("--skip-train", action="store_true", help="no ViT training step")
-    parser.add_argument("--skip-sweep", action="store_true", help="no block-size sweep")
-    parser.add_argument("--skip-inference", action="store_true", help="no ViT-B/16 forward")
     args = parser.parse_args(argv)
     iters = args.iters or (1 if args.dry_run else 10)
     deadline = Deadline(args.budget_s)
@@ -466,9 +448,7 @@ def main(argv: list[str]) -> int:
         common.write_record("bench_attention", result, argv=argv, mode="attention", out=path,
                             extra_packages=PLUGINS)
 
-    sweep = not (args.quick or args.skip_sweep)
-    train = not (args.quick or args.skip_train)
-    infer = not (args.quick or args.skip_inference)
+    sweep = train = infer = not args.quick
     if not args.quick:
         result["correctness"] = correctness(args.dry_run)
         save()
@@ -480,7 +460,7 @@ def main(argv: list[str]) -> int:
                                           deadline.share(1.0 / (1 + 0.8 * later)))
     save()
     if sweep:
-        per_case = args.sweep_settings or (1 if args.dry_run else 4)
+        per_case = 1 if args.dry_run else 4
         result["block_sweep"] = block_sweep(args.dry_run, iters, deadline.share(
             0.5 if infer or train else 1.0), per_case)
         save()

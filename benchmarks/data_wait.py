@@ -1,15 +1,9 @@
-"""Records the share of `vit train`'s wall time spent waiting for the input pipeline
-(`data_wait` in metrics.jsonl), on the digits recipe and on a folder of JPEG photos.
+"""The share of `vit train`'s wall time spent waiting for the input pipeline (`data_wait` in
+metrics.jsonl; the median after the first window, which holds the compile), on the digits
+recipe and on 400 generated 320x240 JPEGs (Ti/16, 96 px, float32: a small model makes the
+data's share as large as it gets), with the rate of the pipeline alone. Target: at most 5%.
 
     python -m benchmarks data_wait [--digits-steps 300] [--folder-steps 60] [--out FILE]
-
-Each run is `vit train` itself (a subprocess, as a user runs it); the figures are the
-`data_wait` of its logged windows (the first holds the compilation, so the median of the rest is
-the figure), with images/s beside them. The folder is 400 generated 320x240 JPEGs in two
-classes, trained with configs/imagefolder.py at a size a CPU can run (Ti/16, 96 px, float32):
-a small model makes the data's share as large as it gets. The pipeline alone (batches drawn
-with no model) is timed too, for the rate the data could sustain. The target is at most five
-percent.
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
-"""The demo's figures: trains configs/digits.py from scratch into a fresh workdir, as
-./scripts/demo.sh does, evaluates the best checkpoint on the 360 held-out test digits with
-`vit eval --json`, and records the test accuracy, the wall time of each command and the
-validation curve (the README's one result line). The faithfulness and bfloat16-agreement
-benchmarks read the model it leaves in the workdir.
+"""The demo's figures: configs/digits.py trained from scratch into a fresh workdir as
+./scripts/demo.sh does, `vit eval --json` on the test digits: test accuracy, each command's
+time and the validation curve. The faithfulness and agreement modes use its model.
 
     python -m benchmarks demo [--workdir runs/record_demo] [--set KEY=VALUE ...]
 """

@@ -1,11 +1,8 @@
-"""Records the explain memory figures: XLA's compiled memory (temporaries + outputs, from
-`memory.compiled_bytes`; nothing is run, no weights are allocated) of `explain` for
-`rollout` and `relevancy` on ViT-L/14 at 518 px, against the keep-every-layer capture
-(`vit.explanations.capture.attention_grads`, every layer's attention and its gradient), at several
-batch sizes, so the per-image cost and the batch-independent part can be told apart. The
-record is `explain_memory`.
+"""XLA's compiled memory (`memory.compiled_bytes`: nothing runs) of `explain` for `rollout` and
+`relevancy` on ViT-L/14 at 518 px, against keeping every layer's attention and its gradient,
+at several batch sizes (the per-image cost and the fixed part apart).
 
-    python -m benchmarks explain [--model L/14] [--image-size 518] [--batches 1 2 4]
+    python -m benchmarks explain [--model L/14] [--image-size 518]
 """
 
 from __future__ import annotations

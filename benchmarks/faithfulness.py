@@ -1,15 +1,8 @@
-"""Records the faithfulness table: deletion and insertion AUC of every map method (and the
-random ranking) on the demo's digits model, with each substrate and several step counts, via
-`vit explain-eval --json` (run in-process, same code path as the command), and records every
-report and the exact commands.
+"""Deletion and insertion AUC of every map method (and a random ranking) on the demo's digits
+model, by substrate and step count, via `vit explain-eval --json` run in-process. The headline
+is the `mean` substrate at 16 steps; the other rows are the sensitivity checks.
 
-    python -m benchmarks demo           # trains the demo model into runs/record_demo
     python -m benchmarks faithfulness [--checkpoint runs/record_demo] [--limit N]
-        [--headline-only]
-
-The model is the one the `demo` record made (`--model-record`): the record names its test
-accuracy. The headline is the `mean` substrate at 16 steps (one patch per step on the 4x4
-grid); the other rows are the sensitivity checks behind the note on insertion.
 """
 
 from __future__ import annotations
@@ -20,7 +13,6 @@ import io
 import json
 import os
 import time
-from pathlib import Path
 
 from benchmarks import common, tables
 
@@ -49,21 +41,17 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--checkpoint", default="runs/record_demo",
                         help="relative to the repository root")
     parser.add_argument("--limit", type=int, default=None, help="images (default: all 360)")
-    parser.add_argument("--headline-only", action="store_true",
-                        help="only the mean substrate at 16 steps (deletion and insertion)")
-    parser.add_argument("--model-record", default=str(common.record_path("demo")),
-                        help="the demo record that made the checkpoint")
     parser.add_argument("--out", default=str(common.record_path("faithfulness")))
     args = parser.parse_args(argv)
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    args.out, args.model_record = map(os.path.abspath, (args.out, args.model_record))
+    args.out = os.path.abspath(args.out)
     os.chdir(ROOT)  # paths in the record and the commands are relative to the repository
-    made_by = json.loads(Path(args.model_record).read_text())
+    made_by = json.loads(common.record_path("demo").read_text())
     if (ROOT / made_by["workdir"]).resolve() != (ROOT / args.checkpoint).resolve():
-        raise SystemExit(f"{args.model_record} made {made_by['workdir']}, not {args.checkpoint}: "
-                         "pass the --model-record of this checkpoint")
+        raise SystemExit(f"the demo record made {made_by['workdir']}, not {args.checkpoint}: "
+                         "measure the model that record names")
     rows = []
-    for metric, substrate, steps in RUNS[:2] if args.headline_only else RUNS:
+    for metric, substrate, steps in RUNS:
         cli = ["explain-eval", "--checkpoint", args.checkpoint, "--data", "digits", "--split",
                 "test", "--method", *METHODS, "--metric", metric, "--substrate", substrate,
                 "--steps", str(steps), "--json"]
@@ -79,7 +67,7 @@ def main(argv: list[str]) -> None:
     common.write_record("faithfulness", {
         "record": "faithfulness of attention maps on the digits demo model (deletion, insertion)",
         "checkpoint": args.checkpoint,
-        "model_record": os.path.relpath(args.model_record, ROOT),
+        "model_record": "benchmarks/records/demo.json",
         "model_test_accuracy": made_by["test_accuracy"],
         "model_made_utc": made_by["date_utc"],
         "model_train": made_by["run"]["train"],

@@ -1,20 +1,11 @@
-"""Inference speed: our ViT (float32 and bfloat16) against transformers' ViT in float32 and in
-bfloat16, from the same weights.
+"""Inference speed: our ViT (float32 and bfloat16, compiled as `vit predict` compiles it) against
+transformers' in float32 and bfloat16, from one Hugging Face folder (random weights from
+`peers.save_random`, or `--checkpoint DIR`); each side a process of its own, the order rotated
+round by round, each claim the median of the per-round ratios. The first round also measures
+top-1 agreement with transformers float32. `--baseline DIR`: our float32 model from an export
+of an older commit (`git archive REV | tar -x -C runs/before`), timed in the same rounds.
 
-Both sides load one Hugging Face folder: a ViT-B/16 with random variance-preserving weights
-made here (`peers.save_random`), or `--checkpoint DIR` (trained weights make the bfloat16
-agreement meaningful: random deep transformers give near-ties). Ours is `load_checkpoint` +
-`jax.jit`, compiled as `vit predict` compiles it. Every contestant is a side in its own
-process, the order rotated round by round so a drift in the machine's load hits all alike,
-and each claim is the median of the per-round ratios. The first round also classifies
-`--agree-images` images on every side: top-1 agreement and the largest probability difference
-against transformers float32.
-
-    python -m benchmarks inference [--rounds 3] [--iters 8] [--ynn] [--baseline DIR]
-
-`--baseline DIR` adds our float32 model imported from DIR, an export of an older commit inside
-the repository (`git archive REV | tar -x -C runs/before`), so a change to the hot path is
-measured against the code before it in the same run (`ratio_to_baseline_median`).
+    python -m benchmarks inference [--rounds 3] [--iters 8] [--ynn] [--baseline DIR] [--out FILE]
 """
 
 from __future__ import annotations

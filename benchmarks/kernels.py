@@ -1,20 +1,10 @@
-"""Registers, spills and shared memory of our flash-attention kernels on an NVIDIA GPU, found on
-any host: JAX lowers the three kernels (forward, dK/dV, dQ) to Triton IR for CUDA, and pip's
-`triton` compiles that IR for the target (sm_90, Hopper, by default) and ptxas reports resources.
-No GPU needed.
+"""Registers, spills and shared memory of our flash-attention kernels on an NVIDIA target (sm_90
+by default), found on any host: JAX lowers the forward, dK/dV and dQ kernels to Triton IR and
+pip's `triton` compiles it; ptxas reports. Every length of --seqs with its own tiles, then with
+`kv_len`. Exits 1 when a kernel needs more shared memory than the target has or a 16-bit kernel
+spills. Indicative of fit, not of speed: XLA's own Triton compiles them on a real GPU.
 
     python -m benchmarks kernels [--head-dims 32 64 128] [--seqs 197 577] [--out DIR]
-
-Every tile the wrapper picks is checked: the tiles depend on the sequence length, so the kernels
-are lowered at each of --seqs (ViT lengths by default) with the default tiles for that length,
-and once more per head_dim and dtype with `kv_len` given (cross-attention: a dynamic key loop).
-Writes DIR/kernel_resources.json (default benchmarks/records/), with a Markdown table,
-and prints both. Exits 1 when a kernel needs more shared memory than the target has, or a
-16-bit kernel spills registers.
-
-The figures come from pip's Triton, not the Triton inside XLA that compiles the kernels on a real
-GPU, so they catch gross misfits (spills, oversize tiles) before a GPU run; they do not replace
-`scripts/gpu_check.sh`. Needs `pip install triton` (part of the test extra).
 """
 
 from __future__ import annotations

@@ -1,21 +1,10 @@
-"""`vit predict` against the transformers image-classification pipeline.
-
-Both classify the same folder of generated JPEGs (mixed sizes) with the same random-weight
-ViT-B/16, saved once as a Hugging Face folder (`peers.save_random`), on the CPU, at the same
-batch size. Two measurements:
-
-- steady state: one untimed warm-up pass each (our compile, torch's first-call set-up), then
-  passes covering decode, preprocessing, forward and top-k, ours in float32 and bfloat16, the
-  contestants alternating pass by pass (`common.interleave`). Reported: the best pass of each
-  (`images_per_s`) and, steadier on a machine whose speed wanders, the median over rounds of
-  each round's ratio (`ratio_median_of_rounds`);
-- start-up (`start_up`, the record `predict_startup`; `--skip-start-up` leaves it out):
-  `vit predict` on one image as a fresh process, cold, warm and with JAX's compile cache
-  alone, against a fresh process that builds the pipeline and classifies the same image; wall
-  time of the whole process, the median of `--start-up-rounds` rounds.
+"""`vit predict` against the transformers image-classification pipeline on the same random
+ViT-B/16 (`peers.save_random`), the same JPEGs and batch: passes alternating pass by pass
+(`common.interleave`), and start-up (`predict_startup`): one image from process start to exit,
+cold, with JAX's compile cache alone and warm, against the pipeline's first prediction.
 
     python -m benchmarks predict [--images 64] [--batch-size 16] [--repeats 3]
-        [--skip-start-up] [--start-up-rounds 3]
+        [--start-up-rounds 3]
 """
 
 from __future__ import annotations
@@ -118,7 +107,6 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--dtypes", default="float32,bfloat16")
-    parser.add_argument("--skip-start-up", action="store_true")
     parser.add_argument("--start-up-rounds", type=int, default=3)
     parser.add_argument("--out", default=None, help="record path (default benchmarks/records/)")
     args = parser.parse_args(argv)
@@ -165,8 +153,7 @@ def main(argv: list[str]) -> None:
         agree = {k: float(np.mean([o["top_k"][0]["index"] == r
                                    for o, r in zip(rows[k], ref, strict=True)]))
                  for k in rows if k != "transformers"}
-        startup = None if args.skip_start_up else start_up(tmp / "model", files[0],
-                                                           tmp / "cache", args.start_up_rounds)
+        startup = start_up(tmp / "model", files[0], tmp / "cache", args.start_up_rounds)
     n = len(files)
     result = {
         "torch_threads": torch.get_num_threads(),
@@ -184,9 +171,8 @@ def main(argv: list[str]) -> None:
         "top1_agreement_with_transformers": agree,
     }
     path = common.write_record("predict", result, argv=argv, out=args.out)
-    if startup:  # its own record, beside the steady state's
-        common.write_record("predict_startup", {"start_up_one_image": startup}, argv=argv,
-                            mode="predict", out=path.with_name("predict_startup.json"))
+    common.write_record("predict_startup", {"start_up_one_image": startup}, argv=argv,
+                        mode="predict", out=path.with_name("predict_startup.json"))
 
 
 def table(r: dict) -> list[str]:

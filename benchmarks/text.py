@@ -1,23 +1,11 @@
-"""Records a text-conditioning recipe: trains it, evaluates it, writes the figures.
+"""A text-conditioning recipe trained (every stage) into a fresh workdir and evaluated with `vit
+eval --json`: its figures and the time of each command; for `fashion_scenes` also `pointing`
+(how often a present item's relevancy map peaks on it). `--ablation` trains promptshapes
+changed one way at a time (`VARIANTS`). docs/benchmarks.md and docs/text.md say more.
 
-The recipe trains (all stages) into a fresh workdir, `vit eval --json` evaluates it, and the record
-holds the figures and the wall time of each stage and of the whole run. The eval's `questions` hold
-every question asked of every test scene (balanced accuracy and AUC for seen questions, held-out
-pairs and held-out wordings, false-yes by what the scene shares, yes-rates on never-seen words and
-on prompts of unknown words). For `fashion_scenes` the record also holds `pointing`: how often the
-relevancy map of a question about a present item (what `vit rollout --prompt` draws) has its
-strongest patch on that item.
-
-`--ablation` records what makes promptshapes' held-out pairs answerable instead: the recipe
-changed one way at a time (`VARIANTS`: the ViT stage learning colour x shape pairs, the
-cross-attention opened, both, a longer tune stage), each trained and evaluated as above. A
-variant with the recipe's ViT-stage labels starts from `--init` (the recipe run's ViT stage)
-where given; the pairs variants share one pairs ViT stage.
-
-    python -m benchmarks text                                   # promptshapes -> promptshapes
+    python -m benchmarks text                                   # -> promptshapes
     python -m benchmarks text --config configs/fashion_scenes.py --record fashion_scenes
     python -m benchmarks text --ablation --init runs/bench_promptshapes/stages/vit
-                                                                # -> promptshapes_ablation
 """
 
 from __future__ import annotations
@@ -165,8 +153,6 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--init", default=None,
                    help="a ViT stage to start from, skipping the recipe's own (with --ablation: "
                         "the recipe run's, for the variants that keep its labels)")
-    p.add_argument("--pointing-scenes", type=int, default=200, metavar="N",
-                   help="fashion_scenes: test scenes per pointing figure (0: none)")
     p.add_argument("--workdir", default=None, help="default runs/bench_RECORD")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--out", default=None, help="record path (default benchmarks/records/)")
@@ -184,9 +170,8 @@ def main(argv: list[str]) -> None:
         result = ablation(config, workdir, args.init, args.set)
     else:
         result = train_and_eval(config, workdir, args.set, args.init)
-        report = result["eval"]
-        if report.get("data") == "fashion_scenes" and args.pointing_scenes:
-            result["pointing"] = pointing(workdir, args.pointing_scenes)
+        if result["eval"].get("data") == "fashion_scenes":
+            result["pointing"] = pointing(workdir, scenes=200)
     common.write_record(name, result, argv=argv, mode="text", out=args.out,
                         extra_packages=("grain",))
 

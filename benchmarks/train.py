@@ -1,33 +1,14 @@
-"""Training-step speed: the step `vit train` runs against transformers' PyTorch ViT doing the
-same step, on the CPU, in float32 and in bfloat16.
+"""Training-step speed on the CPU: `vit train`'s own jitted step (`train_step.build`) against
+transformers' ViT doing the same update from the same weights (`peers`: AdamW with the same
+decay mask, clipping, label smoothing), in float32 and, where the CPU has bfloat16 arithmetic,
+bfloat16. Each run is a process of its own, the two alternating, the order flipped every round;
+`--interleave` keeps both alive (`common.Side`) and starts each run with one untimed step.
+`--plain-malloc` and `--jax-defaults` time ours changed one way (the record `train_variants`).
+docs/benchmarks.md says more.
 
-Ours is `vit train`'s own jitted step (`benchmarks/train_step.py` builds it from the recipe as
-`vit train` does): the recipe's optimiser (global-norm clipping, then AdamW with decay on the
-weight matrices), its loss with label smoothing, the accuracy metric and the finiteness check.
-Theirs (`peers`): `ViTForImageClassification` from a Hugging Face folder our writer made of
-the same initial weights, torch's AdamW with the same rate, betas and decay mask,
-`clip_grad_norm_` at the same norm, cross-entropy with the same smoothing, accuracy and the
-same finiteness check, on the same batch. The recipe is configs/imagefolder.py with AdamW
-(`train_step.ADAMW`); `--set` changes it further, as it would `vit train`'s.
-
-Every run is a process of its own (`common.run_side`), ours and theirs alternating, the order
-flipped every round; torch uses a thread per core. Ours runs in the environment the `vit`
-command gives itself (huge pages for XLA's scratch memory), theirs in the caller's; the record
-names both. `--interleave` keeps every process alive instead (`common.Side`, compiled once) and
-asks each for a run in turn, so the two sides of a round run seconds apart; each such run
-starts with `--rewarm` untimed steps on both sides, because on a VM that hands freed memory
-back to its host the first step after the other side's run faults it all in again.
-`--plain-malloc` also times ours without the huge-page tunable, `--jax-defaults` compiled with
-jax's default XLA:CPU options (`VIT_XLA_DOTS=0`); with either the record is `train_variants`.
-Per case: each run's median step, each round's ratio (transformers' time over ours: above 1
-means ours is faster) and their median, peak memory, and each side's first and last loss (from
-the same weights and batch the first agrees when the steps compute the same thing). bfloat16
-compares our mixed-precision step with transformers' model cast to bfloat16; on a CPU without
-bfloat16 arithmetic it is timed only when asked for by name.
-
-    python -m benchmarks train [--case B/16:8 --case S/16:32] [--dtype float32
-        --dtype bfloat16] [--rounds 3] [--steps 3] [--warmup 1] [--set KEY=VALUE ...]
-        [--plain-malloc] [--jax-defaults] [--interleave] [--note TEXT]
+    python -m benchmarks train [--case B/16:8 ...] [--dtype float32 ...] [--rounds 3]
+        [--steps 3] [--warmup 1] [--set KEY=VALUE ...] [--plain-malloc] [--jax-defaults]
+        [--interleave]
 """
 
 from __future__ import annotations
@@ -198,11 +179,11 @@ def environment(kind: str) -> dict:
 
 def contestant(kind: str, dtype: str, case: str, folder: Path, args, kept: bool):
     """A contestant's process, compiled and warmed up. One kept alive for many runs pauses
-    before each, for the other's idle threads to stop spinning, and re-warms (`--rewarm`)."""
+    before each (the other's idle threads stop spinning) and starts each with an untimed step."""
     return common.Side("benchmarks.train:serve", {
         "kind": "transformers" if kind == "transformers" else "vit", "case": case,
         "dtype": dtype, "folder": str(folder), "sets": args.set, "steps": args.steps,
-        "warmup": args.warmup, "rewarm": args.rewarm if kept else 0},
+        "warmup": args.warmup, "rewarm": 1 if kept else 0},
         env=environment(kind), settle_s=0.5 if kept else 0.0)
 
 
@@ -284,10 +265,6 @@ def main(argv: list[str]) -> None:
                         help="keep every contestant's process alive (compiled once) and "
                              "alternate their runs round by round: many short rounds, so the "
                              "host's drift between minutes cancels out of each round's ratio")
-    parser.add_argument("--rewarm", type=int, default=1,
-                        help="--interleave: untimed steps at the start of every run, both "
-                             "sides (memory a VM took back while the process waited)")
-    parser.add_argument("--note", default="", help="recorded with the results (e.g. load)")
     parser.add_argument("--out", default=None, help="record path (default benchmarks/records/)")
     args = parser.parse_args(argv)
     cases = args.case or list(CASES)
@@ -334,10 +311,9 @@ def main(argv: list[str]) -> None:
                             "other dtypes": xla_options.training_options("bfloat16")},
         "rounds": args.rounds, "timed_steps_per_run": args.steps, "warmup_steps": args.warmup,
         "interleaved": args.interleave,
-        "untimed_steps_per_run": args.rewarm if args.interleave else 0,
+        "untimed_steps_per_run": 1 if args.interleave else 0,
         "load_average_before": [round(x, 2) for x in load_before],
         "cases": results,
-        "note": args.note,
     }, argv=argv, mode="train", out=args.out)
 
 
