@@ -16,7 +16,7 @@ from builders import tiny_recipe_sets
 from PIL import Image
 
 from vit.cli import main
-from vit.errors import ConfigError
+from vit.errors import CheckpointError, ConfigError
 from vit.recipes.load import load_config
 
 pytestmark = pytest.mark.timeout(300)
@@ -313,6 +313,23 @@ def test_init_from_a_run_without_a_finished_step_names_the_flag_given(tmp_path, 
                    "step 3 is being saved now", f"point {given} at")
     assert "--checkpoint" not in last
     assert not (tmp_path / "wd").exists()
+
+
+@pytest.mark.parametrize("named", ["--init", "init", "--workdir", "SRC", None])
+def test_a_workdir_without_a_finished_step_is_named_as_given(tmp_path, named):
+    """The reader's own error (`vit.checkpoints.orbax_io`) names the flag the caller passes,
+    and `--checkpoint` only by default (`vit predict`, `vit rollout`, ...)."""
+    from vit.checkpoints import load_checkpoint
+
+    early = tmp_path / "early"
+    (early / "checkpoints" / "5.orbax-checkpoint-tmp-1700000000").mkdir(parents=True)
+    with pytest.raises(CheckpointError) as err:
+        load_checkpoint(early, **({} if named is None else {"named": named}))
+    flag = named or "--checkpoint"
+    line = str(err.value)
+    assert "\n" not in line and line.startswith(f"{flag} {early.absolute()}: no finished"), line
+    assert "step 5 is being saved now" in line and f"point {flag} at" in line, line
+    assert named is None or "--checkpoint" not in line, line
 
 
 def test_a_run_saved_with_a_concrete_dtype_resumes_under_auto(run, tmp_path, run_vit):

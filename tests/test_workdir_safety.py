@@ -107,7 +107,7 @@ def assert_kept(before: dict, after: dict, *changed: str) -> None:
 def leftovers(root: Path) -> list[str]:
     """Temporary files and folders a run must never leave."""
     return sorted(str(p.relative_to(root)) for p in Path(root).rglob("*")
-                  if ".orbax-checkpoint-tmp" in p.name or p.name.endswith(".tmp"))
+                  if ".orbax-checkpoint-tmp" in p.name or p.name.endswith((".tmp", ".part")))
 
 
 def argv(workdir, *extra) -> list[str]:
@@ -495,59 +495,38 @@ def test_a_full_disk_during_a_save_is_one_line_and_keeps_the_last_checkpoint(fin
         assert load_checkpoint(workdir / "checkpoints" / str(kept)).params
 
 
-def _half_then_full(path: Path, data: bytes) -> None:
-    """What a write meets on a disk that fills half-way: half the bytes land, then ENOSPC."""
-    import errno
-
-    with open(path, "ab") as f:
-        f.write(data[:len(data) // 2])
-    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-
-
 def _disk_fills_at(where: str, monkeypatch) -> None:
-    """The write of `where` (and only it) fails half-way, by the path each file is written by:
-    config.json by Path.write_text, metrics.jsonl by an append, curves.png by matplotlib."""
-    if where == "config.json":
-        write_text = Path.write_text
+    """The write of `where` (and only it) fails half-way, in `vit.paths`, the one module that
+    writes outputs: config.json and curves.png as they are written under a temporary name,
+    metrics.jsonl as a record is appended."""
+    import vit.paths
 
-        def writing(self, text, *args, **kwargs):
-            if self.name.startswith("config.json"):
-                _half_then_full(self, text.encode())
-            return write_text(self, text, *args, **kwargs)
+    mode_of = "a" if where == "metrics.jsonl" else "w"
 
-        monkeypatch.setattr(Path, "write_text", writing)
-    elif where == "metrics.jsonl":
-        import vit.training.metrics
+    class HalfWrite:
+        def __init__(self, path, mode):
+            self.f = open(path, mode)  # noqa: SIM115  (closed by __exit__)
 
-        class HalfAppend:
-            def __init__(self, path, mode):
-                self.f = open(path, mode)  # noqa: SIM115  (closed by __exit__)
+        def __getattr__(self, name):
+            return getattr(self.f, name)
 
-            def __getattr__(self, name):
-                return getattr(self.f, name)
+        def __enter__(self):
+            return self
 
-            def __enter__(self):
-                return self
+        def __exit__(self, *exc):
+            self.f.close()
 
-            def __exit__(self, *exc):
-                self.f.close()
+        def write(self, data):
+            self.f.write(data[:len(data) // 2])
+            self.f.flush()
+            raise OSError(28, os.strerror(28))
 
-            def write(self, data):
-                self.f.write(data[:len(data) // 2])
-                self.f.flush()
-                raise OSError(28, os.strerror(28))
+    def opening(path, mode="r", *args, **kwargs):
+        if Path(path).name.lstrip(".").startswith(where) and mode_of in mode:
+            return HalfWrite(path, mode)
+        return open(path, mode, *args, **kwargs)
 
-        def opening(path, mode="r", *args, **kwargs):
-            if Path(path).name == "metrics.jsonl" and "a" in mode:
-                return HalfAppend(path, mode)
-            return open(path, mode, *args, **kwargs)
-
-        monkeypatch.setattr(vit.training.metrics, "open", opening, raising=False)
-    else:
-        from matplotlib.figure import Figure
-
-        monkeypatch.setattr(Figure, "savefig", lambda self, fname, *a, **k: _half_then_full(
-            Path(fname), b"\x89PNG\r\n" * 4096))
+    monkeypatch.setattr(vit.paths, "open", opening, raising=False)
 
 
 @pytest.mark.parametrize("where", ["config.json", "metrics.jsonl", "curves.png"])

@@ -1,12 +1,18 @@
-"""Where a command or a checkpoint writer will create files, and how an output file is written:
-one check, made before any work, that the place can be created and written; one writer that
-replaces a file whole or not at all. Standard library only."""
+"""Where a command or a checkpoint writer will create files, and how an output is written: one
+check, made before any work, that the place can be created and written; and the one module that
+writes an output safely. An output (a file or a folder) is made under a temporary sibling name
+and renamed into place (`staged`, and on it `replacing` and `write_whole`), or appended to all
+or nothing (`append_whole`): it is whole or as it was, and nothing temporary stays behind, a
+full disk included. The caller, which knows the size, names a full disk (`vit.errors`).
+Standard library only."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
@@ -33,16 +39,54 @@ def unwritable_reason(path) -> str | None:
     return None
 
 
-def write_whole(path, write: Callable[[BinaryIO], object]) -> None:
-    """`write(file)` into a temporary sibling of `path`, renamed to `path` once complete: `path`
-    is replaced whole or left as it was, and no temporary file stays behind (a full disk
-    included; the caller, which knows the size, names it)."""
+@contextlib.contextmanager
+def staged(path) -> Iterator[Path]:
+    """Yields a temporary sibling of `path` for the block to make (a file or a folder, written
+    by its name); renamed to `path` when the block ends well, removed when it fails (the
+    rename included), so `path` is replaced whole or left as it was."""
     path = Path(path)
     part = path.with_name(f".{path.name}.{os.getpid()}.part")
     try:
-        with open(part, "wb") as f:
-            write(f)
+        yield part
         os.replace(part, path)
     except BaseException:
-        part.unlink(missing_ok=True)
+        remove(part)
         raise
+
+
+@contextlib.contextmanager
+def replacing(path) -> Iterator[BinaryIO]:
+    """Yields a binary file to write `path`'s new content into, as `staged`: `path` is replaced
+    when the block ends well and the file is closed (a full disk may show only then)."""
+    with staged(path) as part, open(part, "wb") as f:
+        yield f
+
+
+def write_whole(path, write: Callable[[BinaryIO], object]) -> None:
+    """`write(file)` into a temporary sibling of `path`, renamed to `path` once complete: `path`
+    is replaced whole or left as it was, and no temporary file stays behind."""
+    with replacing(path) as f:
+        write(f)
+
+
+def append_whole(path, data: bytes) -> None:
+    """Appends `data` to `path` (made if missing) all or nothing: a write the disk refuses
+    half-way is cut back off to the size `path` had."""
+    with open(path, "ab") as f:
+        size = f.tell()
+        try:
+            f.write(data)
+            f.flush()
+        except BaseException:
+            with contextlib.suppress(OSError):
+                f.truncate(size)  # a truncation needs no space
+            raise
+
+
+def remove(path) -> None:
+    """A file or a folder, whichever `path` is; a link itself, never what it points to."""
+    path = Path(path)
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)

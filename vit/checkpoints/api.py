@@ -30,7 +30,7 @@ RUN_SETTINGS = ("dtype", "attention_impl", "remat", "dropout", "attention_dropou
 
 
 def load_checkpoint(path, *, image_size: int | tuple[int, int] | None = None,
-                    **model_overrides: Any) -> LoadedCheckpoint:
+                    named: str = "--checkpoint", **model_overrides: Any) -> LoadedCheckpoint:
     """Reads any supported checkpoint (file, folder, training workdir or cached hub id).
 
     `image_size` resizes the position embeddings as the source's library would (the
@@ -41,9 +41,10 @@ def load_checkpoint(path, *, image_size: int | tuple[int, int] | None = None,
     loads a plain ViT into a text-conditioned model (the text weights are a fresh seeded init;
     the image weights are the file's) and `text=None` loads only the image model of a text
     checkpoint; either way a warning says what changed. The fitting is `fit.adapt_params`,
-    which `vit train --init` goes through too.
+    which `vit train --init` goes through too. `named` is how the user gave `path` (the flag,
+    such as `--init`), for the errors that name it.
     """
-    loaded = resolve.read(path)
+    loaded = resolve.read(path, named=named)
     src = cfg = loaded.config
     if image_size is not None:
         size = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)

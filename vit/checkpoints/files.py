@@ -6,13 +6,11 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import os
-import shutil
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from vit import paths
 from vit.errors import CheckpointError, OutOfSpace, is_out_of_space
 from vit.paths import unwritable_reason
 
@@ -102,26 +100,17 @@ def check_destination(dst) -> Path:
 @contextlib.contextmanager
 def staged(dst) -> Iterator[Path]:
     """Yields a temporary sibling of `dst` to write into (a file or a folder); renames it to
-    `dst` when the block succeeds and removes it otherwise, so `dst` is whole or absent."""
+    `dst` when the block succeeds and removes it otherwise (`vit.paths.staged`), so `dst` is
+    whole or absent."""
     dst = check_destination(dst)
     dst.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dst.with_name(f".{dst.name}.tmp-{uuid.uuid4().hex[:8]}")
     try:
-        yield tmp
-        os.replace(tmp, dst)
+        with paths.staged(dst) as tmp:
+            yield tmp
     except BaseException as err:
-        remove(tmp)
         if is_out_of_space(err):  # safetensors' own error type included
             raise OutOfSpace(dst) from None
         if isinstance(err, OSError):
             raise CheckpointError(f"{dst}: cannot write ({err.strerror or err}); nothing was "
                                   "written") from None
         raise
-
-
-def remove(path: Path) -> None:
-    """A file or a folder, whichever `path` is; a link itself, never what it points to."""
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path, ignore_errors=True)
-    else:
-        path.unlink(missing_ok=True)

@@ -43,17 +43,21 @@ def is_workdir(path: Path) -> bool:
     return (path / orbax_format.CHECKPOINTS_DIR).is_dir()
 
 
-def find_workdir_checkpoint(workdir, skip: tuple[int, ...] = ()) -> tuple[Path, str]:
+def find_workdir_checkpoint(workdir, skip: tuple[int, ...] = (),
+                            named: str = "--checkpoint") -> tuple[Path, str]:
     """(step directory, which one and why): the best checkpoint when kept, else the latest;
-    never one of `skip` (steps dropped while they were read)."""
+    never one of `skip` (steps dropped while they were read). `named` is how the user gave
+    `workdir` (`--checkpoint`, `--init`, a recipe's `init`, ...), for the errors."""
     checkpoints = Path(workdir) / orbax_format.CHECKPOINTS_DIR
     steps = [s for s in finished_steps(checkpoints) if s not in skip]
     if not steps:
         saving = sorted(p.name.split(".")[0] for p in checkpoints.glob("*.orbax-checkpoint-tmp*")
                         if p.name.split(".")[0].isdigit()) if checkpoints.is_dir() else []
         now = f" (step {saving[-1]} is being saved now)" if saving else ""
-        raise CheckpointError(f"{workdir}: no finished checkpoint under {checkpoints}{now}; train "
-                              "longer or point --checkpoint at a checkpoint directory")
+        raise CheckpointError(f"{named} {workdir}: no finished checkpoint under {checkpoints}"
+                              f"{now}; let that run save a step first, or point {named} at "
+                              "another checkpoint (a step folder, an export, a .npz or a model "
+                              "folder)")
     best_file = checkpoints / orbax_format.BEST_FILE
     if best_file.exists():
         try:
@@ -173,8 +177,9 @@ def _restore_meta(directory: Path) -> dict:
     return meta if isinstance(meta, dict) else {}
 
 
-def read(path) -> LoadedCheckpoint:
-    """A workdir (its best, else latest, finished step), a step directory or an export."""
+def read(path, named: str = "--checkpoint") -> LoadedCheckpoint:
+    """A workdir (its best, else latest, finished step), a step directory or an export;
+    `named` is how the user gave `path`, for the errors."""
     path = Path(path).absolute()  # orbax's metadata lookup fails on relative paths
     if not is_workdir(path):
         try:
@@ -188,7 +193,7 @@ def read(path) -> LoadedCheckpoint:
             raise
     dropped: list[int] = []
     for _ in range(MAX_DROPPED_WHILE_READ):
-        step_dir, which = find_workdir_checkpoint(path, skip=tuple(dropped))
+        step_dir, which = find_workdir_checkpoint(path, skip=tuple(dropped), named=named)
         try:
             return _read_step(step_dir, f"workdir {path}: {which}")
         except CheckpointError:

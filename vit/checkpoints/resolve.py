@@ -146,8 +146,10 @@ def _safetensors_keys(path: Path) -> list[str]:
     return list(read_safetensors_header(path))
 
 
-def read(path) -> LoadedCheckpoint:
-    """The `LoadedCheckpoint` at `path`, whatever its format."""
+def read(path, named: str = "--checkpoint") -> LoadedCheckpoint:
+    """The `LoadedCheckpoint` at `path`, whatever its format; `named` is how the user gave
+    `path` (the flag), for the errors that name it."""
     kind, resolved = detect(path)
-    reader = {"npz": npz.read, "hf": hf.read, "timm": timm.read, "orbax": orbax_io.read}[kind]
-    return reader(resolved)
+    if kind == "orbax":
+        return orbax_io.read(resolved, named=named)
+    return {"npz": npz.read, "hf": hf.read, "timm": timm.read}[kind](resolved)

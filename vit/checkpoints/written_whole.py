@@ -12,9 +12,9 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from vit.checkpoints.files import remove
 from vit.checkpoints.orbax_io import quiet_event_loops
 from vit.errors import OutOfSpace, is_out_of_space
+from vit.paths import remove
 
 
 @contextlib.contextmanager

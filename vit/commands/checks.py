@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 
 from vit.errors import ConfigError, OutOfSpace, is_out_of_space
-from vit.paths import unwritable_reason
+from vit.paths import unwritable_reason, write_whole
 
 
 def require_positive(args, *names: str) -> None:
@@ -79,24 +79,20 @@ class NewOutput:
 
 
 def write_outputs(folder, files: dict[str, bytes]) -> None:
-    """Writes each `name: data` into `folder` (made if missing), each through a temporary name
-    renamed into place, so an existing file of that name is replaced whole or kept. When a write
-    fails (a full disk), what this call made is removed and a full disk is one `OutOfSpace`
-    naming the file and the size all of them need."""
+    """Writes each `name: data` into `folder` (made if missing), each by `write_whole`, so an
+    existing file of that name is replaced whole or kept. When a write fails (a full disk),
+    what this call made is removed and a full disk is one `OutOfSpace` naming the file and the
+    size all of them need."""
     folder = Path(folder)
     new_output = NewOutput(folder)
-    part = None
+    name = None
     try:
         folder.mkdir(parents=True, exist_ok=True)
         for name, data in files.items():
-            part = folder / f".{name}.{os.getpid()}.part"
-            part.write_bytes(data)
-            os.replace(part, folder / name)
+            write_whole(folder / name, lambda f, data=data: f.write(data))
     except BaseException as err:
-        if part is not None:
-            part.unlink(missing_ok=True)
         new_output.undo()
         if is_out_of_space(err):
-            raise OutOfSpace(folder / name if part else folder,
+            raise OutOfSpace(folder / name if name is not None else folder,
                              sum(len(d) for d in files.values())) from None
         raise

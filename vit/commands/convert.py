@@ -56,7 +56,7 @@ def run(args) -> int:
         raise CheckpointError(f"{args.dst}: cannot tell the format from the name; pass "
                               f"--format {'|'.join(FORMATS)}")
     check_destination(dst)  # before the (possibly long) read: nothing is written on failure
-    loaded = load_checkpoint(args.src, image_size=args.image_size)
+    loaded = load_checkpoint(args.src, image_size=args.image_size, named="SRC")
     with written_whole(dst, needed=_stored_bytes(loaded.params)):
         notes = loaded.warnings + save_checkpoint(loaded, dst, fmt, lossy=args.lossy)
     for message in notes:  # a --lossy change is a fact of the new file, not a warning

@@ -54,7 +54,8 @@ def run(args) -> int:
         split = args.split or config.data.test_split or "test"
         out = check_output_dir(args.out or Path(args.workdir) / f"eval_{_safe(split)}",
                                "--out")  # before the evaluation, not after it
-        loaded = load_checkpoint(args.workdir, **inference_options.with_dtype(args, {}))
+        loaded = load_checkpoint(args.workdir, named="--workdir",
+                                 **inference_options.with_dtype(args, {}))
     else:
         if not args.data:
             raise ConfigError("--checkpoint needs --data NAME (digits, tfds:NAME or a folder)")

@@ -4,7 +4,7 @@ answer, and each manifest line adds the prompt, its probability and a score per 
 
 from __future__ import annotations
 
-import os
+import contextlib
 import sys
 
 from vit.commands import inference_options
@@ -165,31 +165,26 @@ def _write_maps(args, out, items, ckpt, model, method, wanted) -> int:
 
 class _LazyFile:
     """A text file (and its folder) created on the first write, so a run that writes nothing
-    leaves nothing behind; written under a temporary name and renamed into place when the
-    block ends well, so an existing file of that name is replaced whole or kept."""
+    leaves nothing behind; written by `vit.paths.replacing`, so an existing file of that name
+    is replaced whole, when the block ends well, or kept."""
 
     def __init__(self, path):
         self.path, self.file = path, None
-        self.part = path.with_name(f".{path.name}.{os.getpid()}.part")
+        self.stack = contextlib.ExitStack()
 
     def write(self, text: str) -> None:
         if self.file is None:
+            from vit.paths import replacing
+
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self.file = open(self.part, "w", encoding="utf-8")  # noqa: SIM115
-        self.file.write(text)
+            self.file = self.stack.enter_context(replacing(self.path))
+        self.file.write(text.encode("utf-8"))
 
     def __enter__(self):
         return self
 
-    def __exit__(self, kind, *exc) -> None:
-        if self.file is None:
-            return
-        try:
-            self.file.close()  # a full disk may only show here, as the buffer is flushed
-            if kind is None:
-                os.replace(self.part, self.path)
-        finally:
-            self.part.unlink(missing_ok=True)
+    def __exit__(self, *exc) -> None:
+        self.stack.__exit__(*exc)  # a full disk may only show here, as the file is closed
 
 
 def _check_prompt(prompt: str, checkpoint: str, text_config) -> None:

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import sys
 import time
 from pathlib import Path
 
+from vit import paths
 from vit.errors import OutOfSpace, is_out_of_space
+from vit.paths import replacing, write_whole
 
 DROPPED = "metrics.dropped.jsonl"
 
@@ -49,8 +50,8 @@ class MetricsLog:
     def _set_aside(self) -> bool:
         """Moves the lines past the resume step (and lines a crash cut short) to `DROPPED`:
         the kept ones are written to a temporary file, the dropped ones appended, then the
-        temporary file replaces `metrics.jsonl`; a failure on the way changes nothing. Whether
-        any line moved."""
+        temporary file replaces `metrics.jsonl` (`vit.paths.replacing`); a failure on the way
+        changes nothing. Whether any line moved."""
         if not self.path.exists():
             return False
         keep, drop = [], []
@@ -61,17 +62,16 @@ class MetricsLog:
             return False
         keep = [line if line.endswith(b"\n") else line + b"\n" for line in keep]
         drop = [line if line.endswith(b"\n") else line + b"\n" for line in drop]
-        tmp = self.path.with_name(self.path.name + ".tmp")
         dropped = self.path.with_name(DROPPED)
         try:
-            tmp.write_bytes(b"".join(keep))
-            append_whole(dropped, b"".join(drop))
+            with replacing(self.path) as f:  # replaced once the dropped lines are appended
+                f.write(b"".join(keep))
+                f.flush()  # a full disk shows before a line is appended
+                append_whole(dropped, b"".join(drop))
         except BaseException as err:
-            tmp.unlink(missing_ok=True)
             if is_out_of_space(err) and not isinstance(err, OutOfSpace):
                 raise OutOfSpace(self.path, sum(map(len, keep))) from None
             raise
-        os.replace(tmp, self.path)
         print(f"note: {len(drop)} line(s) of {self.path} past step {self.resume_step} moved to "
               f"{dropped} (the run goes on from step {self.resume_step})", file=sys.stderr)
         return True
@@ -87,20 +87,15 @@ def _step_of(line: bytes) -> int | None:
 
 
 def append_whole(path: Path, data: str | bytes) -> None:
-    """Appends `data` to `path` all or nothing: a write the disk refuses half-way is cut back
-    off, and a full disk is an `OutOfSpace` naming `path`."""
+    """Appends `data` to `path` all or nothing (`vit.paths.append_whole`); a full disk is an
+    `OutOfSpace` naming `path`."""
     data = data.encode() if isinstance(data, str) else data
-    with open(path, "ab") as f:
-        size = f.tell()
-        try:
-            f.write(data)
-            f.flush()
-        except BaseException as err:
-            with contextlib.suppress(OSError):
-                f.truncate(size)  # the size it had: a truncation needs no space
-            if is_out_of_space(err) and not isinstance(err, OutOfSpace):
-                raise OutOfSpace(path, len(data)) from None
-            raise
+    try:
+        paths.append_whole(path, data)
+    except BaseException as err:
+        if is_out_of_space(err) and not isinstance(err, OutOfSpace):
+            raise OutOfSpace(path, len(data)) from None
+        raise
 
 
 class TrainMeter:
@@ -183,12 +178,10 @@ def plot_curves(metrics_path: str | Path, out_path: str | Path) -> None:
         ax.legend()
     fig.tight_layout()
     out_path = Path(out_path)
-    tmp = out_path.with_name(out_path.name + ".tmp")
     try:
-        fig.savefig(tmp, dpi=100, format=out_path.suffix.lstrip(".") or "png")
-        os.replace(tmp, out_path)
+        write_whole(out_path, lambda f: fig.savefig(
+            f, dpi=100, format=out_path.suffix.lstrip(".") or "png"))
     except BaseException as err:
-        tmp.unlink(missing_ok=True)
         if is_out_of_space(err) and not isinstance(err, OutOfSpace):
             raise OutOfSpace(out_path) from None
         raise

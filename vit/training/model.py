@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import jax
@@ -18,11 +17,10 @@ import jax.numpy as jnp
 from flax import nnx
 
 from vit.cpu.features import bfloat16_note
-from vit.errors import CheckpointError, ConfigError
+from vit.errors import ConfigError
 from vit.models.config import ViTConfig, variant_config
 from vit.models.vit import VisionTransformer
 from vit.preprocess import Preprocessing
-from vit.step_folders import finished_steps
 from vit.training.from_recipe import dtype_line, model_fields, preprocessing_of
 
 # Model fields a fine-tuning config may change on a pretrained architecture.
@@ -51,12 +49,11 @@ def start_from_init(init: str, config, num_classes: int, named: str = "--init"):
     the checkpoint (`--init`, or the recipe's `init`), for the errors."""
     from vit.checkpoints import load_checkpoint
 
-    _check_has_a_step(init, named)
     size = config.input.image_size
     fields = model_fields(config)
     overrides = {k: v for k, v in fields.items() if k in TRAINING_FIELDS}
     try:
-        loaded = load_checkpoint(init, image_size=size, num_classes=num_classes,
+        loaded = load_checkpoint(init, image_size=size, num_classes=num_classes, named=named,
                                  text=fields.get("text"), **overrides)
     except ConfigError as err:  # the recipe's size or fields do not fit this checkpoint
         raise ConfigError(f"{named} {init} with input.image_size={size}: {err}; set "
@@ -69,20 +66,6 @@ def start_from_init(init: str, config, num_classes: int, named: str = "--init"):
                                "std": tuple(config.input.std)})
     print(f"initialised from {init} ({loaded.source})")
     return loaded.config, jax.tree.map(jnp.asarray, loaded.params), pre
-
-
-def _check_has_a_step(init: str, named: str) -> None:
-    """A training workdir given as the starting checkpoint must hold a finished step; the
-    error names the flag (or recipe key) the user gave it with, not the readers' --checkpoint."""
-    checkpoints = Path(init) / "checkpoints"
-    if not checkpoints.is_dir() or finished_steps(checkpoints):
-        return
-    saving = sorted(int(p.name.split(".")[0]) for p in checkpoints.glob("*.orbax-checkpoint-tmp*")
-                    if p.name.split(".")[0].isdigit())
-    now = f" (step {saving[-1]} is being saved now)" if saving else ""
-    raise CheckpointError(f"{named} {init}: no finished checkpoint under {checkpoints}{now}; "
-                          f"let that run save a step first, or point {named} at another "
-                          "checkpoint (a step folder, an export, a .npz or a model folder)")
 
 
 @dataclass(frozen=True)

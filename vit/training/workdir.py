@@ -37,6 +37,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from vit.errors import OutOfSpace, VitError, is_out_of_space
+from vit.paths import write_whole
 from vit.step_folders import finished_steps
 
 MARKER = ".vit-workdir"
@@ -304,14 +305,13 @@ def _now() -> str:
 
 
 def replace_file(path: Path, text: str) -> None:
-    """`path` replaced atomically by `text`. A failed write leaves the old `path` as it was and
-    no temporary file; a full disk is an `OutOfSpace` naming `path` and the bytes it needs."""
-    tmp = path.with_name(path.name + ".tmp")
+    """`path` replaced atomically by `text` (`vit.paths.write_whole`). A failed write leaves the
+    old `path` as it was and no temporary file; a full disk is an `OutOfSpace` naming `path`
+    and the bytes it needs."""
+    data = text.encode()
     try:
-        tmp.write_text(text)
-        os.replace(tmp, path)
+        write_whole(path, lambda f: f.write(data))
     except BaseException as err:
-        tmp.unlink(missing_ok=True)
         if is_out_of_space(err) and not isinstance(err, OutOfSpace):
-            raise OutOfSpace(path, len(text.encode())) from None
+            raise OutOfSpace(path, len(data)) from None
         raise
