@@ -100,8 +100,7 @@ def train_ti(workdir: Path, steps: int) -> dict:
             # Twelve blocks learn too slowly under the demo's shifts, rotations and zooms to
             # reach a decided model in minutes on a CPU: clean images.
             "input.shift": 0.0, "input.rotate": 0.0, "input.scale": 0.0}
-    run = common.run_cli(["vit", "train", "--config", "configs/digits.py", "--workdir",
-                          str(workdir), *[f"--set={k}={v}" for k, v in sets.items()]])
+    run = common.vit_train("configs/digits.py", workdir, [f"{k}={v}" for k, v in sets.items()])
     return {"recipe": "configs/digits.py", "overrides": sets, "steps": steps,
             "batch_size": 64, "train_seconds": run["wall_s"]}
 

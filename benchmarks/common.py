@@ -137,6 +137,21 @@ def run_cli(command: list[str], *, env: dict | None = None, capture: bool = Fals
             "returncode": done.returncode, **({"stdout": done.stdout} if capture else {})}
 
 
+def vit_train(config: str | Path, workdir: str | Path, sets=(), *, init: str | None = None,
+              env: dict | None = None) -> dict:
+    """`vit train --config CONFIG --workdir WORKDIR [--init INIT] --set=...`, run and timed by
+    `run_cli`."""
+    return run_cli(["vit", "train", "--config", str(config), "--workdir", str(workdir),
+                    *(["--init", str(init)] if init else []), *(f"--set={s}" for s in sets)],
+                   env=env)
+
+
+def vit_eval(workdir: str | Path, *args: str) -> dict:
+    """`vit eval --workdir WORKDIR ARGS --json` run by `run_cli`, what it printed as "report"."""
+    run = run_cli(["vit", "eval", "--workdir", str(workdir), *args, "--json"], capture=True)
+    return {**run, "report": last_json(run.pop("stdout"))}
+
+
 def last_json(text: str) -> dict:
     """The JSON object a command printed on its last line (`vit eval --json`)."""
     return json.loads(text.strip().splitlines()[-1])

@@ -36,10 +36,9 @@ def make_photos(root: Path, per_class: int = 200) -> Path:
 
 
 def train(recipe: str, workdir: Path, steps: int, sets: list[str]) -> dict:
-    run = common.run_cli(["vit", "train", "--config", recipe, "--workdir", str(workdir), *(
-        x for s in [*sets, f"train.steps={steps}", f"train.log_every={max(steps // 6, 1)}",
-                    f"train.eval_every={steps}", f"train.checkpoint_every={steps}"]
-        for x in ("--set", s))], capture=True)
+    run = common.vit_train(recipe, workdir, [
+        *sets, f"train.steps={steps}", f"train.log_every={max(steps // 6, 1)}",
+        f"train.eval_every={steps}", f"train.checkpoint_every={steps}"])
     rows = common.metrics(workdir, "train")
     later = rows[1:] or rows
     return {"recipe": recipe, "overrides": sets, "steps": steps, "wall_s": run["wall_s"],

@@ -25,11 +25,9 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--out", default=None, help="record path (default benchmarks/records/)")
     args = parser.parse_args(argv)
     shutil.rmtree(common.ROOT / args.workdir, ignore_errors=True)  # the time of a fresh run
-    train = common.run_cli(["vit", "train", "--config", "configs/digits.py", "--workdir",
-                            args.workdir, *[f"--set={s}" for s in args.set]])
-    evaluate = common.run_cli(["vit", "eval", "--workdir", args.workdir, "--split", "test",
-                               "--json"], capture=True)
-    report = common.last_json(evaluate.pop("stdout"))
+    train = common.vit_train("configs/digits.py", args.workdir, args.set)
+    evaluate = common.vit_eval(args.workdir, "--split", "test")
+    report = evaluate["report"]
     best = json.loads((common.ROOT / args.workdir / "checkpoints" / "best.json").read_text())
     common.write_record("demo", {
         "record": "digits demo: train configs/digits.py from scratch, test accuracy",

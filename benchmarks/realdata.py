@@ -54,20 +54,6 @@ HF_ARCH = ["model.classifier=token", "model.class_token=true", "model.width=128"
 TWO_DEVICES = {"XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
 
 
-def vit_train(recipe: str, workdir: Path, sets: list[str], *, init: str | None = None,
-              env: dict | None = None) -> dict:
-    """`vit train` run and timed whole (`common.run_cli`)."""
-    return common.run_cli(["vit", "train", "--config", recipe, "--workdir", str(workdir),
-                           *(x for s in sets for x in ("--set", s)),
-                           *(["--init", str(init)] if init else [])], env=env)
-
-
-def vit_eval(workdir: Path) -> dict:
-    """`vit eval --split test --json` of a workdir: what it printed as its JSON line."""
-    return common.last_json(common.run_cli(["vit", "eval", "--workdir", str(workdir), "--split",
-                                            "test", "--json"], capture=True)["stdout"])
-
-
 def split_of_vit_run(workdir: Path, wall_s: float) -> dict:
     """Where a `vit train` command's `wall_s` went, from the timings the run wrote into its
     metrics.jsonl (`vit.training.timings`): the process's start-up and compile, each step's
@@ -113,13 +99,13 @@ def fashion(args) -> dict:
 
     workdir = Path(args.workdir)
     sets = [f"train.steps={args.steps}"] if args.steps else []
-    run, load = with_load(lambda: vit_train("fashion_mnist", workdir, sets))
+    run, load = with_load(lambda: common.vit_train("fashion_mnist", workdir, sets))
     timings = run_timings(workdir / "metrics.jsonl")
     at = {e["step"]: round(timings["process_start_s"] + e["at_s"], 1)  # from the launch
           for e in timings["evaluations"]}
     curve = [{"step": r["step"], "validation_accuracy": round(r["accuracy"], 4),
               "seconds": at.get(r["step"])} for r in common.metrics(workdir, "validation")]
-    test = vit_eval(workdir)
+    test = common.vit_eval(workdir, "--split", "test")["report"]
     config = json.loads((workdir / "config.json").read_text())
     within = [c for c in curve if c["seconds"] is not None and c["seconds"] <= 900]
     return {"recipe": "fashion_mnist", "run_command": run["command"],
@@ -142,10 +128,11 @@ def transfer(args) -> dict:
             for start in ("pretrained", "scratch"):
                 workdir = Path(tmp) / f"{start}{seed}"
                 sets = [f"seed={seed}"] + ([f"train.steps={args.steps}"] if args.steps else [])
-                run = vit_train("mnist_transfer", workdir, sets,
-                                init=args.init if start == "pretrained" else None)
+                run = common.vit_train("mnist_transfer", workdir, sets,
+                                       init=args.init if start == "pretrained" else None)
+                test = common.vit_eval(workdir, "--split", "test")["report"]
                 out["runs"].append({"start": start, "seed": seed, "wall_s": run["wall_s"],
-                                    "test_accuracy": round(vit_eval(workdir)["accuracy"], 4)})
+                                    "test_accuracy": round(test["accuracy"], 4)})
     by = {s: [r["test_accuracy"] for r in out["runs"] if r["start"] == s]
           for s in ("pretrained", "scratch")}
     out["test_accuracy_mean"] = {s: round(statistics.mean(v), 4) for s, v in by.items()}
@@ -170,7 +157,7 @@ def ours(name: str, recipe: str, sets: list[str], workdir: Path, *, init=None,
          env=None) -> dict:
     """One `vit train` side: the last validation's accuracy (the test split), the command's
     wall time and where it went."""
-    run = vit_train(recipe, workdir, sets, init=init, env=env)
+    run = common.vit_train(recipe, workdir, sets, init=init, env=env)
     last = common.metrics(workdir, "validation")[-1]
     return {"side": name, "test_accuracy": round(last["accuracy"], 4), "wall_s": run["wall_s"],
             "split": split_of_vit_run(workdir, run["wall_s"])}

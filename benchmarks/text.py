@@ -68,13 +68,11 @@ def train_and_eval(config: Path, workdir: Path, sets: list[str], init: str | Non
     """One fresh run of `config` into `workdir` (every stage timed), then `vit eval --json`:
     the commands, their times, each stage's last validation and the evaluation."""
     shutil.rmtree(workdir, ignore_errors=True)
-    train = common.run_cli(["vit", "train", "--config", str(config), "--workdir", str(workdir),
-                            *(["--init", str(init)] if init else []),
-                            *[f"--set={s}" for s in sets]])
-    evaluate = common.run_cli(["vit", "eval", "--workdir", str(workdir), "--json"], capture=True)
+    train = common.vit_train(config, workdir, sets, init=init)
+    evaluate = common.vit_eval(workdir)
     return {"run": {"train": train["command"], "eval": evaluate["command"]},
             "train_seconds": train["wall_s"], "eval_seconds": evaluate["wall_s"],
-            "stages": stage_results(workdir), "eval": common.last_json(evaluate["stdout"])}
+            "stages": stage_results(workdir), "eval": evaluate["report"]}
 
 
 def ablation(config: Path, root: Path, init: str | None, extra: list[str]) -> dict:
