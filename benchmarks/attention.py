@@ -42,7 +42,6 @@ PEAK_FLOP_S = 989e12
 ATOL = {"float32": 1e-5, "bfloat16": 2e-2, "float16": 2e-3}
 RTOL = {"float32": 5e-5, "bfloat16": 2e-2, "float16": 2e-3}
 SKIPPED = {"status": "skipped", "reason": "time budget"}
-PLUGINS = ("jax-cuda12-plugin", "jax-cuda13-plugin")
 
 
 def _error(exc: BaseException) -> str:
@@ -445,8 +444,7 @@ def main(argv: list[str]) -> int:
 
     def save():
         result["status"] = _status(result)
-        common.write_record("bench_attention", result, argv=argv, mode="attention", out=path,
-                            extra_packages=PLUGINS)
+        common.write_record("bench_attention", result, argv=argv, mode="attention", out=path)
 
     sweep = train = infer = not args.quick
     if not args.quick:

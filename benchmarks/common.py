@@ -36,7 +36,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 RECORDS = ROOT / "benchmarks" / "records"
 # Versions stamped on every record; a package that is not installed is recorded as None.
-PACKAGES = ("jax", "jaxlib", "flax", "optax", "numpy", "torch", "transformers")
+PACKAGES = ("jax", "jaxlib", "flax", "optax", "numpy", "grain", "orbax-checkpoint", "torch",
+            "transformers", "triton", "jax-cuda12-plugin", "jax-cuda13-plugin")
 VIT = [sys.executable, "-m", "vit.cli"]
 
 
@@ -57,18 +58,16 @@ def _side_env(env: dict | None, pythonpath: str | None) -> dict:
 
 
 def run_side(target: str, kwargs: dict | None = None, *, env: dict | None = None,
-             cwd: str | Path | None = None, pythonpath: str | None = None,
-             prefix: list[str] | None = None, timeout: float | None = None) -> dict:
+             cwd: str | Path | None = None, pythonpath: str | None = None) -> dict:
     """Calls `target` ("package.module:function") with `kwargs` in a new Python process
     (`python -m benchmarks._worker`) and returns the dict it returned, read from a result file,
-    never parsed from the output. `prefix` goes before the interpreter (`taskset -c 0`)."""
+    never parsed from the output."""
     with tempfile.TemporaryDirectory(prefix="bench-side-") as folder:
         args, result = Path(folder) / "args.json", Path(folder) / "result.json"
         args.write_text(json.dumps(kwargs or {}))
         done = subprocess.run(
-            [*(prefix or []), sys.executable, "-m", "benchmarks._worker", target, str(args),
-             str(result)], env=_side_env(env, pythonpath), cwd=cwd or ROOT,
-            capture_output=True, text=True, timeout=timeout)
+            [sys.executable, "-m", "benchmarks._worker", target, str(args), str(result)],
+            env=_side_env(env, pythonpath), cwd=cwd or ROOT, capture_output=True, text=True)
         if done.returncode or not result.exists():
             raise SideFailed(f"{target} exited with {done.returncode}:\n{done.stderr[-3000:]}")
         return json.loads(result.read_text())
@@ -121,8 +120,8 @@ def run_cli(command: list[str], *, env: dict | None = None, capture: bool = Fals
     `["vit", ...]` is the `vit` command of this interpreter, on the CPU unless the environment
     names another platform; anything else (`./scripts/test.sh`) runs as given. Returns
     {"command" (as written, the repository's paths relative), "wall_s", "returncode", and with
-    `capture` "stdout"}; with `check`, a failure raises `SideFailed` with the end of its
-    output."""
+    `capture` "stdout" and "stderr"}; with `check`, a failure raises `SideFailed` with the end
+    of its output."""
     argv = [*VIT, *command[1:]] if command[0] == "vit" else list(command)
     full = {**os.environ, **(env or {})}
     if command[0] == "vit":
@@ -133,8 +132,9 @@ def run_cli(command: list[str], *, env: dict | None = None, capture: bool = Fals
     if check and done.returncode:
         tail = f":\n{(done.stdout or '')[-2000:]}{(done.stderr or '')[-2000:]}" if capture else ""
         raise SideFailed(f"{shlex.join(command)} exited with {done.returncode}{tail}")
-    return {"command": relative(shlex.join(command), strict=False), "wall_s": round(wall, 1),
-            "returncode": done.returncode, **({"stdout": done.stdout} if capture else {})}
+    return {"command": relative(shlex.join(command), strict=False), "wall_s": round(wall, 3),
+            "returncode": done.returncode,
+            **({"stdout": done.stdout, "stderr": done.stderr} if capture else {})}
 
 
 def vit_train(config: str | Path, workdir: str | Path, sets=(), *, init: str | None = None,
@@ -149,6 +149,7 @@ def vit_train(config: str | Path, workdir: str | Path, sets=(), *, init: str | N
 def vit_eval(workdir: str | Path, *args: str) -> dict:
     """`vit eval --workdir WORKDIR ARGS --json` run by `run_cli`, what it printed as "report"."""
     run = run_cli(["vit", "eval", "--workdir", str(workdir), *args, "--json"], capture=True)
+    del run["stderr"]
     return {**run, "report": last_json(run.pop("stdout"))}
 
 
@@ -254,9 +255,9 @@ def machine() -> dict:
     return out
 
 
-def versions(extra: tuple[str, ...] = ()) -> dict:
+def versions() -> dict:
     out = {"python": platform.python_version()}
-    for name in (*PACKAGES, *extra):
+    for name in PACKAGES:
         try:
             out[name] = md.version(name)
         except md.PackageNotFoundError:
@@ -330,7 +331,7 @@ def record_path(name: str) -> Path:
 
 
 def write_record(name: str, figures: dict, *, argv: list[str] | None, mode: str | None = None,
-                 extra_packages: tuple[str, ...] = (), out: str | Path | None = None) -> Path:
+                 out: str | Path | None = None) -> Path:
     """Writes `benchmarks/records/NAME.json` (or `out`) atomically: the benchmark's name (a
     record's file stem: `--out benchmarks/records/inference_amd.json` names it
     `inference_amd`), the date (UTC), the command (`mode`, default NAME, with `argv`; None
@@ -342,7 +343,7 @@ def write_record(name: str, figures: dict, *, argv: list[str] | None, mode: str 
     full = relative({"benchmark": name,
                      "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                      "command": command(argv, mode), "machine": machine(),
-                     "versions": versions(extra_packages),
+                     "versions": versions(),
                      **json.loads(json.dumps(figures, default=str))}, strict=is_record(out))
     path = Path(out) if out else record_path(name)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -40,7 +40,7 @@ def main(argv: list[str]) -> None:
         "test_accuracy": report["accuracy"], "test_top5_accuracy": report["top5_accuracy"],
         "num_test_examples": report["num_examples"],
         "eval": {k: v for k, v in report.items() if k != "confusion_png"},
-    }, argv=argv, out=args.out, extra_packages=("grain", "orbax-checkpoint"))
+    }, argv=argv, out=args.out)
 
 
 def table(r: dict) -> list[str]:

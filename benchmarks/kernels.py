@@ -219,7 +219,7 @@ def main(argv: list[str]) -> int:
         "note": "compiled by pip's triton, not XLA's; indicative of fit, not of speed",
         "kernels": rows,
         "readme_table": cells,
-    }, argv=argv, mode="kernels", out=out / "kernel_resources.json", extra_packages=("triton",))
+    }, argv=argv, mode="kernels", out=out / "kernel_resources.json")
     bad = [r for r in rows if not r["ok"]]
     print("\n".join(["", *cells, ""]))
     print(f"{len(rows) - len(bad)}/{len(rows)} kernels fit; wrote {out / 'kernel_resources.json'}")

@@ -170,8 +170,7 @@ def main(argv: list[str]) -> None:
         result = train_and_eval(config, workdir, args.set, args.init)
         if result["eval"].get("data") == "fashion_scenes":
             result["pointing"] = pointing(workdir, scenes=200)
-    common.write_record(name, result, argv=argv, mode="text", out=args.out,
-                        extra_packages=("grain",))
+    common.write_record(name, result, argv=argv, mode="text", out=args.out)
 
 
 # ---------------------------------------------------------------------------------- tables
