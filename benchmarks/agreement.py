@@ -34,17 +34,7 @@ def test_digits(pre) -> tuple[np.ndarray, np.ndarray]:
 
 
 def our_probs(path, dtype: str, x: np.ndarray) -> np.ndarray:
-    import jax
-    from flax import nnx
-
-    from vit.checkpoints import load_checkpoint
-    from vit.cpu.xla_options import compile_for_inference
-    from vit.inference.weights import narrow_kernels
-
-    graphdef, state = nnx.split(narrow_kernels(load_checkpoint(path, dtype=dtype).build_model()))
-    forward = jax.jit(lambda s, x: jax.nn.softmax(nnx.merge(graphdef, s)(x)))
-    return np.asarray(compile_for_inference(forward.lower(state, x), dtype)(state, x),
-                      np.float64)
+    return np.asarray(common.our_forward(path, dtype, x)(x), np.float64)
 
 
 def compare(a: np.ndarray, b: np.ndarray) -> dict:

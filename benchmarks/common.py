@@ -166,6 +166,28 @@ def metrics(workdir: str | Path, split: str | None = None) -> list[dict]:
             if split is None or r.get("split") == split]
 
 
+def our_forward(checkpoint: str | Path, dtype: str, example) -> Callable:
+    """The softmax of the model in `checkpoint`, built and compiled as `vit predict` builds it
+    for batches shaped like `example`: -> f(images). (An older copy of the package, `inference
+    --baseline`, may lack the compile options and narrowed kernels: it runs without them.)"""
+    import jax
+    from flax import nnx
+
+    from vit.checkpoints import load_checkpoint
+
+    try:
+        from vit.cpu.xla_options import compile_for_inference
+        from vit.inference.weights import narrow_kernels
+    except ImportError:
+        compile_for_inference = lambda lowered, dtype: lowered.compile()  # noqa: E731
+        narrow_kernels = lambda model: model  # noqa: E731
+    graphdef, state = nnx.split(narrow_kernels(load_checkpoint(checkpoint, dtype=dtype)
+                                               .build_model()))
+    forward = jax.jit(lambda s, x: jax.nn.softmax(nnx.merge(graphdef, s)(x), -1))
+    compiled = compile_for_inference(forward.lower(state, example), dtype)
+    return lambda images: compiled(state, images)
+
+
 # ---------------------------------------------------------------------------------- timing
 
 

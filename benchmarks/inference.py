@@ -34,27 +34,14 @@ def _save(path: str, probs) -> None:
 
 def side_ours(checkpoint: str, dtype: str, batch: int, image_size: int, iters: int,
               agree_images: int, probs_out: str) -> dict:
-    import jax
     import numpy as np
-    from flax import nnx
 
-    from vit.checkpoints import load_checkpoint
-
-    try:  # as `vit predict` builds and compiles it; an older copy (--baseline) may lack these
-        from vit.cpu.xla_options import compile_for_inference
-        from vit.inference.weights import narrow_kernels
-    except ImportError:
-        compile_for_inference = lambda lowered, dtype: lowered.compile()  # noqa: E731
-        narrow_kernels = lambda model: model  # noqa: E731
-    model = narrow_kernels(load_checkpoint(checkpoint, dtype=dtype).build_model())
-    graphdef, state = nnx.split(model)
-    forward = jax.jit(lambda s, x: jax.nn.softmax(nnx.merge(graphdef, s)(x), -1))
     x = inputs(batch, image_size, 0)
-    forward = compile_for_inference(forward.lower(state, x), dtype)
-    timing = common.time_call(lambda: forward(state, x), warmup=1, repeats=iters)
+    forward = common.our_forward(checkpoint, dtype, x)
+    timing = common.time_call(lambda: forward(x), warmup=1, repeats=iters)
     if agree_images:
         xs = inputs(agree_images, image_size, 1)
-        _save(probs_out, np.concatenate([np.asarray(forward(state, xs[i:i + batch]))
+        _save(probs_out, np.concatenate([np.asarray(forward(xs[i:i + batch]))
                                          for i in range(0, len(xs), batch)]))
     return timing
 

@@ -97,3 +97,83 @@ def test_a_peer_record_of_another_host_sits_beside_the_first_with_its_own_table(
     amd = {**intel, "benchmark": "realdata_peer_amd"}
     assert realdata.table(amd) == realdata.table(intel)
     assert realdata.targets(amd) == realdata.targets(intel)
+
+
+def test_the_peer_mode_runs_both_sides_in_turn_and_writes_a_record_its_table_draws(
+        tmp_path, monkeypatch):
+    from benchmarks import common
+
+    calls = []
+
+    def vit_train(config, workdir, sets=(), *, init=None, env=None):
+        calls.append(("vit", config, init is not None, env is not None))
+        return {"command": "vit train", "wall_s": 20.0}
+
+    def run_side(target, kwargs=None, **_):
+        calls.append(("torch", kwargs["dataset"], kwargs["init"] is not None, False))
+        return {"test_accuracy": 0.5, "torch_threads": 2,
+                "split": {"startup_s": 1.0, "steps_s": 2.0, "step_ms": 3.0, "final_eval_s": 4.0,
+                          "save_s": 0.1}}
+
+    split = {"startup_and_compile_s": 5.0, "steps_s": 10.0, "step_ms": 2.5, "final_eval_s": 3.0,
+             "checkpoint_and_exit_s": 1.0, "other_s": 1.0, "note": ""}
+    monkeypatch.setattr(common, "vit_train", vit_train)
+    monkeypatch.setattr(common, "run_side", run_side)
+    monkeypatch.setattr(common, "run_cli", lambda command, **_: calls.append(command[:2]))
+    monkeypatch.setattr(common, "metrics", lambda workdir, split: [{"accuracy": 0.6}])
+    monkeypatch.setattr(realdata, "split_of_vit_run", lambda workdir, wall_s: split)
+    out = tmp_path / "peer.json"
+    assert realdata.main(["peer", "--scratch-steps", "4", "--tune-steps", "2", "--rounds", "2",
+                          "--two-devices", "--out", str(out)]) == 0
+    record = json.loads(out.read_text())
+    # Round 0: our scratch run (the shared weights), converted, then torch and two devices;
+    # round 1 the others reversed. Fine-tuning starts from the converted weights on all sides.
+    assert [c[:2] for c in calls[:5]] == [("vit", "fashion_mnist"), ["vit", "convert"],
+                                          ("torch", "fashion_mnist"), ("vit", "fashion_mnist"),
+                                          ("torch", "mnist_5k")]
+    assert [r["order"] for r in record["rounds"]] == [["vit", "torch", "vit2"],
+                                                      ["vit", "vit2", "torch"]]
+    assert all(c[2] for c in calls if c[1] in ("mnist_5k", "mnist_transfer"))
+    assert record["benchmark"] == "realdata_peer" and record["host_kind"].endswith(
+        "bfloat16 arithmetic")
+    s = record["summary"]["scratch"]["vit"]
+    assert s["accuracy_minus_peer_points"] == 10.0 and "speed_vs_peer" in s
+    assert realdata.table(record) and len(realdata.targets(record)) == 4 * 2 + 6
+
+
+def test_the_fashion_mode_times_each_validation_from_the_run_s_own_records(tmp_path,
+                                                                          monkeypatch):
+    from benchmarks import common
+
+    timing = {"split": "timing"}
+    rows = [{**timing, "step": 1, "startup_s": 4.0, "process_start_s": 2.0, "at_s": 4.0},
+            {**timing, "step": 1, "compile_s": 6.0, "at_s": 10.0},
+            {"step": 50, "split": "train", "images_per_s": 300.0},
+            {**timing, "step": 50, "step_s": [0.2] * 50, "at_s": 20.0},
+            {"step": 50, "split": "validation", "accuracy": 0.8},
+            {**timing, "step": 50, "evaluation_s": 3.0, "at_s": 23.0},
+            {"step": 100, "split": "train", "images_per_s": 320.0},
+            {**timing, "step": 100, "step_s": [0.2] * 50, "at_s": 33.0},
+            {"step": 100, "split": "validation", "accuracy": 0.9},
+            {**timing, "step": 100, "evaluation_s": 3.0, "at_s": 36.0},
+            {**timing, "step": 100, "exit_s": 1.0, "at_s": 37.0}]
+
+    def vit_train(config, workdir, sets=(), **_):
+        workdir.mkdir(parents=True)
+        (workdir / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+        (workdir / "config.json").write_text(json.dumps({"train": {"steps": 100,
+                                                                    "batch_size": 64}}))
+        return {"command": f"vit train --config {config}", "wall_s": 40.0}
+
+    monkeypatch.setattr(common, "vit_train", vit_train)
+    monkeypatch.setattr(common, "vit_eval", lambda workdir, *args: {
+        "report": {"accuracy": 0.91, "num_examples": 10000}})
+    out = tmp_path / "fashion.json"
+    realdata.main(["fashion", "--workdir", str(tmp_path / "run"), "--out", str(out)])
+    record = json.loads(out.read_text())
+    # Seconds from the command's launch: the process's age at the call, then the run's own.
+    assert [(v["step"], v["seconds"]) for v in record["validation_curve"]] == [(50, 25.0),
+                                                                                (100, 38.0)]
+    assert record["test_accuracy"] == 0.91 and record["images_per_s_median"] == 310.0
+    assert record["split"]["steps_s"] == 20.0 and record["split"]["final_eval_s"] == 3.0
+    assert realdata.table(record) and realdata.targets(record)[0][2]
