@@ -1,7 +1,8 @@
 """The share of `vit train`'s wall time spent waiting for the input pipeline (`data_wait` in
 metrics.jsonl; the median after the first window, which holds the compile), on the digits
 recipe and on 400 generated 320x240 JPEGs (Ti/16, 96 px, float32: a small model makes the
-data's share as large as it gets), with the rate of the pipeline alone. Target: at most 5%.
+data's share as large as it gets), with the rate of the pipeline alone. Target: at most five
+percent.
 
     python -m benchmarks data_wait [--digits-steps 300] [--folder-steps 60] [--out FILE]
 """

@@ -135,13 +135,9 @@ def part(record: dict, name: str) -> Callable | None:
     return getattr(module_of(record), name, None)
 
 
-def drawer(record: dict) -> Callable | None:
-    return part(record, "table")
-
-
 def render(name: str, record: dict, recs: dict[str, dict]) -> str:
     """A table block's text: the host and date, the mode's table, the record and command."""
-    draw = drawer(record)
+    draw = part(record, "table")
     if draw is None:
         raise KeyError(f"{RECORDS}/{name}.json: its mode has no table(record)")
     lines = (draw(record, records=recs) if "records" in inspect.signature(draw).parameters
@@ -246,7 +242,7 @@ def unbacked(root: Path = ROOT) -> list[str]:
 def unshown(root: Path = ROOT) -> list[str]:
     """A record whose mode draws no table, with no table in the pages, or with several."""
     recs, problems, shown = records(root), [], {}
-    for name in sorted(n for n, r in recs.items() if drawer(r) is None):
+    for name in sorted(n for n, r in recs.items() if part(r, "table") is None):
         problems.append(f"{RECORDS}/{name}.json has no renderer: its command names no mode "
                         "whose module has table(record)")
     for doc in docs(root):
