@@ -74,6 +74,30 @@ def test_eval_batches_match_preprocessing_of_a_png(tmp_path):
         np.testing.assert_array_equal(PRE8(im), batches[0]["image"][5])
 
 
+@pytest.mark.parametrize("shard", [(0, 1), (1, 2)])
+def test_eval_batches_of_arrays_at_size_equal_the_per_example_transform(shard):
+    """In-memory images at the model's size are normalised a batch at a time: every image,
+    label and mask equals what `Preprocessing` makes of each example as a PIL image."""
+    src = open_source("digits", "test")
+    pre = Preprocessing(size=(8, 8), mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225),
+                        rescale_factor=1 / 127.5)
+    from vit.data.pipeline import _as_is_for_eval
+
+    assert _as_is_for_eval(src, pre, None)  # the batch-at-a-time path is the one tested
+    index = np.arange(len(src))[shard[0]::shard[1]]
+    batches = list(eval_batches(src, pre, batch_size=64, shard_index=shard[0],
+                                shard_count=shard[1]))
+    assert [len(b["mask"]) for b in batches] == [64] * -(-len(index) // 64)
+    images = np.concatenate([b["image"] for b in batches])
+    mask = np.concatenate([b["mask"] for b in batches])
+    assert mask.sum() == len(index) and not mask[len(index):].any()
+    want = np.stack([pre(Image.fromarray(src[int(i)]["image"])) for i in index])
+    np.testing.assert_array_equal(images[:len(index)], want)
+    np.testing.assert_array_equal(np.concatenate([b["label"] for b in batches])[:len(index)],
+                                  [src[int(i)]["label"] for i in index])
+    assert not images[len(index):].any()  # padding rows are zeros
+
+
 def test_eval_batches_match_preprocessing_with_resize_and_crop(tmp_path):
     """The two entry points of `vit.preprocess.resize_crop` (arrays in the pipeline, PIL images
     in predict) agree bit for bit when the geometry does real work."""

@@ -373,13 +373,92 @@ def test_token_gap_concatenates_the_class_token_and_the_patch_mean():
     np.testing.assert_allclose(model(images), model.head(pooled), atol=1e-5)
 
 
+# -- the convolutional stem ---------------------------------------------------------------------
+@pytest.mark.parametrize("norm_layer", ["layernorm", "rmsnorm"])
+def test_the_stem_is_torchs_convolutions_then_the_patch_convolution(norm_layer):
+    """`stem=(8, 16)`: two of PyTorch's Conv2d(3x3, stride 2, padding 1, no bias), each followed
+    by the norm over channels and exact GELU, then the patch embedding as a Conv2d of kernel and
+    stride patch_size / 4 with bias; written with torch from the paper's description."""
+    import torch
+
+    cfg = config(stem=(8, 16), norm_layer=norm_layer, class_token=False, classifier="gap",
+                 posemb="sincos2d")
+    model = create_model(cfg, rngs=nnx.Rngs(0))
+    p = params_of(model)
+    assert {k for k in p if k[0] == "stem"} == {
+        ("stem", i, *name) for i in range(2) for name in (
+            ("kernel",), ("norm", "scale"), *([("norm", "bias")] * (norm_layer == "layernorm")))}
+    assert p[("stem", 0, "kernel")].shape == (3, 3, 3, 8)
+    assert p[("patch_kernel",)].shape == (2, 2, 16, D)  # 8 pixels: 2 positions of the map
+    rng = np.random.RandomState(0)
+    for path in p:  # norms off their initial values, so a missing one shows
+        if path[0] == "stem" and path[-1] in ("scale", "bias"):
+            leaf = model.stem[path[1]].norm
+            getattr(leaf, path[-1]).value = jnp.asarray(1 + 0.3 * rng.randn(*p[path].shape),
+                                                        jnp.float32)
+    p = params_of(model)
+    images = rng.randn(2, 16, 24, 3).astype(np.float32)
+    x = torch.from_numpy(images).permute(0, 3, 1, 2)
+    with torch.no_grad():
+        for i in range(2):
+            conv = torch.nn.functional.conv2d(
+                x, torch.tensor(p[("stem", i, "kernel")]).permute(3, 2, 0, 1), stride=2,
+                padding=1)
+            c = conv.permute(0, 2, 3, 1)
+            scale = torch.tensor(p[("stem", i, "norm", "scale")])
+            if norm_layer == "layernorm":
+                c = torch.nn.functional.layer_norm(c, (c.shape[-1],), scale,
+                                                   torch.tensor(p[("stem", i, "norm", "bias")]),
+                                                   cfg.layer_norm_eps)
+            else:
+                c = torch.nn.functional.rms_norm(c, (c.shape[-1],), scale, cfg.layer_norm_eps)
+            x = torch.nn.functional.gelu(c).permute(0, 3, 1, 2)
+        assert x.shape[2:] == (4, 6)
+        tokens = torch.nn.functional.conv2d(
+            x, torch.tensor(p[("patch_kernel",)]).permute(3, 2, 0, 1),
+            torch.tensor(p[("patch_bias",)]), stride=2)
+        want = tokens.flatten(2).transpose(1, 2).numpy()
+    from vit.models.posemb import sincos_2d
+
+    got = np.asarray(model.embed(jnp.asarray(images))) - np.asarray(sincos_2d(GRID, D))
+    np.testing.assert_allclose(got, want, atol=2e-5)
+    assert np.abs(want).max() > 0.1
+
+
+def test_stem_size_rules_and_counts():
+    from vit.errors import ConfigError
+    from vit.models.info import count_macs
+
+    with pytest.raises(ConfigError, match=r"patch_size \(8, 8\) must be a multiple of 16"):
+        config(stem=(4, 8, 16, 32))
+    with pytest.raises(ConfigError, match="stem=\\[0\\]"):
+        config(stem=[0])
+    assert config(stem=[4, 8]).stem == (4, 8) and config(stem=4).stem == (4,)
+    # MACs: each convolution at its output's size (8x12 then 4x6 of 16x24), 9 taps; the patch
+    # embedding reads 2x2 positions of 16 channels instead of 8x8 pixels of 3.
+    extra = 8 * 12 * 9 * 3 * 8 + 4 * 6 * 9 * 8 * 16 + 6 * D * (2 * 2 * 16 - 8 * 8 * 3)
+    assert count_macs(config(stem=(8, 16))) - count_macs(config()) == extra
+
+
+@pytest.mark.parametrize("fmt", ["npz", "hf", "timm"])
+def test_formats_without_a_stem_refuse_it_by_name(tmp_path, fmt):
+    from vit.checkpoints import LoadedCheckpoint, save_checkpoint
+    from vit.errors import CheckpointError
+
+    model = create_model(config(stem=(8, 16)), rngs=nnx.Rngs(0))
+    with pytest.raises(CheckpointError, match="stem") as err:
+        save_checkpoint(LoadedCheckpoint.from_model(model), tmp_path / "out", fmt)
+    assert "\n" not in str(err.value)
+    assert not (tmp_path / "out").exists()
+
+
 # -- training, remat, explain, counts, orbax ----------------------------------------------------
 EVERYTHING = [  # every option in four models (then BEiT's per-layer table, differential
     # attention in both its block families)
     dict(norm_layer="rmsnorm", mlp_layer="swiglu", act_layer="silu", proj_bias=False,
          patch_bias=False, embed_norm=True, class_token=False, classifier="gap"),
     dict(block_fn="parallel", layer_scale=0.1, pre_norm=True, fc_norm=True, qk_norm=True,
-         classifier="map", num_registers=1, pool_include_prefix=False),
+         classifier="map", num_registers=1, pool_include_prefix=False, stem=(8, 16)),
     dict(block_fn="res_post", mlp_layer="glu", scale_attn_norm=True, scale_mlp_norm=True,
          final_norm=False, act_layer="quick_gelu", rel_pos_bias="shared",
          classifier="token_gap"),

@@ -203,6 +203,8 @@ def common_problems(loaded, *, allow: tuple[str, ...] = ()) -> list[str]:
     cfg, problems = loaded.config, []
     if cfg.num_registers:
         problems.append(f"{cfg.num_registers} register tokens")
+    if cfg.stem:
+        problems.append(f"a convolutional stem {list(cfg.stem)}")
     if cfg.qk_norm:
         problems.append("qk-norm")
     if cfg.posemb != "learn":

@@ -426,6 +426,9 @@ def cannot_hold(loaded: LoadedCheckpoint) -> list[str]:
     """The properties of `loaded` that a timm folder (`config.json` + `model.safetensors`)
     cannot say to timm's `VisionTransformer`."""
     cfg, problems = loaded.config, []
+    if cfg.stem:
+        problems.append(f"a convolutional stem {list(cfg.stem)} (timm's hybrids are other "
+                        "modules)")
     if cfg.representation_size:
         problems.append("a pre-logits (representation) layer")
     if cfg.posemb != "learn":

@@ -21,6 +21,7 @@ added.
 from __future__ import annotations
 
 import argparse
+import sys
 
 
 class _ListConfigs(argparse.Action):
@@ -55,6 +56,10 @@ def add_arguments(parser) -> None:
     parser.add_argument("--init", default=None, metavar="CHECKPOINT",
                         help="start from a pretrained checkpoint (npz, HF folder, timm, orbax); "
                              "the head is replaced when the class count differs")
+    parser.add_argument("--no-cache", action="store_true",
+                        help="do not read or write JAX's compilation cache in $VIT_CACHE_DIR "
+                             "(default ~/.cache/vit): a second run of the same recipe on this "
+                             "machine loads its compiled step and evaluation from there")
     procs = parser.add_argument_group("several processes (one per host or per GPU)")
     procs.add_argument("--coordinator", default=None, metavar="HOST:PORT",
                        help="process 0's address, the same on every process")
@@ -88,6 +93,11 @@ def run(args) -> int:
 
     # Before anything touches a device: joining the other processes fixes the device list.
     start_processes(args.coordinator, args.num_processes, args.process_id)
+    if (args.num_processes or 1) == 1:  # processes of one host would write the same entries
+        from vit.inference.compile_cache import configure
+
+        configure(args.no_cache, note=lambda text: print(f"vit train: note: {text}",
+                                                         file=sys.stderr))
     from vit.training.api import train
 
     with signals.ending_process_on_second_interrupt():

@@ -215,6 +215,17 @@ def _no_example_work(source, pre: Preprocessing, aug: Augment, tokenize) -> bool
             and source.images.dtype == np.uint8 and source.images.ndim == 4)
 
 
+def _as_is_for_eval(source, pre: Preprocessing, tokenize) -> bool:
+    """True when `pre` would hand back every image of `source` at its size, unresampled and
+    uncropped (in-memory RGB of `pre.size`), so an eval batch is its images normalised."""
+    if not (isinstance(source, ArraySource) and tokenize is None and len(source)
+            and source.images.dtype == np.uint8 and source.images.ndim == 4
+            and source.images.shape[3] == 3):
+        return False
+    h, w = source.images.shape[1:3]
+    return pre.geometry((w, h))[:2] == ((w, h), (0, 0, w, h))
+
+
 def decode_side(pre: Preprocessing, aug: Augment) -> int:
     """The shorter side a training image needs so that its crop is never enlarged: the smallest
     inception crop (area `crop_area[0]`, aspect 4:3) still covers `pre.size` pixel for pixel."""
@@ -261,10 +272,20 @@ def train_iterator(source, pre: Preprocessing, aug: Augment, *, batch_size: int,
 def eval_batches(source, pre: Preprocessing, *, batch_size: int, shard_index: int = 0,
                  shard_count: int = 1, num_threads: int = 2, tokenize: Tokenizer | None = None
                  ) -> Iterator[dict[str, Any]]:
-    """One pass in order; the last batch is padded to `batch_size`, with `mask` 0 on padding."""
-    ds = shard_of(grain.MapDataset.source(source), shard_index, shard_count)
-    ds = ds.map(EvalTransform(pre, tokenize)).batch(batch_size, drop_remainder=False)
-    for batch in ds.to_iter_dataset(read_options(num_threads, batch_size, pre.size)):
+    """One pass in order; the last batch is padded to `batch_size`, with `mask` 0 on padding.
+    In-memory images that the preprocessing leaves at their size (`_as_is_for_eval`) are
+    normalised a batch at a time, the same arithmetic `EvalTransform` does per example."""
+    if _as_is_for_eval(source, pre, tokenize):
+        index = np.arange(len(source))[shard_index::shard_count]
+        batches = ({"image": normalize(source.images[i], pre.mean, pre.std, pre.rescale_factor),
+                    "label": np.asarray(source.labels[i], np.int64)}
+                   for i in np.array_split(index, range(batch_size, len(index), batch_size))
+                   if len(i))
+    else:
+        ds = shard_of(grain.MapDataset.source(source), shard_index, shard_count)
+        ds = ds.map(EvalTransform(pre, tokenize)).batch(batch_size, drop_remainder=False)
+        batches = ds.to_iter_dataset(read_options(num_threads, batch_size, pre.size))
+    for batch in batches:
         n = len(batch["label"])
         pad = batch_size - n
         out = {k: np.pad(v, [(0, pad)] + [(0, 0)] * (v.ndim - 1)) for k, v in batch.items()}

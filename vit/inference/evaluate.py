@@ -22,17 +22,26 @@ from vit.data.transforms import one_hot
 INPUTS = ("image", "text", "text_mask")
 
 
-def make_logits_fn(graphdef, mesh, params_sharding=None, dtype=None):
+def make_logits_fn(graphdef, mesh, params_sharding=None, dtype=None, pieces: int = 1):
     """A jitted `(params, inputs) -> float32 logits`, batch split over the mesh, logits
     replicated; `inputs` holds `image`, and `text`/`text_mask` for a prompt head.
     `params_sharding` is the training state's (default: replicated); `dtype` the model's
-    compute dtype (its compile options, `vit.cpu.xla_options.inference_options`)."""
+    compute dtype (its compile options, `vit.cpu.xla_options.inference_options`). `pieces > 1`
+    runs each batch as that many equal pieces one after the other (a batch of thousands of
+    tokens is faster on a CPU in cache-sized pieces: `vit.training.program.cache_splits`)."""
     rep, sharded = device_mesh.replicated(mesh), device_mesh.batch_sharded(mesh)
+
+    def forward(params, inputs):
+        return nnx.merge(graphdef, params)(inputs["image"], text=inputs.get("text"),
+                                           text_mask=inputs.get("text_mask"))
 
     def logits(params, inputs):
         params = device_mesh.gathered_for_use(params, mesh)
-        return nnx.merge(graphdef, params)(inputs["image"], text=inputs.get("text"),
-                                           text_mask=inputs.get("text_mask"))
+        if pieces == 1:
+            return forward(params, inputs)
+        split = jax.tree.map(lambda x: x.reshape((pieces, -1) + x.shape[1:]), inputs)
+        out = jax.lax.map(lambda piece: forward(params, piece), split)
+        return out.reshape((-1,) + out.shape[2:])
 
     return jax.jit(logits, in_shardings=(params_sharding or rep, sharded), out_shardings=rep,
                    **jit_options(inference_options(dtype)))
@@ -60,15 +69,29 @@ def sharded_eval_batches(source, pre, *, batch_size: int, num_threads: int = 2,
 
 def _outputs(logits_fn, params, batches: Iterable[dict], mesh):
     """(logits, batch) of each global batch (every process's rows) without the padding rows.
-    Every process gets the same arrays, so every process computes the same figures."""
+    Every process gets the same arrays, so every process computes the same figures. One batch
+    is in flight while the host reads back the one before and prepares the next."""
     gather = jax.jit(lambda x: x, out_shardings=device_mesh.replicated(mesh))
-    for batch in batches:
+
+    def dispatched(batch):
         batch = device_mesh.to_global(batch, mesh)
-        logits = np.asarray(logits_fn(params, {k: batch[k] for k in INPUTS if k in batch}),
-                            np.float32)
-        batch = jax.tree.map(np.asarray, gather(batch))
+        logits = logits_fn(params, {k: batch[k] for k in INPUTS if k in batch})
+        # The labels, answers and mask of every process; the inputs stay where they are.
+        return logits, gather({k: v for k, v in batch.items() if k not in INPUTS})
+
+    def read(logits, batch):
+        batch = jax.tree.map(np.asarray, batch)
         keep = batch["mask"] > 0
-        yield logits[keep], {k: v[keep] for k, v in batch.items()}
+        return np.asarray(logits, np.float32)[keep], {k: v[keep] for k, v in batch.items()}
+
+    previous = None
+    for batch in batches:
+        current = dispatched(batch)
+        if previous is not None:
+            yield read(*previous)
+        previous = current
+    if previous is not None:
+        yield read(*previous)
 
 
 def evaluate_task(task: str, logits_fn, params, batches: Iterable[dict], num_classes: int,

@@ -170,6 +170,10 @@ class ViTConfig:
     # `pool_include_prefix`); None: each head's own convention ('map' attends to every token,
     # 'gap' and 'token_gap' average the patches only).
     pool_include_prefix: bool | None = None
+    # A convolutional stem (vit.models.stem): the output channels of 3x3 stride-2 convolutions
+    # before the patch embedding, which then covers patch_size / 2**len(stem) of their map; a
+    # token still covers patch_size pixels. () for the plain linear patch embedding.
+    stem: tuple[int, ...] = ()
     dtype: str = "float32"  # compute dtype; parameters stay float32
     remat: bool = False  # rematerialise each block in the backward pass
     attention_impl: str = "auto"  # auto | pallas | cudnn | xla
@@ -185,6 +189,8 @@ class ViTConfig:
             value = getattr(self, name)
             pair = (value, value) if isinstance(value, int) else tuple(int(v) for v in value)
             object.__setattr__(self, name, pair)
+        stem = (self.stem,) if isinstance(self.stem, int) else tuple(self.stem or ())
+        object.__setattr__(self, "stem", stem)
         _check_numbers(self)
         _check_choice("classifier", self.classifier, CLASSIFIERS)
         _check_choice("posemb", self.posemb, POSEMBS)
@@ -244,6 +250,14 @@ class ViTConfig:
                               "checkpoint has")
         if self.block_fn == "parallel" and self.num_parallel < 1:
             raise ConfigError(f"num_parallel={self.num_parallel}: must be at least 1")
+        if any(not isinstance(c, int) or isinstance(c, bool) or c < 1 for c in self.stem):
+            raise ConfigError(f"stem={list(self.stem)}: the stem's output channels, whole "
+                              "numbers of at least 1 (e.g. [32, 64])")
+        if any(p % self.stem_stride for p in self.patch_size):
+            raise ConfigError(
+                f"stem={list(self.stem)} halves the image {len(self.stem)} time(s), so "
+                f"patch_size {self.patch_size} must be a multiple of {self.stem_stride}; use "
+                f"fewer stem convolutions or a larger patch")
         if self.pool_include_prefix not in (None, True, False):
             raise ConfigError(f"pool_include_prefix={self.pool_include_prefix!r}: must be true, "
                               "false or none")
@@ -262,6 +276,18 @@ class ViTConfig:
     @property
     def grid(self) -> tuple[int, int]:
         return (self.image_size[0] // self.patch_size[0], self.image_size[1] // self.patch_size[1])
+
+    @property
+    def stem_stride(self) -> int:
+        """How many pixels of the image one position of the stem's map covers, per side."""
+        return 2 ** len(self.stem)
+
+    @property
+    def patch_kernel_shape(self) -> tuple[int, int, int, int]:
+        """`[ph, pw, c, width]` of the patch embedding: over the image, or over the stem's map."""
+        s = self.stem_stride
+        c = self.stem[-1] if self.stem else self.in_channels
+        return (self.patch_size[0] // s, self.patch_size[1] // s, c, self.width)
 
     @property
     def num_prefix_tokens(self) -> int:
@@ -319,7 +345,7 @@ FIELDS = tuple(f.name for f in dataclasses.fields(ViTConfig))
 # standard ViT.
 BLOCK_OPTIONS = ("norm_layer", "mlp_layer", "block_fn", "attn_layer", "proj_bias",
                  "patch_bias", "embed_norm", "pre_norm", "final_norm", "fc_norm",
-                 "scale_attn_norm", "scale_mlp_norm", "rel_pos_bias", "dist_token")
+                 "scale_attn_norm", "scale_mlp_norm", "rel_pos_bias", "dist_token", "stem")
 
 
 # Sizes that must be at least 1 (0 would divide by zero or build an empty layer deep inside).

@@ -28,7 +28,13 @@ def count_macs(config: ViTConfig) -> int:
     c = config
     patches = c.grid[0] * c.grid[1]
     n, d, h = c.num_tokens, c.width, c.mlp_dim
-    macs = patches * c.patch_size[0] * c.patch_size[1] * c.in_channels * d
+    kh, kw, kc, _ = c.patch_kernel_shape
+    macs = patches * kh * kw * kc * d
+    side, channels = c.image_size, c.in_channels
+    for out in c.stem:  # each 3x3 stride-2 convolution, at its output's size
+        side = (side[0] // 2, side[1] // 2)
+        macs += side[0] * side[1] * 9 * channels * out
+        channels = out
     attention = n * d * 3 * d + 2 * n * n * d + n * d * d
     if c.attn_layer == "diff":  # two maps from half-width queries and keys, each mixing v
         attention += n * n * d
@@ -58,9 +64,10 @@ def model_info(name: str | ViTConfig, **overrides: Any) -> dict[str, Any]:
         cfg = cfg.replace(**overrides)
     params = count_params(cfg)
     gmacs = count_macs(cfg) / 1e9
+    stem = f", a stem of {len(cfg.stem)} convolutions {list(cfg.stem)}" if cfg.stem else ""
     summary = (
         f"ViT width {cfg.width}, depth {cfg.depth}, {cfg.num_heads} heads, patch "
-        f"{cfg.patch_size[0]}x{cfg.patch_size[1]}, {cfg.image_size[0]}x{cfg.image_size[1]} px, "
+        f"{cfg.patch_size[0]}x{cfg.patch_size[1]}{stem}, {cfg.image_size[0]}x{cfg.image_size[1]} px, "
         f"{cfg.classifier} classifier, {cfg.num_classes} classes"
     )
     return {

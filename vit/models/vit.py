@@ -5,7 +5,8 @@ one-to-one onto every checkpoint format we read. Parameters are float32; matmuls
 `config.dtype`; norms, softmax and the residual stream (tokens between blocks) run in float32.
 
 The parameter tree (a name is absent when its option is off):
-- top level: `patch_kernel [ph, pw, c, d]`, `patch_bias` (`patch_bias`), `patch_norm`
+- top level: `stem/{i}/{kernel, norm}` (`stem`, vit/models/stem.py), `patch_kernel [ph, pw, c, d]`
+  (over the stem's map when there is one), `patch_bias` (`patch_bias`), `patch_norm`
   (`embed_norm`), `cls_token`, `dist_token`, `reg_tokens`, `pos_embed` (rows: class, dist,
   grid; registers carry no position), `norm_pre` (`pre_norm`), `rel_pos_bias/table`
   (`rel_pos_bias="shared"`), `blocks/{i}`, `norm` (`final_norm` without `fc_norm`),
@@ -52,6 +53,7 @@ from vit.models.cross_attention import (
 )
 from vit.models.norms import make_norm
 from vit.models.relpos import RelativePositionBias
+from vit.models.stem import make_stem
 from vit.models.text import PAD, TextPath
 from vit.ops.attention import reference_attention
 
@@ -90,14 +92,14 @@ class VisionTransformer(nnx.Module):
 
     def __init__(self, config: ViTConfig, *, rngs: nnx.Rngs):
         cfg = self.config = config
-        ph, pw = cfg.patch_size
         d = cfg.width
         self.dtype = jnp.dtype(cfg.dtype)
         # Patch embedding as a matmul on flattened (ph, pw, c) patches: the same maths as a
         # stride-p convolution with an HWIO kernel, and faster on CPU.
+        kh, kw, kc, _ = cfg.patch_kernel_shape  # (ph, pw, in_channels) without a stem
         self.patch_kernel = nnx.Param(
-            nnx.initializers.lecun_normal()(rngs.params(), (ph * pw * cfg.in_channels, d))
-            .reshape(ph, pw, cfg.in_channels, d))
+            nnx.initializers.lecun_normal()(rngs.params(), (kh * kw * kc, d))
+            .reshape(kh, kw, kc, d))
         self.patch_bias = nnx.Param(jnp.zeros((d,), jnp.float32)) if cfg.patch_bias else None
         self.cls_token = nnx.Param(jnp.zeros((1, 1, d), jnp.float32)) if cfg.class_token else None
         regs = 0.02 * jax.random.normal(rngs.params(), (1, cfg.num_registers, d))
@@ -134,6 +136,7 @@ class VisionTransformer(nnx.Module):
                           if cfg.dist_token and cfg.dist_head and cfg.num_classes else None)
         self.rel_pos_bias = (RelativePositionBias(cfg.grid, cfg.num_heads)
                              if cfg.rel_pos_bias == "shared" else None)
+        self.stem = make_stem(cfg, rngs)
         # Text conditioning lives in its own subtrees (built after, and apart from, the image
         # model's parameters), so a plain ViT checkpoint loads into a text model unchanged.
         if cfg.text is not None:
@@ -185,7 +188,10 @@ class VisionTransformer(nnx.Module):
                              f"got shape {tuple(images.shape)}")
         b, h, w, c = images.shape
         gh, gw = self.grid_for((h, w))
-        ph, pw = cfg.patch_size
+        ph, pw, _, _ = cfg.patch_kernel_shape
+        if self.stem is not None:
+            for conv in self.stem:
+                images = conv(images)
         patches = rearrange(images, "b (gh ph) (gw pw) c -> b (gh gw) (ph pw c)", ph=ph, pw=pw)
         kernel = rearrange(self.patch_kernel[...], "ph pw c d -> (ph pw c) d")
         patches, kernel = patches.astype(self.dtype), kernel.astype(self.dtype)

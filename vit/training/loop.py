@@ -23,6 +23,7 @@ import copy
 import json
 import math
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -49,7 +50,7 @@ from vit.training.from_recipe import augment_of
 from vit.training.iterator_records import iterator_states
 from vit.training.losses import DEFAULT as DEFAULT_LOSS
 from vit.training.metrics import MetricsLog, TrainMeter, plot_curves
-from vit.training.program import Resume, TrainProgram, build_program
+from vit.training.program import Resume, TrainProgram, build_program, eval_pieces
 from vit.training.progress import progress
 from vit.training.resume import check_resume
 from vit.training.signals import StopSignals
@@ -160,15 +161,15 @@ def _train(config, workdir: Path, ckpts: TrainCheckpoints, claim: workdirs.Claim
     run = _Run(config, workdir, ckpts, program, clock, iterator=iterator,
                sources=(train_src, val_src), tokenizer=tokenizer,
                logits_fn=make_logits_fn(model.graphdef, mesh, program.place.params,
-                                         model.config.dtype),
+                                         model.config.dtype,
+                                         eval_pieces(config, model.config, mesh,
+                                                     eval_host_batch)),
                eval_batch_size=eval_host_batch, start=start, primary=primary, early=early)
     if claim is not None:  # the run writes from here on: an unmarked workdir becomes ours
         claim.adopt()
     end = steps if stop_after is None else min(steps, start + stop_after)
     clock.started_up(start + 1)  # the step it leads to: a restart from `start` drops it
     last, step, stopped_by = run.steps(start, end)
-    if primary and (workdir / "metrics.jsonl").exists():
-        plot_curves(workdir / "metrics.jsonl", workdir / "curves.png")
     if (step >= steps or stopped_by == STOPPED_EARLY) and primary:
         with_tb = tc.get("tensorboard", True)  # a 0.1.0 workdir's config lacks the key
         tb = f", TensorBoard events in {workdir / TB_FOLDER}" if with_tb else ""
@@ -240,6 +241,8 @@ class _Run:
         self.meter, self.pending, self.early, self.last_val = TrainMeter(), [], early, {}
         self.validated = False
         self.ended_at = time.perf_counter()  # when the last step ended: the exit's start
+        if primary:  # matplotlib loads while the step compiles, not at the end of the run
+            threading.Thread(target=_load_pyplot, name="vit-pyplot", daemon=True).start()
 
     def steps(self, start: int, end: int) -> tuple[dict, int, str | None]:
         """Trains from `start` to `end`, validating and saving when due; returns the last
@@ -302,9 +305,36 @@ class _Run:
                           "run the same command to resume", file=sys.stderr, flush=True)
                     break
             self.ended_at = time.perf_counter()
-            self.saver.close()  # the last save finishes here, where a second Ctrl-C ends it
+            # The curves are drawn while the last save finishes (where a second Ctrl-C ends it).
+            with self._drawing_curves():
+                self.saver.close()
         bar.close()
         return last, step, STOPPED_EARLY if stopped_early else stop.received
+
+    @contextlib.contextmanager
+    def _drawing_curves(self):
+        """Draws curves.png from metrics.jsonl in a thread while the block runs; an error of
+        the drawing (a full disk) is raised after it."""
+        metrics = self.workdir / "metrics.jsonl"
+        if not (self.primary and metrics.exists()):
+            yield
+            return
+        failed = []
+
+        def draw():
+            try:
+                plot_curves(metrics, self.workdir / "curves.png")
+            except BaseException as err:  # noqa: BLE001 - raised again in the caller's thread
+                failed.append(err)
+
+        thread = threading.Thread(target=draw, name="vit-curves")
+        thread.start()
+        try:
+            yield
+        finally:
+            thread.join()
+        if failed:
+            raise failed[0]
 
     def _log_train(self, step: int, bar) -> dict:
         """Writes (and shows) the training record of the steps since the last one."""
@@ -393,6 +423,13 @@ class _Run:
                         train_state={"step": step, "seed": config.seed,
                                      "early_stop": self.early.state()},
                         meta=json.loads(json.dumps(meta, default=list)), val_accuracy=val_acc)
+
+
+def _load_pyplot() -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot  # noqa: F401
 
 
 def _chain(err: BaseException) -> list[BaseException]:

@@ -51,7 +51,7 @@ def layer_id(path: str, depth: int) -> int:
     m = re.match(r"blocks/(\d+)/", path)
     if m:
         return int(m.group(1)) + 1
-    if path.split("/")[0] in ("patch_kernel", "patch_bias", "cls_token", "reg_tokens",
+    if path.split("/")[0] in ("stem", "patch_kernel", "patch_bias", "cls_token", "reg_tokens",
                               "pos_embed"):
         return 0
     return depth + 1

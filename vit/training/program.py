@@ -90,6 +90,16 @@ def micro_batches(config, model_config, mesh) -> int:
                                          model_config.num_tokens, min_tokens)
 
 
+def eval_pieces(config, model_config, mesh, eval_batch: int) -> int:
+    """Into how many pieces a validation batch is split for the CPU's cache: as the training
+    step's micro-batches (`train.micro_tokens`), on one CPU device in float32 or bfloat16."""
+    if not (mesh.devices.size == 1 and mesh.devices.flat[0].platform == "cpu"
+            and model_config.dtype in CACHE_SPLIT_DTYPES):
+        return 1
+    return cache_splits(eval_batch, model_config.num_tokens,
+                        config.train.get("micro_tokens", DEFAULTS["train.micro_tokens"].default))
+
+
 def cache_splits(examples: int, tokens_per_example: int, min_tokens: int | None) -> int:
     """Into how many equal pieces `examples` split (1: none): the most that keep `min_tokens`
     image tokens or more in each. The activations of a few thousand tokens are streamed through
