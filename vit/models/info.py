@@ -67,7 +67,8 @@ def model_info(name: str | ViTConfig, **overrides: Any) -> dict[str, Any]:
     stem = f", a stem of {len(cfg.stem)} convolutions {list(cfg.stem)}" if cfg.stem else ""
     summary = (
         f"ViT width {cfg.width}, depth {cfg.depth}, {cfg.num_heads} heads, patch "
-        f"{cfg.patch_size[0]}x{cfg.patch_size[1]}{stem}, {cfg.image_size[0]}x{cfg.image_size[1]} px, "
+        f"{cfg.patch_size[0]}x{cfg.patch_size[1]}{stem}, "
+        f"{cfg.image_size[0]}x{cfg.image_size[1]} px, "
         f"{cfg.classifier} classifier, {cfg.num_classes} classes"
     )
     return {
