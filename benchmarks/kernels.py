@@ -147,19 +147,8 @@ def measure(head_dims, dtypes, seqs, capability: int) -> list[dict]:
                     except Exception as exc:  # recorded; the other kernels still report
                         row.update(ok=False, error=f"{type(exc).__name__}: {exc}"[:400])
                     rows.append(row)
-                    print(_line(row), flush=True)
+                    print(f"kernels {row}", flush=True)
     return rows
-
-
-def _line(r: dict) -> str:
-    kv_len = " kv_len" if r["kv_len"] else ""
-    what = f"{r['kernel']:<20} d={r['head_dim']:<4} s={r['seq']:<5}{kv_len}"
-    if "error" in r:
-        return f"{what} {r['dtype']:<9} ERROR {r['error']}"
-    return (f"{what} {r['dtype']:<9} tile={r['tile']} warps={r['warps']} "
-            f"regs={r['registers']:<4} spill={r['spill_bytes']:<5} "
-            f"shared={r['shared_bytes'] // 1024} KiB wgmma={'yes' if r['wgmma'] else 'no'} "
-            f"{'ok' if r['ok'] else 'NOT OK'}")
 
 
 def readme_table(rows: list[dict], dtype: str = "bfloat16", head_dims=(64, 128)) -> list[str]:

@@ -93,6 +93,21 @@ def adamw(model, *, lr: float, b1: float, b2: float, weight_decay: float):
                              lr=lr, betas=(b1, b2), eps=1e-8)
 
 
+def update(model, opt, images, labels, *, label_smoothing: float, clip: float | None):
+    """One training step of a PyTorch user: forward, cross-entropy with label smoothing,
+    backward, global-norm clipping, the optimiser's step. -> (logits in float32, loss)."""
+    import torch
+
+    opt.zero_grad(set_to_none=True)
+    logits = model(pixel_values=images).logits.float()
+    loss = torch.nn.functional.cross_entropy(logits, labels, label_smoothing=label_smoothing)
+    loss.backward()
+    if clip:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+    opt.step()
+    return logits, loss
+
+
 def train_classifier(*, dataset: str, steps: int, batch: int, lr: float, warmup: int,
                      weight_decay: float, clip: float, label_smoothing: float, shift: float,
                      rotate: float, config_file: str, init: str | None, out_dir: str,
@@ -116,7 +131,6 @@ def train_classifier(*, dataset: str, steps: int, batch: int, lr: float, warmup:
              ViTForImageClassification(ViTConfig.from_json_file(config_file)).train())
     opt = adamw(model, lr=lr, b1=0.9, b2=0.999, weight_decay=weight_decay)
     sched = get_cosine_schedule_with_warmup(opt, warmup, steps)
-    loss_fn = torch.nn.CrossEntropyLoss(label_smoothing=label_smoothing)
 
     def to_model(images: np.ndarray):  # uint8 [b, h, w] -> NCHW in [-1, 1], grey as RGB
         x = (images.astype(np.float32) / 255.0 - 0.5) / 0.5
@@ -135,11 +149,7 @@ def train_classifier(*, dataset: str, steps: int, batch: int, lr: float, warmup:
     step = 0
     while step < steps:
         for x, y in loader:
-            loss = loss_fn(model(pixel_values=x).logits, y)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
-            opt.step()
+            update(model, opt, x, y, label_smoothing=label_smoothing, clip=clip)
             sched.step()
             step += 1
             if step == steps:

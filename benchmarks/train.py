@@ -114,14 +114,9 @@ def transformers_step(folder: Path, dtype: str = "float32"):
     labels = torch.from_numpy(data["labels"])
 
     def step() -> float:
-        opt.zero_grad(set_to_none=True)
-        logits = model(pixel_values=images).logits.float()
-        loss = torch.nn.functional.cross_entropy(logits, labels,
-                                                 label_smoothing=spec["label_smoothing"])
-        loss.backward()
-        if spec["clip_norm"]:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), spec["clip_norm"])
-        opt.step()
+        logits, loss = peers.update(model, opt, images, labels,
+                                    label_smoothing=spec["label_smoothing"],
+                                    clip=spec["clip_norm"])
         with torch.no_grad():
             accuracy = (logits.argmax(-1) == labels).float().mean()
             finite = torch.stack([p.isfinite().all() for p in params.values()]).all()
