@@ -30,9 +30,10 @@ def digests(root: Path) -> dict:
 # -- a run: `vit train` on the bundled digits --------------------------------------------------
 # Made as small and quick as a run can be: one block of width 16 over four 4x4 patches, two
 # steps, a checkpoint at every step, no validation before step 100 (a test that wants one sets
-# train.eval_every), one data thread.
+# train.eval_every), one data thread; the plain patch embedding (the recipe's stem is tested
+# in test_model_options.py), so a tiny run converts to every format.
 TINY_RECIPE = ["model.width=16", "model.mlp_dim=32", "model.depth=1", "model.num_heads=2",
-               "model.patch_size=4", "train.batch_size=8", "train.steps=2",
+               "model.patch_size=4", "model.stem=[]", "train.batch_size=8", "train.steps=2",
                "train.eval_every=100", "train.checkpoint_every=1", "train.log_every=1",
                "train.eval_batch_size=144", "data.num_threads=1", "optim.warmup_steps=1"]
 

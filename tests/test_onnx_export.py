@@ -79,3 +79,28 @@ def test_formats_that_cannot_be_onnx_are_refused_in_one_line(tmp_path, make_tiny
     code, err = run_vit(["convert", tmp_path / "none", tmp_path / "c.npz", "--format", "onnx"])
     assert code == 2 and len(err) == 1 and "the name says npz" in err[0]
     assert list(tmp_path.iterdir()) == []  # nothing written by any refusal
+
+
+def test_a_convolutional_stem_exports_to_onnx(tmp_path):
+    """The demo's recipe has a stem (`model.stem`): its convolutions go into the ONNX graph,
+    and onnxruntime gives our forward's logits."""
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from vit.checkpoints import LoadedCheckpoint, save_checkpoint
+    from vit.models import create_model
+    from vit.models.config import ViTConfig
+
+    cfg = ViTConfig(width=32, depth=1, mlp_dim=64, num_heads=4, patch_size=4, image_size=8,
+                    num_classes=5, stem=(8,), classifier="gap", class_token=False)
+    model = create_model(cfg, rngs=nnx.Rngs(0))
+    model.head.kernel.value = jax.random.normal(jax.random.key(1), model.head.kernel.shape)
+    save_checkpoint(LoadedCheckpoint.from_model(model), tmp_path / "stem.onnx", "onnx")
+    x = np.random.RandomState(0).randn(3, 8, 8, 3).astype(np.float32)
+    want = np.asarray(model(jnp.asarray(x)))
+    runner = onnxruntime.InferenceSession(str(tmp_path / "stem.onnx"),
+                                          providers=["CPUExecutionProvider"])
+    [got] = runner.run(["logits"], {"pixel_values": x.transpose(0, 3, 1, 2)})
+    assert np.abs(want).max() > 1  # a head that is not zero: the logits differ per class
+    np.testing.assert_allclose(got, want, atol=1e-5)
