@@ -75,10 +75,12 @@ def hooked_text_encoder(model, hook):
 def grad_times_attention(model, x, text, mask):
     """`grad A * A` of every attention, eagerly, from `jax.grad` with respect to a
     multiplicative perturbation `A * (1 + eps)` of each layer's probabilities; the logits and
-    final tokens come from the model's own `features` (text=None: the image path alone)."""
+    final tokens come from the model's own `features` (text=None: the image path alone).
+    Under `"pool"`, the prompt head's route: the text tokens it pools perturbed the same way,
+    `T_j * (1 + eps_j)`, with cross-attention reading `T` unperturbed."""
 
     def forward(eps):
-        recorded = {"text": {}, "image": {}, "cross": {}}
+        recorded = {"text": {}, "image": {}, "cross": {}, "pool": {}}
 
         def hook(kind):
             def perturb(i, p):
@@ -91,7 +93,10 @@ def grad_times_attention(model, x, text, mask):
                                     xattn_hook=hook("cross"))
             # The prompt head also reads the pooled text: the same (perturbed) text encoder.
             txt, kv_len, _ = model.encode_text(text, mask)
-        logits = model.answer(tokens, (txt, kv_len, None))
+        recorded["pool"][0] = jnp.zeros(txt.shape[:2], jnp.float32)
+        scale = 1.0 if eps is None else 1.0 + eps["pool"][0][..., None]
+        pooled = model.text_path.pooled(txt * scale, kv_len)
+        logits = model.answer(tokens, (txt, kv_len, None), text_pooled=pooled)
         return logits.sum(), (logits, tokens, recorded)
 
     _, (_, _, shapes) = jax.eval_shape(lambda: forward(None))
@@ -115,7 +120,8 @@ def reference(model, x, text=None, mask=None):
     g, logits, tokens = grad_times_attention(model, x, text, mask)
     b, n = x.shape[0], tokens.shape[1]
     q = 1 + (text.shape[1] if text is not None else 0)
-    abar = {kind: [np.maximum(a, 0).mean(1) for a in layers] for kind, layers in g.items()}
+    abar = {kind: [np.maximum(a, 0).mean(1) for a in g[kind]]
+            for kind in ("text", "image", "cross")}
     r_qq = np.tile(np.eye(q), (b, 1, 1))
     for a in abar["text"]:
         full = np.zeros((b, q, q))
@@ -149,6 +155,8 @@ def reference(model, x, text=None, mask=None):
     grid = model.grid_for(x.shape[1:3])
     maps = np.einsum("bq,bqk->bk", readout, r_ss)[:, prefix:].reshape(b, *grid)
     row = np.einsum("bq,bqk->bk", readout, r_sq)
+    # The prompt head's pooling, one more cross-attention layer from the answer to the text.
+    row = row + np.einsum("bq,bqk->bk", np.maximum(g["pool"][0], 0), np_bar(r_qq))
     scores = row[:, 1:] * (np.asarray(mask) if mask is not None else 0)
     return maps, scores, row[:, 0], logits
 
@@ -193,26 +201,77 @@ def test_open_gates_match_the_plain_reference(built, name):
     assert not np.allclose(scores2, out.text_scores, rtol=1e-2)
 
 
+def head_gradient_times_input(model, x, text, mask):
+    """The prompt head's route written out with jnp: `(dlogit/dT_j . T_j)^+` per text token,
+    `T` the encoded text (null first) and the head's text input its mean over the real tokens;
+    the image side is the model's own pooled features, which closed gates leave text-free."""
+    txt, kv_len, _ = model.encode_text(text, mask)
+    img = model.pool(model.features(x))
+    real = (jnp.arange(txt.shape[1])[None] < kv_len[:, None]).astype(jnp.float32)
+
+    def logit(t):
+        pooled = jnp.einsum("bt,btd->bd", real, t) / real.sum(-1, keepdims=True)
+        return model.prompt_head(img, pooled).sum()
+
+    return np.maximum(np.asarray((jax.grad(logit)(txt) * txt).sum(-1), np.float64), 0.0)
+
+
 @pytest.mark.parametrize("name", ["token", "gap-embeddings"])
 @pytest.mark.slow
-def test_closed_gates_give_zero_text_relevance_and_the_image_only_map(built, name):
+def test_closed_gates_give_the_prompt_heads_route_and_the_image_only_map(built, name):
     model = built(name, None)  # gates at their initial 0
     assert all(float(b.attn_gate[...]) == 0 and float(b.mlp_gate[...]) == 0
                for b in model.xattn)
     x = images_for(model)
     prompt, text_mask, text, mask = text_inputs(model, PROMPTS)
     out = explain_prompt(model, x, prompt, text_mask=text_mask)
-    # Exactly 0: a closed gate sends no gradient into its cross-attention probabilities.
-    assert np.all(np.asarray(out.text_scores) == 0) and np.all(np.asarray(out.null_score) == 0)
+    # The comparison compares something: the answer does follow the prompt (through the head).
+    other = ["is there a big ü?", "pink"] if model.config.text.source == "bytes" else None
+    _, _, text2, mask2 = text_inputs(model, other or PROMPTS, seed=9)
+    forward = nnx.jit(lambda m, x, t, k: m(x, text=t, text_mask=k))
+    assert np.abs(np.asarray(forward(model, x, text2, mask2) - out.logits)).min() > 1e-3
+    # The text relevance is no longer 0: the head's route, independent of the rules' code.
+    real = np.asarray(mask)
+    assert np.mean(np.asarray(out.text_scores)[real] > 0) > 0.3
+    assert np.all(np.asarray(out.text_scores)[~real] == 0)
+    want_maps, want_scores, want_null, logits = reference(model, x, text, mask)
+    if model.config.text.source == "embeddings":  # no text encoder: R^qq = I, h itself
+        h = head_gradient_times_input(model, x, text, mask)
+        np.testing.assert_allclose(out.text_scores, h[:, 1:] * real, rtol=1e-4, atol=1e-7)
+        np.testing.assert_allclose(out.null_score, h[:, 0], rtol=1e-4, atol=1e-7)
+    np.testing.assert_allclose(out.text_scores, want_scores, rtol=1e-4, atol=1e-9)
+    np.testing.assert_allclose(out.null_score, want_null, rtol=1e-4, atol=1e-9)
     # The map is the relevancy of the prompt logit through the image's self-attention (brute
-    # force through the model's own forward pass). The prompt still reaches the answer through
-    # the prompt head's text term, so the map may differ between prompts; the text tokens'
-    # attention relevance may not.
-    want_maps, want_scores, _, logits = reference(model, x, text, mask)
+    # force through the model's own forward pass).
     assert np.abs(want_maps).max() > 0
-    assert np.all(want_scores == 0)
     np.testing.assert_allclose(out.logits, logits, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(out.maps, want_maps, rtol=1e-4, atol=1e-9)
+
+
+@pytest.mark.slow
+def test_the_head_route_gives_padding_and_an_unread_text_nothing():
+    from vit.explanations.text import prompt_relevance_core
+
+    model = tiny_text_model(None, **CASES["gap-embeddings"])
+    x = images_for(model)
+    emb, text_mask, _, _ = text_inputs(model, ["a much longer prompt", "ab"])
+    mask = jnp.asarray(text_mask)
+    core = nnx.jit(prompt_relevance_core)
+    _, row, _ = core(model, x, emb, mask)
+    row = np.asarray(row)
+    real = np.concatenate([np.ones((2, 1), bool), np.asarray(mask)], 1)  # the null is real
+    assert np.mean(row[real] > 0) > 0.3
+    assert np.all(row[~real] == 0)  # padded positions, before any masking of the output
+    # What sits at the padded positions changes nothing.
+    noisy = jnp.where(mask[..., None], emb, 100.0 * jax.random.normal(jax.random.key(7),
+                                                                      emb.shape))
+    np.testing.assert_allclose(core(model, x, noisy, mask)[1], row, rtol=1e-5, atol=1e-9)
+    # A head that does not read the text (its text projection zero): nothing through it.
+    model.prompt_head.text.kernel[...] = jnp.zeros_like(model.prompt_head.text.kernel[...])
+    _, row0, logits0 = core(model, x, emb, mask)
+    assert np.all(np.asarray(row0) == 0)
+    _, _, logits1 = core(model, x, noisy * 3.0, mask)
+    np.testing.assert_allclose(logits0, logits1, rtol=1e-6)  # the text indeed has no effect
 
 
 @pytest.mark.slow

@@ -8,7 +8,8 @@
 - `capture`: explain mode that keeps every layer's attention and gradient (reference, analysis);
 - `maps`: `explain(model, images, method)`, batched, jitted, memory flat in depth;
 - `text`: `explain_prompt(model, images, prompt)` for text-conditioned models: the patch map
-  and per-token text relevance of the prompt-match answer (Chefer's bi-modal rules);
+  and per-token text relevance of the prompt-match answer (Chefer's bi-modal rules, and the
+  prompt head's own reading of the text);
 - `faithfulness`: deletion / insertion curves with bootstrap intervals;
 - `render`: overlays, raw maps, safe output names, the HTML gallery.
 """

@@ -10,7 +10,8 @@ the map it gets alone.
   head that argues against the class cannot cancel one that argues for it).
 - relevancy (Chefer et al. 2021, "Generic attention-model explainability"): `Abar = E_h[(grad A *
   A)^+]`; self-attention `R <- R + Abar R`, starting from `R = I`; the cross-attention rule for
-  text-conditioned models is `cross_attention_update`.
+  text-conditioned models is `cross_attention_update`, and a head that pools the text
+  (the prompt head) is one more such layer, `pooling_update`.
 """
 
 from __future__ import annotations
@@ -79,3 +80,17 @@ def cross_attention_update(r_ss: jax.Array, r_sq: jax.Array, r_qq: jax.Array,
     """
     lhs = jnp.swapaxes(normalise_relevance(r_ss), 1, 2)
     return r_sq + jnp.einsum("bst,btq,bqr->bsr", lhs, abar, normalise_relevance(r_qq))
+
+
+def pooling_update(r_aq: jax.Array, h: jax.Array, r_qq: jax.Array) -> jax.Array:
+    """A head that reads pooled text, as a cross-attention layer of the answer (one query)
+    over the text tokens: the answer's text relevance `r_aq` `[b, q]` plus `h Rbar^qq`.
+
+    `h` `[b, q]` is the pooling's `(grad a * a)^+`, the positive part of gradient x input of
+    the answer with respect to each token's term `a_j T_j` of the pooled text (one "head", so
+    no head mean); `r_qq` `[b, q, q]` the text-to-text relevance. This is
+    `cross_attention_update` with the answer's own relevance `Rbar^{aa} = 1` (it attends from
+    nowhere else), so the two text routes, through cross-attention and through the head, add
+    in the same units.
+    """
+    return r_aq + jnp.einsum("bq,bqr->br", h, normalise_relevance(r_qq))

@@ -13,16 +13,29 @@ and `R^sq = 0`, and are updated with `Abar = E_h[(grad A * A)^+]`:
 - cross-attention (image queries, text keys): `rules.cross_attention_update`; `R^ss` is
   unchanged since text never attends to the image.
 
+The text reaches the answer by a second route: the prompt head reads the pooled text (the
+mean of the encoded text tokens, null included) beside the image. That pooling is treated as
+one more attention layer, the answer attending to the text tokens, under the same rule:
+`h_j = (grad a_j * a_j)^+`, the positive part of gradient x input of the logit with respect
+to token j's term `a_j T_j` of the pooled text (`T_j` the encoded token the head reads, `a_j`
+its pooling weight, 0 at padding), taken with the cross-attention held as it is, so it counts
+the head route alone. It reaches the text tokens as the cross-attention rule does,
+`rules.pooling_update`: `+ h Rbar^qq`.
+
 The patch map is the readout row of `R^ss` over the patches, the text relevance the readout
-row of `R^sq` over the real text tokens (the readout is what the prompt head pools: class
-token, patch mean, the MAP head's weights, or the patch head's soft-maximum weights). A gate
-still at 0 sends no gradient to its cross-attention probabilities, so with every gate closed
-the text relevance is exactly 0.
+row of `R^sq` over the real text tokens plus the head route `h Rbar^qq` (the readout is what
+the prompt head pools: class token, patch mean, the MAP head's weights, or the patch head's
+soft-maximum weights). The image's head route needs nothing more: the readout row of the
+identity in `R^ss` is each patch's own share in what the head reads (for the patch head, its
+weight in the soft maximum, `d logit / d score`). A gate still at 0 sends no gradient to its
+cross-attention probabilities, so with every gate closed the text relevance is the head route
+alone.
 
 Unlike `maps.py` this keeps every layer's attention and gradient (`layers x heads x tokens^2`
 per image): text models are explained a few images at a time. The forward pass is the model's
-own (`encode_text`, `features` and the prompt head, with a hook at every attention); the tests
-check its logits against `model(images, text=...)`.
+own (`encode_text`, `features` and the prompt head, with a hook at every attention and a
+multiplicative zero perturbation of the tokens the head pools); the tests check its logits
+against `model(images, text=...)`.
 """
 
 from __future__ import annotations
@@ -49,18 +62,27 @@ class PromptExplanation(NamedTuple):
     tokens: np.ndarray | None  # [batch, text_len] byte-token ids; None for embeddings
 
 
-def _prompt_forward(model, images, text, mask, text_hook, image_hook, cross_hook):
+def _prompt_forward(model, images, text, mask, text_hook, image_hook, cross_hook, pool_delta):
     """The prompt-match logit with a hook at every attention; returns (logits, final tokens,
-    the readout the prompt head weighs patches by, or None when the pooling fixes it)."""
+    the readout the prompt head weighs patches by, or None when the pooling fixes it).
+
+    The prompt head reads the pooled text of `T * (1 + pool_delta)` (`pool_delta [b, 1 + t]`,
+    zero), so d logit / d pool_delta is gradient x input of each token on the head route
+    alone: cross-attention reads the unperturbed `T`."""
     encoded = model.encode_text(text, mask, text_hook=text_hook)
+    txt, kv_len = encoded[:2]
+    scaled = txt * (1.0 + pool_delta[..., None]).astype(txt.dtype)
+    text_pooled = model.text_path.pooled(scaled, kv_len)
     tokens = model.features(images, encoded_text=encoded, probs_hook=image_hook,
                             xattn_hook=cross_hook)
-    return model.answer(tokens, encoded), tokens, model.answer_readout(tokens, encoded)
+    return (model.answer(tokens, encoded, text_pooled=text_pooled), tokens,
+            model.answer_readout(tokens, encoded))
 
 
 def capture_prompt(model, images, text, mask):
     """Logits, readout row, and per kind (`text`, `image`, `cross`) every layer's
-    probabilities and d logit / d probabilities, in the order the layers run.
+    probabilities and d logit / d probabilities, in the order the layers run; and, under
+    `"pool"`, the prompt head's gradient x input per text token (`[b, 1 + t]`, null first).
 
     Gradients are taken with respect to zero deltas added to each layer's probabilities (as
     `capture.attention_grads`), so each gradient pairs with its own layer by construction.
@@ -74,10 +96,11 @@ def capture_prompt(model, images, text, mask):
                  for _ in (enc.blocks if enc is not None else ())],
         "image": [jnp.zeros((b, cfg.num_heads, n, n), jnp.float32) for _ in model.blocks],
         "cross": [jnp.zeros((b, cfg.num_heads, n, 1 + t), jnp.float32) for _ in model.xattn],
+        "pool": jnp.zeros((b, 1 + t), jnp.float32),
     }
 
     def target(deltas):
-        recorded = {kind: {} for kind in deltas}
+        recorded = {kind: {} for kind in ("text", "image", "cross")}
 
         def hook(kind):
             def perturb(i, probs):
@@ -86,7 +109,8 @@ def capture_prompt(model, images, text, mask):
             return perturb
 
         logits, tokens, readout = _prompt_forward(model, images, text, mask, hook("text"),
-                                                  hook("image"), hook("cross"))
+                                                  hook("image"), hook("cross"),
+                                                  deltas["pool"])
         if readout is not None:  # the patch head: its own soft-maximum weights
             pass
         elif cfg.classifier == "map":
@@ -102,13 +126,17 @@ def capture_prompt(model, images, text, mask):
 
 def prompt_relevance_core(model, images, text, mask):
     """The unjitted body of `explain_prompt`: `(maps, text_row, logits)`, where `text_row`
-    `[batch, 1 + text_len]` is the readout row of `R^sq` (null token first)."""
+    `[batch, 1 + text_len]` is the readout row of `R^sq` plus the prompt head's own route
+    `h Rbar^qq` (null token first)."""
     layout = TokenLayout.for_model(model, images.shape[1:3])
     logits, readout, probs, grads = capture_prompt(model, images, text, mask)
     b, t, n = images.shape[0], text.shape[1], layout.num_tokens
 
     def abar(kind, i):
         return rules.positive_grad_attention(probs[kind][i], grads[kind][i]).mean(1)
+
+    # d logit / d delta_j with T_j (1 + delta_j) pooled: already gradient x input
+    head = jnp.maximum(grads["pool"], 0.0)
 
     r_qq = jnp.broadcast_to(jnp.eye(1 + t, dtype=jnp.float32), (b, 1 + t, 1 + t))
     for i in range(len(probs["text"])):
@@ -125,7 +153,7 @@ def prompt_relevance_core(model, images, text, mask):
         if i in after:
             r_sq = rules.cross_attention_update(r_ss, r_sq, r_qq, abar("cross", after[i]))
     row_ss = jnp.einsum("bq,bqk->bk", readout, r_ss)
-    row_sq = jnp.einsum("bq,bqk->bk", readout, r_sq)
+    row_sq = rules.pooling_update(jnp.einsum("bq,bqk->bk", readout, r_sq), head, r_qq)
     return layout.patch_grid(row_ss), row_sq, logits
 
 
