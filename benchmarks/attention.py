@@ -269,6 +269,7 @@ def block_sweep(dry_run: bool, iters: int, deadline: Deadline, per_case: int) ->
             row = dict(kernel=kernel, seq=seq, head_dim=d, batch=batch, heads=heads,
                        dtype="bfloat16", **labels)
             flop = SWEEP_FLOP[kernel] * batch * heads * seq * seq * d
+
             def measure(seq=seq, d=d, kernel=kernel, blocks=blocks, flop=flop):
                 if (seq, d) not in inputs:
                     inputs[(seq, d)] = _inputs(jax.random.PRNGKey(0), batch, seq, seq, heads,
