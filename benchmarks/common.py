@@ -1,6 +1,7 @@
 """What every benchmark mode shares: a contestant run in its own process (`run_side`, `Side`),
-a `vit` command run and timed as a user runs it (`run_cli`), one timer (`time_call`,
-`interleave`) and one record writer (`write_record`).
+a `vit` command run and timed as a user runs it (`run_cli`, `vit_train`, `vit_eval`), what a run
+wrote read back (`metrics`), our forward as `vit predict` compiles it (`our_forward`), one timer
+(`time_call`, `interleave`) and one record writer (`write_record`).
 
 A mode is a module `benchmarks/NAME.py` with `main(argv) -> int | None`, listed in
 `benchmarks/__main__.py`'s `MODES`, and `table(record) -> list[str]` (Markdown lines) that
