@@ -230,7 +230,7 @@ def test_closed_gates_give_the_prompt_heads_route_and_the_image_only_map(built, 
     _, _, text2, mask2 = text_inputs(model, other or PROMPTS, seed=9)
     forward = nnx.jit(lambda m, x, t, k: m(x, text=t, text_mask=k))
     assert np.abs(np.asarray(forward(model, x, text2, mask2) - out.logits)).min() > 1e-3
-    # The text relevance is no longer 0: the head's route, independent of the rules' code.
+    # Gates closed, the text relevance is not 0: the head's route, apart from the rules' code.
     real = np.asarray(mask)
     assert np.mean(np.asarray(out.text_scores)[real] > 0) > 0.3
     assert np.all(np.asarray(out.text_scores)[~real] == 0)

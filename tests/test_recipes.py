@@ -43,7 +43,7 @@ SPELT_OUT = {
         data=dict(name="digits", data_dir=None, train_split="train", val_split="validation",
                   test_split="test", strict=False, num_threads=1),
         model=dict(name="Ti/16", width=64, depth=4, mlp_dim=128, num_heads=4, patch_size=2,
-                   classifier="gap", class_token=False, dropout=0.0, drop_path=0.0,
+                   stem=[32], classifier="gap", class_token=False, dropout=0.0, drop_path=0.0,
                    attention_impl="xla"),
         input=dict(image_size=8, resample="bilinear", crop_pct=None, mean=[0.5, 0.5, 0.5],
                    std=[0.5, 0.5, 0.5], inception_crop=False, flip=False, shift=1.0, rotate=8.0,

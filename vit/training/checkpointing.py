@@ -161,8 +161,7 @@ class TrainCheckpoints:
         if jax.process_index() != 0 or not self.directory.is_dir():
             return
         for entry in self.directory.iterdir():
-            # orbax's temporary folders; vit.paths' staged files (best.json), and the `.tmp`
-            # names of earlier versions
+            # orbax's temporary folders; vit.paths' staged files (best.json); `.tmp` files
             if UNFINISHED in entry.name or entry.name.endswith((".part", ".tmp")):
                 if entry.is_dir() and not entry.is_symlink():
                     shutil.rmtree(entry, ignore_errors=True)
