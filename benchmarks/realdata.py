@@ -50,7 +50,7 @@ from benchmarks import tables as T
 # their optimiser, schedule and augmentation are what both sides use.
 HF_ARCH = ["model.classifier=token", "model.class_token=true", "model.width=128",
            "model.mlp_dim=256", "model.num_heads=4", "model.depth=6", "model.patch_size=4",
-           "model.dtype=float32"]
+           "model.stem=[]", "model.dtype=float32"]
 TWO_DEVICES = {"XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
 
 
