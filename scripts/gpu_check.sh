@@ -10,11 +10,9 @@
 #   1. the kernel and dispatcher tests, compiled for the GPU (no interpreter);
 #   2. the slow kernel test at real ViT shapes (seq 577 and 1025, head_dim 96 and 128), within
 #      its own time limit;
-#   3. `python -m benchmarks attention`: compiled correctness at ViT shapes, attention TFLOP/s (ours,
-#      cuDNN, XLA, jax's Pallas mha), the block-size sweep per kernel (fwd, dK/dV, dQ), head_dim
-#      (64, 128) and sequence (197, 577), the ViT-B/16 forward in float32 and bfloat16 (batch 8
-#      and 256), then a ViT-B/16 training step per attention path. Each section gets a share of
-#      the time left; the JSON is rewritten after every section.
+#   3. `python -m benchmarks attention`: attention TFLOP/s (ours, cuDNN, XLA, jax's Pallas mha)
+#      at sequence 577 and 197, then a ViT-B/16 training step per attention path. Each section
+#      gets a share of the time left; the JSON is rewritten after every section.
 # --quick (to rerun after a small fix): step 1 and the seq-577 attention rows only.
 #
 # Exit status: 0 passed with every row measured; 1 something failed (a test, a benchmark row, a

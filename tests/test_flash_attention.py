@@ -407,26 +407,15 @@ def test_gpu_check_dry_run(tmp_path):
     shapes = (tmp_path / "vit_shapes_tests.log").read_text()
     assert re.search(r"\b4/\d+ tests collected", shapes), shapes[-500:]
     result = json.loads((tmp_path / "bench_attention.json").read_text())
-    assert {"command", "machine", "versions", "flop_convention", "correctness", "attention",
-            "inference", "train_step", "block_sweep", "status"} <= set(result)
-    assert (list(result).index("block_sweep") < list(result).index("inference")
-            < list(result).index("train_step"))
+    assert {"command", "machine", "versions", "flop_convention", "attention", "train_step",
+            "status"} <= set(result)
     assert {"platform", "device_kind"} <= set(result["machine"])
     assert {"jax", "jaxlib"} <= set(result["versions"])
     assert result["status"]["failed"] == result["status"]["skipped"] == 0, result["status"]
-    assert all(c["ok"] for c in result["correctness"]), result["correctness"]
     ours = [r for r in result["attention"] if r["impl"] == "pallas"]
     assert ours and all(r.get("tflops", 0) > 0 for r in ours), ours
     assert {"fwd", "fwd_bwd"} == {r["mode"] for r in ours}
     assert any(r.get("images_per_s", 0) > 0 for r in result["train_step"]["runs"]), result
-    # The forward in both dtypes; bfloat16 against float32 from the same weights.
-    infer = result["inference"]
-    assert [r["dtype"] for r in infer] == ["float32", "bfloat16"], infer
-    assert all(r["status"] == "ok" and r["images_per_s"] > 0 for r in infer), infer
-    assert infer[1]["speedup_over_float32"] > 0 and 0 <= infer[1]["top1_agreement"] <= 1, infer
-    sweep = result["block_sweep"]
-    assert sorted(r["kernel"] for r in sweep) == ["dkv", "dq", "fwd"]
-    assert all(r["default"] and r.get("tflops", 0) > 0 for r in sweep), sweep
 
 
 @pytest.mark.slow
@@ -438,7 +427,7 @@ def test_gpu_check_quick_dry_run_keeps_skipped_apart(tmp_path):
     assert "PASSED, INCOMPLETE" in proc.stdout
     assert not (tmp_path / "vit_shapes_tests.log").exists()
     result = json.loads((tmp_path / "bench_attention.json").read_text())
-    assert result["quick"] and {"correctness", "block_sweep", "train_step"}.isdisjoint(result)
+    assert result["quick"] and "train_step" not in result
     assert result["attention"] and all(r["status"] == "skipped" for r in result["attention"])
     assert result["status"] == {"ok": 0, "failed": 0, "skipped": len(result["attention"])}
 
