@@ -16,16 +16,11 @@ read from the timings the run wrote into its metrics.jsonl (`vit.training.timing
   then `vit eval --split test`.
 - `transfer` trains `mnist_transfer` from `--init` (the fashion_mnist workdir) and from
   scratch, the same recipe, labels and steps, and records both test accuracies.
-- `peer` trains one architecture both ways: `vit train` and transformers'
-  `ViTForImageClassification` trained by `peers.train_classifier` with the recipe's optimiser,
-  schedule, clipping, label smoothing, batch, steps and random shifts, on the same files.
-  First from scratch on Fashion-MNIST (each library's own initialisation); then both fine-tune
-  on the 500 MNIST digits from our scratch run's weights (`vit convert --format hf`, read back
-  with `--init` and `from_pretrained`). The model is the HF architecture (class token, token
-  head), so the same weights mean the same function. Each side is a whole command, timed from
-  launch to exit; the two alternate. `--two-devices` adds `vit train` on two XLA:CPU devices.
-  The record names its host kind (bfloat16 arithmetic or not); `--out
-  benchmarks/records/realdata_peer_amd.json` keeps another host's record beside this one.
+- `peer` trains one architecture (HF_ARCH) with `vit train` and with transformers + torch
+  (`peers.train_classifier`, the recipe's optimiser, schedule, clipping, label smoothing, batch,
+  steps and shifts) on the same files: from scratch on Fashion-MNIST, then both fine-tune our
+  scratch weights (`vit convert --format hf`) on 500 MNIST digits. Each side is a whole command,
+  timed from launch to exit; the record names its host kind.
 """
 
 from __future__ import annotations
@@ -51,7 +46,6 @@ from benchmarks import tables as T
 HF_ARCH = ["model.classifier=token", "model.class_token=true", "model.width=128",
            "model.mlp_dim=256", "model.num_heads=4", "model.depth=6", "model.patch_size=4",
            "model.stem=[]", "model.dtype=float32"]
-TWO_DEVICES = {"XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
 
 
 def split_of_vit_run(workdir: Path, wall_s: float) -> dict:
@@ -153,11 +147,10 @@ def peer_sets(steps: int, warmup: bool) -> list[str]:
                       *([f"optim.warmup_steps={steps // 10}"] if warmup else [])]
 
 
-def ours(name: str, recipe: str, sets: list[str], workdir: Path, *, init=None,
-         env=None) -> dict:
+def ours(name: str, recipe: str, sets: list[str], workdir: Path, *, init=None) -> dict:
     """One `vit train` side: the last validation's accuracy (the test split), the command's
     wall time and where it went."""
-    run = common.vit_train(recipe, workdir, sets, init=init, env=env)
+    run = common.vit_train(recipe, workdir, sets, init=init)
     last = common.metrics(workdir, "validation")[-1]
     return {"side": name, "test_accuracy": round(last["accuracy"], 4), "wall_s": run["wall_s"],
             "split": split_of_vit_run(workdir, run["wall_s"])}
@@ -184,31 +177,23 @@ def peer(args) -> dict:
     tune_sets = peer_sets(args.tune_steps, warmup=False)
     scratch_cfg = load_config("fashion_mnist", fashion_sets)
     tune_cfg = load_config("mnist_transfer", tune_sets)
-    two = ["vit2"] if args.two_devices else []
 
     def one_round(r: int, tmp: Path) -> dict:
         hf_dir = tmp / f"hf{r}"
-        # Our scratch run comes first (it makes the shared weights); the others alternate.
+        # Our scratch run comes first: it makes the weights both sides fine-tune.
         scratch = {"vit": ours("vit train", "fashion_mnist", fashion_sets, tmp / f"scratch{r}")}
         common.run_cli(["vit", "convert", str(tmp / f"scratch{r}"), str(hf_dir), "--format",
                         "hf"], capture=True)
-        sides = {
-            "torch": lambda: theirs(scratch_cfg, "fashion_mnist", args.scratch_steps,
-                                    tmp / f"torch_scratch{r}",
-                                    config_file=str(hf_dir / "config.json")),
-            "vit2": lambda: ours("vit train, 2 XLA:CPU devices", "fashion_mnist", fashion_sets,
-                                 tmp / f"scratch2dev{r}", env=TWO_DEVICES)}
-        order = ["vit"] + (["torch", *two])[::(-1) ** r]
-        scratch.update({name: sides[name]() for name in order[1:]})
+        scratch["torch"] = theirs(scratch_cfg, "fashion_mnist", args.scratch_steps,
+                                  tmp / f"torch_scratch{r}",
+                                  config_file=str(hf_dir / "config.json"))
         tune = {
             "torch": lambda: theirs(tune_cfg, "mnist_5k", args.tune_steps,
                                     tmp / f"torch_tune{r}", init=str(hf_dir)),
             "vit": lambda: ours("vit train", "mnist_transfer", tune_sets, tmp / f"tune_vit{r}",
-                                init=str(hf_dir)),
-            "vit2": lambda: ours("vit train, 2 XLA:CPU devices", "mnist_transfer", tune_sets,
-                                 tmp / f"tune_vit2{r}", init=str(hf_dir), env=TWO_DEVICES)}
-        tune_order = (["torch", "vit"] if r % 2 == 0 else ["vit", "torch"]) + two
-        return {"round": r, "order": order, "scratch_fashion_mnist": scratch,
+                                init=str(hf_dir))}
+        tune_order = ["torch", "vit"][::(-1) ** r]
+        return {"round": r, "order": ["vit", "torch"], "scratch_fashion_mnist": scratch,
                 "tune_order": tune_order,
                 "finetune_mnist_5k": {name: tune[name]() for name in tune_order}}
 
@@ -278,7 +263,6 @@ def main(argv: list[str]) -> int:
     p.add_argument("--scratch-steps", type=int, default=300)
     p.add_argument("--tune-steps", type=int, default=150)
     p.add_argument("--rounds", type=int, default=1)
-    p.add_argument("--two-devices", action="store_true")
     d = sub.add_parser("dryrun", help="vit train --dry-run of every shipped recipe")
     d.add_argument("--recipes", nargs="*", default=None)
     d.add_argument("--merge", action="store_true",
@@ -361,7 +345,7 @@ def dry_run_table(r: dict) -> list[str]:
 
 
 def peer_table(r: dict) -> list[str]:
-    sides = {"vit": "vit train", "vit2": "vit train, 2 devices", "torch": "transformers + torch"}
+    sides = {"vit": "vit train", "torch": "transformers + torch"}
     rows, splits = [], []
     for phase, label in (("scratch", "from scratch, Fashion-MNIST"),
                          ("finetune", "fine-tuned, 500 MNIST digits")):
