@@ -29,9 +29,18 @@ TRAINING_FIELDS = ("dropout", "attention_dropout", "drop_path", "dtype", "remat"
 
 
 def fresh_params(model_config: ViTConfig, seed: int):
-    model = VisionTransformer(model_config, rngs=nnx.Rngs(seed))
-    graphdef, state = nnx.split(model, nnx.Param)
-    return graphdef, nnx.to_pure_dict(state)
+    """(graphdef, params) of a new model: its initialisers run as one compiled program (one
+    compile, kept by the compilation cache, where eager initialisation compiles each random
+    draw of each layer on its own), the same draws as `VisionTransformer(...)` eagerly up to
+    float32 rounding."""
+    graphdef, _ = abstract_params(model_config)
+
+    @jax.jit
+    def init():
+        model = VisionTransformer(model_config, rngs=nnx.Rngs(seed))
+        return nnx.to_pure_dict(nnx.state(model, nnx.Param))
+
+    return graphdef, init()
 
 
 def abstract_params(model_config: ViTConfig):
