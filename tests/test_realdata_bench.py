@@ -124,21 +124,22 @@ def test_the_peer_mode_runs_both_sides_in_turn_and_writes_a_record_its_table_dra
     monkeypatch.setattr(realdata, "split_of_vit_run", lambda workdir, wall_s: split)
     out = tmp_path / "peer.json"
     assert realdata.main(["peer", "--scratch-steps", "4", "--tune-steps", "2", "--rounds", "2",
-                          "--two-devices", "--out", str(out)]) == 0
+                          "--out", str(out)]) == 0
     record = json.loads(out.read_text())
-    # Round 0: our scratch run (the shared weights), converted, then torch and two devices;
-    # round 1 the others reversed. Fine-tuning starts from the converted weights on all sides.
-    assert [c[:2] for c in calls[:5]] == [("vit", "fashion_mnist"), ["vit", "convert"],
-                                          ("torch", "fashion_mnist"), ("vit", "fashion_mnist"),
-                                          ("torch", "mnist_5k")]
-    assert [r["order"] for r in record["rounds"]] == [["vit", "torch", "vit2"],
-                                                      ["vit", "vit2", "torch"]]
+    # Each round: our scratch run (the shared weights), converted, then torch's; the fine-tuning
+    # sides alternate round by round, both from the converted weights.
+    assert [c[:2] for c in calls] == [
+        ("vit", "fashion_mnist"), ["vit", "convert"], ("torch", "fashion_mnist"),
+        ("torch", "mnist_5k"), ("vit", "mnist_transfer"),
+        ("vit", "fashion_mnist"), ["vit", "convert"], ("torch", "fashion_mnist"),
+        ("vit", "mnist_transfer"), ("torch", "mnist_5k")]
+    assert [r["tune_order"] for r in record["rounds"]] == [["torch", "vit"], ["vit", "torch"]]
     assert all(c[2] for c in calls if c[1] in ("mnist_5k", "mnist_transfer"))
     assert record["benchmark"] == "realdata_peer" and record["host_kind"].endswith(
         "bfloat16 arithmetic")
     s = record["summary"]["scratch"]["vit"]
     assert s["accuracy_minus_peer_points"] == 10.0 and "speed_vs_peer" in s
-    assert realdata.table(record) and len(realdata.targets(record)) == 4 * 2 + 6
+    assert realdata.table(record) and len(realdata.targets(record)) == 2 * 2 + 6
 
 
 def test_the_fashion_mode_times_each_validation_from_the_run_s_own_records(tmp_path,
