@@ -61,24 +61,27 @@ def main(argv: list[str]) -> None:
     }, argv=argv, out=args.out)
 
 
-def _accuracies(rows: list[dict], n: int) -> str:
-    return ", ".join(f"{tables.pct(r['test_accuracy'])} ({round(r['test_accuracy'] * n)})"
-                     for r in rows)
+def _counts(rows: list[dict], n: int) -> str:
+    counts = [str(round(r["test_accuracy"] * n)) for r in rows]
+    return (", ".join(counts[:-1]) + " and " if len(counts) > 1 else "") + counts[-1]
 
 
 def table(r: dict) -> list[str]:
     n, cpu = r["num_test_examples"], r["machine"]["cpu"]
     kind = "with" if cpu.get("bfloat16_arithmetic") else "no"
     seeds = r.get("seeds") or [{"seed": 0, "test_accuracy": r["test_accuracy"]}]
-    line = (f"Measured {r['date_utc'][:10]} (`{tables.RECORDS}/demo.json`) on a "
-            f"{r['machine']['cpus']}-core {cpu['model_name']} ({kind} bfloat16 arithmetic): "
-            f"**{tables.pct(min(s['test_accuracy'] for s in seeds))} test accuracy or more** "
-            f"over seeds {', '.join(str(s['seed']) for s in seeds)}: "
-            f"{_accuracies(seeds, n)} of {n} held-out digits, after "
-            f"{r['train_seconds']:.0f} s of training.")
+    low = tables.pct(min(s["test_accuracy"] for s in seeds))
+    said = (f"**{low} test accuracy** ({_counts(seeds, n)} of {n} held-out digits)"
+            if len(seeds) == 1 else
+            f"**{low} test accuracy or more** over seeds "
+            f"{', '.join(str(s['seed']) for s in seeds)} ({_counts(seeds, n)} of {n} held-out "
+            "digits)")
+    line = (f"Measured {r['date_utc'][:10]} (`{tables.RECORDS}/demo.json`): {said} after "
+            f"{r['train_seconds']:.0f} s of training on a {r['machine']['cpus']}-core "
+            f"{cpu['model_name']} ({kind} bfloat16 arithmetic).")
     if r.get("plain_patch_embedding"):
         line += (" Without the recipe's convolutional stem: "
-                 f"{_accuracies(r['plain_patch_embedding'], n)}.")
+                 f"{_counts(r['plain_patch_embedding'], n)} of {n}.")
     return [line]
 
 

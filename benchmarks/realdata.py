@@ -172,11 +172,12 @@ def theirs(cfg, dataset: str, steps: int, out_dir: Path, **model) -> dict:
 
 def peer(args) -> dict:
     from vit.recipes.load import load_config
+    from vit.recipes.model_fields import model_field_types
 
     fashion_sets = peer_sets(args.scratch_steps, warmup=True)
     tune_sets = peer_sets(args.tune_steps, warmup=False)
-    scratch_cfg = load_config("fashion_mnist", fashion_sets)
-    tune_cfg = load_config("mnist_transfer", tune_sets)
+    scratch_cfg = load_config("fashion_mnist", fashion_sets, model_field_types=model_field_types)
+    tune_cfg = load_config("mnist_transfer", tune_sets, model_field_types=model_field_types)
 
     def one_round(r: int, tmp: Path) -> dict:
         hf_dir = tmp / f"hf{r}"
