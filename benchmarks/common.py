@@ -1,20 +1,5 @@
-"""What every benchmark mode shares: a contestant run in its own process (`run_side`, `Side`),
-a `vit` command run and timed as a user runs it (`run_cli`, `vit_train`, `vit_eval`), what a run
-wrote read back (`metrics`), our forward as `vit predict` compiles it (`our_forward`), one timer
-(`time_call`, `interleave`) and one record writer (`write_record`).
-
-A mode is a module `benchmarks/NAME.py` with `main(argv) -> int | None`, listed in
-`benchmarks/__main__.py`'s `MODES`, and `table(record) -> list[str]` (Markdown lines) that
-draws each record it writes; `targets(record)` (optional) says which targets the record meets
-(`benchmarks/tables.py`). A mode imports `vit` as installed, and its heavy libraries inside
-functions, so listing the modes and making the tables stays light. The PyTorch peers live in
-`benchmarks/peers.py`.
-
-A record is `benchmarks/records/NAME.json`: the latest run of one benchmark (git keeps the
-rest), with its date, the command that made it, the machine and the package versions. Paths
-in it are relative to the repository (the home folder is `~`) and a path elsewhere is refused,
-so a record never names the folders of the machine that made it.
-"""
+"""What every benchmark mode shares: contestant processes, timed `vit` commands, one timer and
+one record writer (docs/benchmarks.md describes modes and records)."""
 
 from __future__ import annotations
 
@@ -36,7 +21,6 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 RECORDS = ROOT / "benchmarks" / "records"
-# Versions stamped on every record; a package that is not installed is recorded as None.
 PACKAGES = ("jax", "jaxlib", "flax", "optax", "numpy", "grain", "orbax-checkpoint", "torch",
             "transformers", "triton", "jax-cuda12-plugin", "jax-cuda13-plugin")
 VIT = [sys.executable, "-m", "vit.cli"]
@@ -50,8 +34,7 @@ class SideFailed(RuntimeError):
 
 
 def _side_env(env: dict | None, pythonpath: str | None) -> dict:
-    """This process's environment with `env` on top, and this package importable (`vit`
-    comes from the environment, or from `pythonpath` placed first: an older copy of it)."""
+    """This environment with `env` on top and `pythonpath` (an older copy of vit) first."""
     full = {**os.environ, **(env or {})}
     full["PYTHONPATH"] = os.pathsep.join(
         p for p in (pythonpath, str(ROOT), full.get("PYTHONPATH")) if p)
@@ -60,9 +43,7 @@ def _side_env(env: dict | None, pythonpath: str | None) -> dict:
 
 def run_side(target: str, kwargs: dict | None = None, *, env: dict | None = None,
              cwd: str | Path | None = None, pythonpath: str | None = None) -> dict:
-    """Calls `target` ("package.module:function") with `kwargs` in a new Python process
-    (`python -m benchmarks._worker`) and returns the dict it returned, read from a result file,
-    never parsed from the output."""
+    """`target` ("module:function") called with `kwargs` in a new process: the dict it returned."""
     with tempfile.TemporaryDirectory(prefix="bench-side-") as folder:
         args, result = Path(folder) / "args.json", Path(folder) / "result.json"
         args.write_text(json.dumps(kwargs or {}))
@@ -75,17 +56,14 @@ def run_side(target: str, kwargs: dict | None = None, *, env: dict | None = None
 
 
 class Side:
-    """A contestant kept alive between runs, for rounds that must be seconds apart: `target`
-    is called once with `kwargs` and returns a function; each `side(**request)` calls it in
-    that process and returns its dict. `settle_s`: a pause before each run, for the other
-    contestant's idle threads to stop spinning."""
+    """A contestant kept alive: `target(**kwargs)` returns a function that each `side(**request)`
+    calls in that process; `settle_s` pauses before each run (the other's threads settle)."""
 
     def __init__(self, target: str, kwargs: dict | None = None, *, env: dict | None = None,
                  pythonpath: str | None = None, settle_s: float = 0.0):
         self.target, self.settle_s, self.count = target, settle_s, 0
         self.folder = Path(tempfile.mkdtemp(prefix="bench-side-"))
         (self.folder / "args.json").write_text(json.dumps(kwargs or {}))
-        # stderr to a file: a pipe nobody reads while the worker runs could fill and block it.
         self.log = self.folder / "stderr.log"
         with open(self.log, "w") as log:
             self.proc = subprocess.Popen(
@@ -117,12 +95,8 @@ class Side:
 
 def run_cli(command: list[str], *, env: dict | None = None, capture: bool = False,
             check: bool = True) -> dict:
-    """Runs `command` from the repository root as a user runs it and times it, start to exit:
-    `["vit", ...]` is the `vit` command of this interpreter, on the CPU unless the environment
-    names another platform; anything else (`./scripts/test.sh`) runs as given. Returns
-    {"command" (as written, the repository's paths relative), "wall_s", "returncode", and with
-    `capture` "stdout" and "stderr"}; with `check`, a failure raises `SideFailed` with the end
-    of its output."""
+    """`command` run from the repository root and timed to its exit (`vit` is this interpreter's,
+    on the CPU unless the environment says otherwise); `check`: a failure raises `SideFailed`."""
     argv = [*VIT, *command[1:]] if command[0] == "vit" else list(command)
     full = {**os.environ, **(env or {})}
     if command[0] == "vit":
@@ -140,8 +114,7 @@ def run_cli(command: list[str], *, env: dict | None = None, capture: bool = Fals
 
 def vit_train(config: str | Path, workdir: str | Path, sets=(), *, init: str | None = None,
               env: dict | None = None) -> dict:
-    """`vit train --config CONFIG --workdir WORKDIR [--init INIT] --set=...`, run and timed by
-    `run_cli`."""
+    """`vit train --config CONFIG --workdir WORKDIR [--init INIT] --set=...` by `run_cli`."""
     return run_cli(["vit", "train", "--config", str(config), "--workdir", str(workdir),
                     *(["--init", str(init)] if init else []), *(f"--set={s}" for s in sets)],
                    env=env)
@@ -168,9 +141,8 @@ def metrics(workdir: str | Path, split: str | None = None) -> list[dict]:
 
 
 def our_forward(checkpoint: str | Path, dtype: str, example) -> Callable:
-    """The softmax of the model in `checkpoint`, built and compiled as `vit predict` builds it
-    for batches shaped like `example`: -> f(images). (An older copy of the package, `inference
-    --baseline`, may lack the compile options and narrowed kernels: it runs without them.)"""
+    """f(images): the softmax of `checkpoint`'s model compiled as `vit predict` compiles it (an
+    older copy of vit, `inference --baseline`, without what it lacks)."""
     import jax
     from flax import nnx
 
@@ -193,8 +165,7 @@ def our_forward(checkpoint: str | Path, dtype: str, example) -> Callable:
 
 
 def _wait(result: Any) -> Any:
-    """Blocks until JAX's asynchronous `result` is computed, without importing JAX into a
-    process that does not use it."""
+    """`result` waited for, if JAX is loaded."""
     if "jax" in sys.modules:
         import jax
 
@@ -208,8 +179,7 @@ def _summary(times: list[float]) -> dict:
 
 def time_call(fn: Callable[[], Any], *, warmup: int = 1, repeats: int = 5,
               number: int = 1) -> dict:
-    """`warmup` untimed calls (the first compiles), then `repeats` samples of `number` calls
-    back to back, the last one waited for. Seconds per call: {"median_s", "min_s", "times_s"}."""
+    """`warmup` untimed calls, then `repeats` samples of `number` calls: seconds per call."""
     for _ in range(warmup):
         _wait(fn())
     times = []
@@ -223,8 +193,7 @@ def time_call(fn: Callable[[], Any], *, warmup: int = 1, repeats: int = 5,
 
 
 def interleave(fns: dict[str, Callable[[], Any]], *, rounds: int, warmup: int = 1) -> dict:
-    """Contestants timed in alternation, one call each per round, the order rotated each round
-    so a drift in the machine's load falls on all alike: {name: `time_call`-style dict}."""
+    """Contestants timed one call each per round, the order rotated: {name: `time_call` dict}."""
     names = list(fns)
     for name in names:
         for _ in range(warmup):
@@ -240,15 +209,12 @@ def interleave(fns: dict[str, Callable[[], Any]], *, rounds: int, warmup: int = 
 
 # --------------------------------------------------------------------------------- records
 
-# The instruction sets that decide which matrix-product kernels a CPU can run, and the ones
-# that mean bfloat16 arithmetic in hardware (x86 flags; Arm's "bf16").
 CPU_FEATURES = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_tile")
 BF16_FEATURES = ("avx512_bf16", "amx_bf16", "avx_ne_convert", "bf16")
 
 
 def cpu() -> dict:
-    """The CPU's model and matrix features from /proc/cpuinfo (empty elsewhere): the same
-    code's ratio to a peer differs between hosts, so a record names its CPU."""
+    """The CPU's model and matrix features from /proc/cpuinfo (empty elsewhere)."""
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
@@ -265,7 +231,6 @@ def cpu() -> dict:
 
 
 def machine() -> dict:
-    """The host: platform, CPU, cores, load, and JAX's backend and devices where importable."""
     out = {"platform": platform.platform(), "processor": platform.processor(), "cpu": cpu(),
            "cpus": os.cpu_count(), "load_average": [round(x, 2) for x in os.getloadavg()]}
     try:
@@ -288,8 +253,7 @@ def versions() -> dict:
     return out
 
 
-# An absolute path of two parts or more; not a rate ("img/s"), a pattern ("blocks/[23]/.*"),
-# a fraction ("1/5") or a recipe's placeholder ("/path/to/images").
+# An absolute path; not a rate, a pattern, a fraction or "/path/to/" placeholder.
 ABSOLUTE = re.compile(r"(?<![\w.)\]*~/:])/(?!path/to/)[A-Za-z_.][\w.@+-]*(?:/[\w.@+-]*)+")
 
 
@@ -298,9 +262,8 @@ class PathOutside(ValueError):
 
 
 def relative(value: Any, strict: bool = True) -> Any:
-    """`value` (strings, lists and dicts of them) with the repository's paths made relative
-    to it and the home folder written `~`; with `strict`, any other absolute path raises
-    `PathOutside`."""
+    """`value` with the repository's paths relative and home `~`; `strict`: any other absolute
+    path raises `PathOutside`."""
     if isinstance(value, dict):
         return {k: relative(v, strict) for k, v in value.items()}
     if isinstance(value, list | tuple):
@@ -330,10 +293,7 @@ def out_of(argv: list[str]) -> str | None:
 
 
 def command(argv: list[str] | None, mode: str) -> str:
-    """The command line that makes a record, `python -m benchmarks MODE ARGS`, without
-    `--out FILE` unless FILE is one of the repository's records (a scratch copy's place says
-    nothing about the measurement; a record beside another, `inference_amd.json`, is remade
-    there)."""
+    """`python -m benchmarks MODE ARGS`, without an `--out` outside benchmarks/records/."""
     args = list(sys.argv[1:] if argv is None else argv)
     out = out_of(args)
     if out is not None and not is_record(out):
@@ -342,10 +302,7 @@ def command(argv: list[str] | None, mode: str) -> str:
 
 
 def is_record(path: str | Path | None) -> bool:
-    """Whether a record written to `path` (None: its default place) is one of the repository's
-    records, which name no path outside it. A copy written elsewhere (a scratch file, the GPU
-    check's results folder) keeps what it was given; the tests hold benchmarks/records/ to the
-    rule."""
+    """Whether `path` (None: the default) is in benchmarks/records/ (held to `relative`)."""
     return path is None or Path(path).resolve().is_relative_to(RECORDS)
 
 
@@ -355,11 +312,8 @@ def record_path(name: str) -> Path:
 
 def write_record(name: str, figures: dict, *, argv: list[str] | None, mode: str | None = None,
                  out: str | Path | None = None) -> Path:
-    """Writes `benchmarks/records/NAME.json` (or `out`) atomically: the benchmark's name (a
-    record's file stem: `--out benchmarks/records/inference_amd.json` names it
-    `inference_amd`), the date (UTC), the command (`mode`, default NAME, with `argv`; None
-    takes this process's), the machine and the versions, then `figures`, paths relative
-    (`relative`, strict for the repository's records)."""
+    """`benchmarks/records/NAME.json` (or `out`, named for its file there) written atomically:
+    name, date, command (`mode` and `argv`), machine, versions, then `figures`."""
     mode = mode or name
     if out is not None and is_record(out):
         name = Path(out).stem

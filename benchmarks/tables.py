@@ -1,19 +1,5 @@
-"""The docs' figures, made from the records.
-
-A record's table sits between `<!-- table NAME -->` and `<!-- /table NAME -->` (NAME:
-`benchmarks/records/NAME.json`) in README.md or a page of docs/, once per record. The mode that
-wrote the record draws it: `table(record)` in the module of the mode its command names (with a
-`records` parameter it also gets every record, to compare with another). `<!-- targets -->`
-holds every target a mode's `targets(record)` states, with whether the record meets it, and
-`<!-- contents -->` the sections of a page with the hosts of the records shown in each.
-
-The text around the blocks is written by hand and holds no measured figure: `--check` fails
-on a number with a unit of measure (a ratio, a time, a size, a share, a rate) outside them,
-unless `NOT_MEASURED` lists it as a fact that is not a measurement.
-
-    python -m benchmarks tables            # rewrite the tables from the records
-    python -m benchmarks tables --check    # exit 1 on a stale table or an unbacked figure
-"""
+"""The docs' tables, made from the records (`--check`: exit 1 on a stale table or a figure
+outside the tables; docs/benchmarks.md says how)."""
 
 from __future__ import annotations
 
@@ -34,8 +20,7 @@ from benchmarks.common import ROOT
 RECORDS = "benchmarks/records"
 BLOCK = re.compile(r"(<!-- (?P<kind>table|targets|contents)(?: (?P<name>[\w-]+))? -->\n)"
                    r"(?P<body>.*?)(<!-- /(?P=kind)(?: (?P=name))? -->)", re.DOTALL)
-# A number with a unit of measure. "8x8" and "16,384 x 16,384" are shapes, not ratios: an "x"
-# counts only glued to the number and not followed by a letter or digit.
+# A number with a unit of measure ("8x8" is a shape: an "x" counts only glued and alone).
 FIGURE = re.compile(
     r"(?<![\w.,])(?:\d+h)?\d+m\d\ds\b|"  # a duration written 6m00s
     r"(?<![\w.,])\d[\d,]*(?:\.\d+)?(?:[-–]\d[\d,]*(?:\.\d+)?)?"
@@ -62,11 +47,7 @@ NOT_MEASURED = {
 
 
 def docs(root: Path = ROOT) -> list[str]:
-    """The pages whose blocks are made and whose figures are checked, relative to `root`."""
     return ["README.md", *sorted(str(p.relative_to(root)) for p in (root / "docs").glob("*.md"))]
-
-
-# ------------------------------------------------------------------------------ formatting
 
 
 def num(x: float, digits: int = 2) -> str:
@@ -94,8 +75,7 @@ def cpu_name(record: dict) -> str | None:
 
 
 def host(record: dict, usual: str | None = None) -> str:
-    """The machine and date of a record: CPU model, its bfloat16 arithmetic, cores; and, when
-    `usual` (the CPU of most records) is another, that it is another host."""
+    """A record's CPU, bfloat16 arithmetic, cores and date; and whether it is not `usual`'s."""
     machine = record.get("machine") or {}
     cores = f", {machine['cpus']} cores" if machine.get("cpus") else ""
     name, date = cpu_name(record), record["date_utc"][:10]
@@ -114,15 +94,11 @@ def usual_cpu(recs: dict[str, dict]) -> str | None:
     return names.most_common(1)[0][0] if names else None
 
 
-# -------------------------------------------------------------------------------- records
-
-
 def records(root: Path = ROOT) -> dict[str, dict]:
     return {p.stem: json.loads(p.read_text()) for p in sorted((root / RECORDS).glob("*.json"))}
 
 
 def module_of(record: dict) -> ModuleType | None:
-    """The module of the mode named in the record's command (`python -m benchmarks MODE`)."""
     from benchmarks.__main__ import MODES
 
     words = shlex.split(record.get("command", ""))
@@ -131,12 +107,10 @@ def module_of(record: dict) -> ModuleType | None:
 
 
 def part(record: dict, name: str) -> Callable | None:
-    """The `table` or `targets` function of the record's mode."""
     return getattr(module_of(record), name, None)
 
 
 def render(name: str, record: dict, recs: dict[str, dict]) -> str:
-    """A table block's text: the host and date, the mode's table, the record and command."""
     draw = part(record, "table")
     if draw is None:
         raise KeyError(f"{RECORDS}/{name}.json: its mode has no table(record)")
@@ -149,8 +123,7 @@ def render(name: str, record: dict, recs: dict[str, dict]) -> str:
 
 
 def targets(recs: dict[str, dict], where: dict[str, str]) -> str:
-    """Every target the modes state with the measured figure and whether the record meets it,
-    by record (named once, with its host and date, linked to the page showing its table)."""
+    """Every target the modes state, by record, with the figure and whether it is met."""
     rows, usual = [], usual_cpu(recs)
     for name, record in recs.items():
         stated = (part(record, "targets") or (lambda r: []))(record)
@@ -164,12 +137,10 @@ def targets(recs: dict[str, dict], where: dict[str, str]) -> str:
 
 
 def slug(title: str) -> str:
-    """GitHub's anchor for a heading."""
     return re.sub(r"[^\w\- ]", "", title.strip().lower()).replace(" ", "-")
 
 
 def contents(text: str, recs: dict[str, dict]) -> str:
-    """A page's `##` sections, linked, with the hosts and dates of the records they show."""
     lines, usual = [], usual_cpu(recs)
     for section in re.split(r"^## ", text, flags=re.MULTILINE)[1:]:
         title = section.splitlines()[0]
@@ -179,21 +150,15 @@ def contents(text: str, recs: dict[str, dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-# ---------------------------------------------------------------------------------- pages
-
-
 def blocks(text: str) -> dict[str, str]:
-    """NAME -> body of each table block in `text`."""
     return {m["name"]: m["body"] for m in BLOCK.finditer(text) if m["kind"] == "table"}
 
 
 def placement(root: Path = ROOT) -> dict[str, str]:
-    """NAME -> the page that shows its table."""
     return {name: doc for doc in docs(root) for name in blocks((root / doc).read_text())}
 
 
 def regenerate(text: str, recs: dict[str, dict], where: dict[str, str] | None = None) -> str:
-    """`text` with every block's body made afresh from the records."""
     def fill(m: re.Match) -> str:
         kind, name = m["kind"], m["name"]
         if kind == "table" and name not in recs:
@@ -208,15 +173,13 @@ def regenerate(text: str, recs: dict[str, dict], where: dict[str, str] | None = 
 
 
 def stale(root: Path = ROOT) -> list[str]:
-    """The pages whose blocks differ from what the records give."""
     recs, where = records(root), placement(root)
     return [doc for doc in docs(root)
             if regenerate((root / doc).read_text(), recs, where) != (root / doc).read_text()]
 
 
 def prose(text: str) -> str:
-    """`text` without what the figure check leaves alone: generated blocks, code, comments
-    and link targets. Lines are kept, so positions still name the right line."""
+    """`text` without blocks, code, comments and link targets, its lines kept."""
     def blank(m: re.Match) -> str:
         return "\n" * m.group(0).count("\n")
 
@@ -228,8 +191,7 @@ def prose(text: str) -> str:
 
 
 def unbacked(root: Path = ROOT) -> list[str]:
-    """Every figure outside the generated blocks that `NOT_MEASURED` does not list:
-    "FILE:LINE: FIGURE"."""
+    """"FILE:LINE: FIGURE" of each figure outside the blocks that `NOT_MEASURED` lacks."""
     out = []
     for doc in docs(root):
         allowed = NOT_MEASURED.get(doc, {})
@@ -240,7 +202,6 @@ def unbacked(root: Path = ROOT) -> list[str]:
 
 
 def unshown(root: Path = ROOT) -> list[str]:
-    """A record whose mode draws no table, with no table in the pages, or with several."""
     recs, problems, shown = records(root), [], {}
     for name in sorted(n for n, r in recs.items() if part(r, "table") is None):
         problems.append(f"{RECORDS}/{name}.json has no renderer: its command names no mode "
@@ -258,9 +219,7 @@ def unshown(root: Path = ROOT) -> list[str]:
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks tables",
                                      description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true",
-                        help="change nothing; exit 1 on a stale table, a record without one, "
-                             "or a figure outside the tables")
+    parser.add_argument("--check", action="store_true", help="change nothing; report")
     args = parser.parse_args(argv)
     problems, recs, where = unshown(), records(), placement()
     changed = []

@@ -1,12 +1,5 @@
-"""A text-conditioning recipe trained (every stage) into a fresh workdir and evaluated with `vit
-eval --json`: its figures and the time of each command; for `fashion_scenes` also `pointing`
-(how often a present item's relevancy map peaks on it). `--ablation` trains promptshapes
-changed one way at a time (`VARIANTS`). docs/benchmarks.md and docs/text.md say more.
-
-    python -m benchmarks text                                   # -> promptshapes
-    python -m benchmarks text --config configs/fashion_scenes.py --record fashion_scenes
-    python -m benchmarks text --ablation --init runs/bench_promptshapes/stages/vit
-"""
+"""Text-conditioning recipes trained into a fresh workdir and evaluated with `vit eval --json`
+(`--ablation`: promptshapes changed one way at a time, `VARIANTS`); docs/text.md says more."""
 
 from __future__ import annotations
 
@@ -54,8 +47,7 @@ def recipe_path(config: str) -> Path:
 
 
 def stage_results(workdir: Path) -> dict:
-    """Per stage (its folder name; the last stage trains in the workdir itself): the steps
-    trained and the last validation row of its metrics.jsonl."""
+    """Per stage folder ("final": the workdir): steps trained and the last validation row."""
     out = {}
     for metrics in sorted(workdir.glob("**/metrics.jsonl")):
         train, val = (common.metrics(metrics.parent, s) for s in ("train", "validation"))
@@ -65,8 +57,7 @@ def stage_results(workdir: Path) -> dict:
 
 
 def train_and_eval(config: Path, workdir: Path, sets: list[str], init: str | None) -> dict:
-    """One fresh run of `config` into `workdir` (every stage timed), then `vit eval --json`:
-    the commands, their times, each stage's last validation and the evaluation."""
+    """One fresh run of `config` into `workdir`, then `vit eval --json`."""
     shutil.rmtree(workdir, ignore_errors=True)
     train = common.vit_train(config, workdir, sets, init=init)
     evaluate = common.vit_eval(workdir)
@@ -76,9 +67,7 @@ def train_and_eval(config: Path, workdir: Path, sets: list[str], init: str | Non
 
 
 def ablation(config: Path, root: Path, init: str | None, extra: list[str]) -> dict:
-    """Every `VARIANTS` entry trained and evaluated, in order, each with `extra` --sets after
-    its own. A variant starts from its base variant's ViT stage, else from `init` if it keeps
-    the recipe's labels, else trains its own."""
+    """Every `VARIANTS` entry trained and evaluated, `extra` --sets after its own."""
     out = {}
     for name, (change, sets, base) in VARIANTS.items():
         start = (str(root / base / "stages" / "vit") if base else
@@ -89,10 +78,8 @@ def ablation(config: Path, root: Path, init: str | None, extra: list[str]) -> di
 
 
 def pointing_prompts(scenes: int) -> dict[str, list[tuple[int, str, object]]]:
-    """fashion_scenes' test scenes, prompts and boxes whose relevancy maps `pointing` scores:
-    for each of the first `scenes` scenes a class question about one present item (chosen with
-    a fixed seed), and the first `scenes` questions about a present item in a held-out
-    (class, region)."""
+    """(scene, prompt, box) per group: a present item's class question in each of the first
+    `scenes` scenes, and the first `scenes` questions about a present held-out (class, region)."""
     import numpy as np
 
     from vit.data import fashion_scenes as fs
@@ -141,19 +128,13 @@ def pointing(workdir: Path, scenes: int) -> dict:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m benchmarks text",
                                 description=__doc__.splitlines()[0])
-    p.add_argument("--config", default="promptshapes",
-                   help="the recipe: a path, or a name in configs/ (default promptshapes)")
-    p.add_argument("--record", default=None,
-                   help="the record's name, benchmarks/records/NAME.json (default: the recipe's, "
-                        "or promptshapes_ablation with --ablation)")
-    p.add_argument("--ablation", action="store_true",
-                   help="promptshapes changed one way at a time (VARIANTS) instead of the recipe")
-    p.add_argument("--init", default=None,
-                   help="a ViT stage to start from, skipping the recipe's own (with --ablation: "
-                        "the recipe run's, for the variants that keep its labels)")
+    p.add_argument("--config", default="promptshapes", help="a path or a name in configs/")
+    p.add_argument("--record", default=None, help="the record's name (default: the recipe's)")
+    p.add_argument("--ablation", action="store_true", help="train VARIANTS instead")
+    p.add_argument("--init", default=None, help="a ViT stage to start from")
     p.add_argument("--workdir", default=None, help="default runs/bench_RECORD")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    p.add_argument("--out", default=None, help="record path (default benchmarks/records/)")
+    p.add_argument("--out", default=None)
     return p
 
 

@@ -1,15 +1,5 @@
-"""Training-step speed on the CPU: `vit train`'s own jitted step (`train_step.build`) against
-transformers' ViT doing the same update from the same weights (`peers`: AdamW with the same
-decay mask, clipping, label smoothing), in float32 and, where the CPU has bfloat16 arithmetic,
-bfloat16. Each run is a process of its own, the two alternating, the order flipped every round;
-`--interleave` keeps both alive (`common.Side`) and starts each run with one untimed step.
-`--plain-malloc` and `--jax-defaults` time ours changed one way (the record `train_variants`).
-docs/benchmarks.md says more.
-
-    python -m benchmarks train [--case B/16:8 ...] [--dtype float32 ...] [--rounds 3]
-        [--steps 3] [--warmup 1] [--set KEY=VALUE ...] [--plain-malloc] [--jax-defaults]
-        [--interleave]
-"""
+"""Training-step speed on the CPU: `vit train`'s jitted step against transformers' ViT doing the
+same update from the same weights (`--plain-malloc`, `--jax-defaults`: ours changed one way)."""
 
 from __future__ import annotations
 
@@ -26,14 +16,12 @@ from pathlib import Path
 from benchmarks import common, peers, tables, train_step
 
 CASES = ("B/16:8", "S/16:32")
-# Ours once more, changed one way (what each change gains, measured in the same run):
-# {contestant: (record key, --flag)}. PLAIN: in the caller's environment, without the huge-page
-# tunable; DEFAULTS: with jax's default XLA:CPU compile options.
+# Ours changed one way, {contestant: (record key, --flag)}: without the huge-page tunable, or
+# with jax's default XLA:CPU compile options.
 PLAIN, DEFAULTS = "vit_plain_malloc", "vit_jax_defaults"
 VARIANTS = {PLAIN: ("plain_malloc", "plain_malloc"), DEFAULTS: ("jax_defaults", "jax_defaults")}
 CLASSES = 1000
-# What transformers' side mirrors (the values it can run, the first being a key's default); a
-# recipe that needs more is refused rather than compared.
+# What transformers' side mirrors (the values it can run, the first the default).
 MIRRORED = {"optim.name": ("adamw",), "optim.layer_decay": (1.0, 0.0, None),
             "optim.trainable": (".*",), "optim.lr_mults": (None, []),
             "optim.no_decay": (None, ""),
@@ -81,8 +69,7 @@ def prepare(case: str, sets: list[str], folder: str) -> dict:
 
 
 def vit_step(case: str, sets: list[str], folder: Path, dtype: str = "float32"):
-    """Our side of one step, as a function: `vit train`'s jitted step, waited for; returns the
-    loss."""
+    """Our side: one `vit train` step, waited for; returns the loss."""
     import jax
     import numpy as np
 
@@ -99,8 +86,7 @@ def vit_step(case: str, sets: list[str], folder: Path, dtype: str = "float32"):
 
 
 def transformers_step(folder: Path, dtype: str = "float32"):
-    """transformers' side of one step, as a function: forward, loss, backward, clipping,
-    AdamW, accuracy and the finiteness check; returns the loss."""
+    """transformers' side: one step with accuracy and the finiteness check; returns the loss."""
     import numpy as np
     import torch
 
@@ -137,17 +123,12 @@ def timed(step, count: int) -> tuple[list[float], list[float]]:
     return times, losses
 
 
-def _step(kind: str, case: str, dtype: str, folder: str, sets: list[str]):
-    folder = Path(folder)
-    return (transformers_step(folder, dtype) if kind == "transformers"
-            else vit_step(case, sets, folder, dtype))
-
-
 def serve(kind: str, case: str, dtype: str, folder: str, sets: list[str], steps: int,
           warmup: int, rewarm: int):
-    """A contestant's process (`common.Side`): `warmup` untimed steps (the compile) once, then
-    per run `rewarm` untimed steps and `steps` timed ones."""
-    step = _step(kind, case, dtype, folder, sets)
+    """A contestant's process (`common.Side`): `warmup` untimed steps once, then per run
+    `rewarm` untimed steps and `steps` timed ones."""
+    step = (transformers_step(Path(folder), dtype) if kind == "transformers"
+            else vit_step(case, sets, Path(folder), dtype))
     _, losses = timed(step, warmup)
     first = [losses[0] if losses else None]
 
@@ -162,14 +143,12 @@ def serve(kind: str, case: str, dtype: str, folder: str, sets: list[str], steps:
 
 
 def peak_rss_bytes() -> int:
-    """This process's peak resident set so far (host memory, whatever allocated it)."""
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return int(peak if sys.platform == "darwin" else peak * 1024)  # Linux counts KiB
 
 
 def environment(kind: str) -> dict:
-    """A contestant's environment: ours as the `vit` command gives itself (huge pages for
-    XLA's scratch memory), transformers' and the plain-malloc variant as it is."""
+    """Ours as the `vit` command sets it (huge pages); transformers' and plain-malloc's as is."""
     from vit.cpu import huge_pages, xla_options
 
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
@@ -181,8 +160,7 @@ def environment(kind: str) -> dict:
 
 
 def contestant(kind: str, dtype: str, case: str, folder: Path, args, kept: bool):
-    """A contestant's process, compiled and warmed up. One kept alive for many runs pauses
-    before each (the other's idle threads stop spinning) and starts each with an untimed step."""
+    """A contestant's process, warmed up; one `kept` for many runs settles and rewarms first."""
     return common.Side("benchmarks.train:serve", {
         "kind": "transformers" if kind == "transformers" else "vit", "case": case,
         "dtype": dtype, "folder": str(folder), "sets": args.set, "steps": args.steps,
@@ -191,8 +169,7 @@ def contestant(kind: str, dtype: str, case: str, folder: Path, args, kept: bool)
 
 
 def measure(case: str, folder: Path, args) -> dict:
-    """Every (library, dtype) once per round, the order reversed every other round: each run a
-    fresh process, or with `--interleave` each contestant's one process, all alive at once."""
+    """Every (library, dtype) once per round, the order reversed every other round."""
     contestants = [(kind, dtype) for dtype in args.dtype for kind in ("vit", "transformers")]
     variants = [kind for kind, (_, flag) in VARIANTS.items() if getattr(args, flag)]
     contestants += [(kind, dtype) for kind in variants for dtype in args.dtype]
@@ -213,21 +190,21 @@ def measure(case: str, folder: Path, args) -> dict:
         side.close()
     result = {"case": case, "model": case.split(":")[0], "batch": int(case.split(":")[1])}
     for dtype in args.dtype:
-        vit, tf = runs["vit", dtype], runs["transformers", dtype]
+        sides = {k: runs[k, dtype] for k in ("vit", "transformers")}
+        vit, tf = sides.values()
+
+        def each(f, sides=sides):
+            return {k: f(v) for k, v in sides.items()}
+
         ratios = [t["median_step_s"] / v["median_step_s"] for v, t in zip(vit, tf, strict=True)]
         result[dtype] = {
-            "median_step_s": {"vit": [x["median_step_s"] for x in vit],
-                              "transformers": [x["median_step_s"] for x in tf]},
-            "step_times_s": {"vit": [x["times"] for x in vit],
-                             "transformers": [x["times"] for x in tf]},
-            "untimed_step_times_s": {"vit": [x.get("rewarm_times", []) for x in vit],
-                                     "transformers": [x.get("rewarm_times", []) for x in tf]},
-            "ratio_transformers_over_vit": ratios,
-            "median_ratio": statistics.median(ratios),
-            "peak_rss_bytes": {"vit": max(x["peak_rss_bytes"] for x in vit),
-                               "transformers": max(x["peak_rss_bytes"] for x in tf)},
-            "loss_first": {"vit": vit[0]["loss_first"], "transformers": tf[0]["loss_first"]},
-            "loss_last": {"vit": vit[0]["loss_last"], "transformers": tf[0]["loss_last"]},
+            "median_step_s": each(lambda v: [x["median_step_s"] for x in v]),
+            "step_times_s": each(lambda v: [x["times"] for x in v]),
+            "untimed_step_times_s": each(lambda v: [x.get("rewarm_times", []) for x in v]),
+            "ratio_transformers_over_vit": ratios, "median_ratio": statistics.median(ratios),
+            "peak_rss_bytes": each(lambda v: max(x["peak_rss_bytes"] for x in v)),
+            "loss_first": each(lambda v: v[0]["loss_first"]),
+            "loss_last": each(lambda v: v[0]["loss_last"]),
             "loss_last_relative_difference": abs(vit[0]["loss_last"] / tf[0]["loss_last"] - 1)}
         for kind in variants:
             other = [x["median_step_s"] for x in runs[kind, dtype]]
@@ -236,7 +213,6 @@ def measure(case: str, folder: Path, args) -> dict:
                                                 "median_ratio": statistics.median(gains),
                                                 "loss_last": runs[kind, dtype][0]["loss_last"]}
     if "float32" in args.dtype and "bfloat16" in args.dtype:
-        # Our own bfloat16 step against our float32 step, round by round.
         ours = [f["median_step_s"] / b["median_step_s"] for f, b in
                 zip(runs["vit", "float32"], runs["vit", "bfloat16"], strict=True)]
         result["vit_float32_over_bfloat16"] = ours
@@ -247,33 +223,21 @@ def measure(case: str, folder: Path, args) -> dict:
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks train",
                                      description=__doc__.splitlines()[0])
-    parser.add_argument("--case", action="append", metavar="MODEL:BATCH",
-                        help=f"model and batch size, repeatable (default: {' and '.join(CASES)})")
+    parser.add_argument("--case", action="append", metavar="MODEL:BATCH", help=str(CASES))
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=3, help="timed steps per run")
-    parser.add_argument("--warmup", type=int, default=1, help="untimed steps (compile) per run")
-    parser.add_argument("--dtype", action="append", choices=("float32", "bfloat16"),
-                        help="compute dtype, repeatable (default: float32, and bfloat16 on a "
-                             "CPU with bfloat16 arithmetic); "
-                             "transformers' side runs the same (its model cast to bfloat16)")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="a recipe override, as `vit train --set`")
-    parser.add_argument("--jax-defaults", action="store_true",
-                        help="also time ours compiled with jax's default XLA:CPU options "
-                             "(VIT_XLA_DOTS=0), in the same run")
-    parser.add_argument("--plain-malloc", action="store_true",
-                        help="also time ours without the huge-page tunable the `vit` command "
-                             "sets (what it gains)")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed steps per run")
+    parser.add_argument("--dtype", action="append", choices=("float32", "bfloat16"))
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--jax-defaults", action="store_true", help="also ours, jax's options")
+    parser.add_argument("--plain-malloc", action="store_true", help="also ours, no huge pages")
     parser.add_argument("--interleave", action="store_true",
-                        help="keep every contestant's process alive (compiled once) and "
-                             "alternate their runs round by round: many short rounds, so the "
-                             "host's drift between minutes cancels out of each round's ratio")
-    parser.add_argument("--out", default=None, help="record path (default benchmarks/records/)")
+                        help="keep every contestant's process alive between rounds")
+    parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     cases = args.case or list(CASES)
     if not args.dtype:
-        # Without bfloat16 arithmetic torch's bfloat16 step is emulated and takes many times
-        # the float32 one: asked for by name only there.
+        # Without bfloat16 arithmetic torch's bfloat16 is emulated: only when asked for.
         bf16 = common.cpu().get("bfloat16_arithmetic")
         args.dtype = ["float32", "bfloat16"] if bf16 else ["float32"]
         if args.dtype == ["float32"]:
