@@ -1,8 +1,5 @@
 """`python -m benchmarks MODE [options]`: one benchmark per mode, each writing its record to
-`benchmarks/records/`; `python -m benchmarks MODE --help` lists a mode's options. A mode's
-module is imported only when it runs, so a mode whose peer library is not installed does not
-stop the others.
-"""
+`benchmarks/records/`; a mode's module is imported only when it runs."""
 
 from __future__ import annotations
 

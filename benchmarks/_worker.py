@@ -1,13 +1,5 @@
-"""The process a contestant runs in (`common.run_side`, `common.Side`):
-
-    python -m benchmarks._worker package.module:function ARGS.json RESULT.json
-    python -m benchmarks._worker --serve package.module:function ARGS.json FOLDER
-
-The first calls `function(**ARGS)` and writes the dict it returns to RESULT.json. `--serve`
-calls it once for a run function, writes FOLDER/ready.json, then for each JSON line on stdin
-({"name", "request"}) writes FOLDER/<name>.json of `run(**request)` and prints the name. A
-result goes through a temporary name, so a crash leaves none.
-"""
+"""A contestant's process: `_worker TARGET ARGS.json RESULT.json` writes `TARGET(**ARGS)`;
+`--serve` writes FOLDER/ready.json, then FOLDER/NAME.json of `run(**request)` per stdin line."""
 
 from __future__ import annotations
 

@@ -1,11 +1,5 @@
-"""How far `--dtype bfloat16` moves a trained model's predictions from float32's, on the 360 test
-digits: top-1 agreement and the largest probability difference, bfloat16 against float32 and
-each against transformers float32 (where a Hugging Face folder can hold the model), and
-float32's top-2 margins. The models: `--checkpoint` and ViT-Ti/16's layout (patch 2) trained
-here on the digits recipe.
-
-    python -m benchmarks agreement [--checkpoint runs/record_demo] [--steps 400] [--workdir DIR]
-"""
+"""How far `--dtype bfloat16` moves trained models' predictions from float32's (and each from
+transformers'), on the test digits: `--checkpoint` and a ViT-Ti/16 layout trained here."""
 
 from __future__ import annotations
 
@@ -23,7 +17,6 @@ TI_LAYOUT = {"model.width": 192, "model.depth": 12, "model.num_heads": 3, "model
 
 
 def test_digits(pre) -> tuple[np.ndarray, np.ndarray]:
-    """The test split through the checkpoint's own preprocessing (what `vit predict` does)."""
     from PIL import Image
 
     from vit.data import open_source
@@ -83,12 +76,10 @@ def measure(path, name: str) -> dict:
 
 
 def train_ti(workdir: Path, steps: int) -> dict:
-    """`vit train` on the digits recipe with ViT-Ti/16's layout; returns what it did."""
     sets = {**TI_LAYOUT, "train.steps": steps, "train.eval_every": steps,
             "train.checkpoint_every": steps, "optim.lr": 1e-3,
             "optim.warmup_steps": max(1, steps // 10),
-            # Twelve blocks learn too slowly under the demo's shifts, rotations and zooms to
-            # reach a decided model in minutes on a CPU: clean images.
+            # Clean images: twelve blocks learn too slowly under the demo's augmentation.
             "input.shift": 0.0, "input.rotate": 0.0, "input.scale": 0.0}
     run = common.vit_train("configs/digits.py", workdir, [f"{k}={v}" for k, v in sets.items()])
     return {"recipe": "configs/digits.py", "overrides": sets, "steps": steps,
@@ -99,10 +90,9 @@ def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks agreement",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--checkpoint", help="a trained checkpoint taking 8x8 digits")
-    parser.add_argument("--steps", type=int, default=400,
-                        help="training steps of the Ti-layout model (minutes on a CPU)")
+    parser.add_argument("--steps", type=int, default=400, help="the Ti-layout model's steps")
     parser.add_argument("--workdir", help="where to train it (default: a temporary folder)")
-    parser.add_argument("--out", default=None, help="record path (default benchmarks/records/)")
+    parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     results = []
@@ -130,7 +120,6 @@ def table(r: dict) -> list[str]:
                      f"largest {peer['float32_vs_transformers']['max_prob_error']:.1e}"
                      if "skipped" not in peer else
                      "not measured: " + peer["skipped"].split(":")[0])
-        # A checkpoint the benchmark was given is named by its path; one it trained, by name.
         name = res["name"] if res["checkpoint"].startswith("(") else f"`{res['checkpoint']}`"
         rows.append([f"{name} (width {lay['width']}, {lay['depth']} blocks, "
                      f"`{lay['classifier']}` head)",

@@ -1,15 +1,5 @@
-"""Attention on an accelerator: our kernel against jax's own attention, alone and in `vit
-train`'s step; the benchmark step of scripts/gpu_check.sh.
-
-    python -m benchmarks attention [--out DIR] [--budget-s S] [--quick] [--dry-run]
-
-DIR/bench_attention.json (default benchmarks/gpu/), written as each section ends: `attention`
-(TFLOP/s of ours, cuDNN, XLA and jax's Pallas `mha`, forward and forward+backward) and
-`train_step` (a ViT-B/16 bfloat16 step per attention path: images/s and MFU). A row is "ok",
-"failed" or "skipped" (the time budget ran out); the exit code is 1 if any row failed, else 3 if
-any was skipped, else 0. --quick: the seq-577 attention rows only; --dry-run: tiny shapes in
-Pallas interpret mode, so a CPU proves the script runs.
-"""
+"""Attention on an accelerator: our kernel against jax's own, alone and in `vit train`'s step
+(scripts/gpu_check.sh); exit 1 if a row failed, 3 if the time budget skipped one."""
 
 from __future__ import annotations
 
@@ -66,8 +56,7 @@ def attention_impls(interpret: bool) -> dict:
 
 
 def _guarded(row: dict, measure, end: float, min_left_s: float = 0.0) -> dict:
-    """`row` with what `measure()` gives (and status "ok"), or "skipped" with at most
-    `min_left_s` left before `end` (time.monotonic), or "failed" with the error it raised."""
+    """`row` with `measure()`'s figures ("ok"), "skipped" (the budget) or "failed"."""
     if end - time.monotonic() <= min_left_s:
         return {**row, "status": "skipped", "reason": "time budget"}
     try:
@@ -78,8 +67,7 @@ def _guarded(row: dict, measure, end: float, min_left_s: float = 0.0) -> dict:
 
 
 def attention_bench(dry_run: bool, quick: bool, iters: int, end: float) -> list[dict]:
-    """Forward and forward+backward rows (ms, TFLOP/s) per attention function and shape: seq 577
-    first (ViT-B/16 at 384 px; --quick measures it alone), 12 heads (ViT-B) and 16 (ViT-L)."""
+    """Forward and forward+backward rows (ms, TFLOP/s) per attention function and shape."""
     impls = attention_impls(interpret=jax.default_backend() == "cpu")
     shapes = [(1, 50, 2, 64)] if dry_run else [
         (128, seq, heads, 64) for seq in ((577,) if quick else (577, 197)) for heads in (12, 16)]
@@ -109,8 +97,7 @@ def attention_bench(dry_run: bool, quick: bool, iters: int, end: float) -> list[
 
 
 def _train_step_time(impl: str, batch: int, image_size: int, overrides: dict, iters: int):
-    """Seconds per `vit train` step on ViT-B/16 (bfloat16, AdamW) and the first step's
-    compile+run seconds; the batch is put on the devices once."""
+    """Seconds per ViT-B/16 bfloat16 `vit train` step, and the first step's."""
     import numpy as np
 
     sets = [*train_step.ADAMW, "model.name=B/16", "model.dtype=bfloat16",
@@ -131,7 +118,6 @@ def _train_step_time(impl: str, batch: int, image_size: int, overrides: dict, it
 
 
 def _dispatch(impl: str, batch: int, config) -> str:
-    """Which backend the model's attention dispatcher picks for this request, and why."""
     try:
         from vit.ops.attention import choose_impl
 
@@ -143,21 +129,16 @@ def _dispatch(impl: str, batch: int, config) -> str:
 
 
 def train_bench(dry_run: bool, iters: int, end: float, min_left_s: float) -> dict:
-    """One row per attention path; a row starts only with `min_left_s` of the budget left (a
-    ViT-B/16 step compiles for tens of seconds), else it is skipped."""
+    """One row per attention path, each started only with `min_left_s` of the budget left."""
     batch, image_size = (2, 32) if dry_run else (256, 224)
-    # Dry run: a one-layer toy with ViT-B/16's structure, so CI stays fast.
     overrides = dict(width=64, depth=1, mlp_dim=128, num_heads=2) if dry_run else {}
     runs = []
-    # On CPU "cudnn" falls back to "xla": the dry run skips compiling the same step twice.
     for impl in ("pallas", "xla") if dry_run else ("pallas", "cudnn", "xla"):
         def measure(impl=impl):
             try:
                 seconds, first_step_s, config = _train_step_time(
                     impl, batch, image_size, overrides, iters)
-            except ModuleNotFoundError as exc:
-                # The training step reads its recipe (ml_collections) and builds its state with
-                # the data stack (grain); a host with only the model's dependencies skips it.
+            except ModuleNotFoundError as exc:  # a host with the model's dependencies only
                 return {"status": "skipped", "reason": f"needs {exc.name}, which training "
                         "uses; install the package's full dependencies"}
             return {"step_ms": seconds * 1e3, "images_per_s": batch / seconds,
@@ -172,7 +153,6 @@ def train_bench(dry_run: bool, iters: int, end: float, min_left_s: float) -> dic
 
 
 def status(result: dict) -> dict:
-    """Rows per status; a training section that failed as a whole counts as one failure."""
     counts = {"ok": 0, "failed": int("error" in result.get("train_step", {})), "skipped": 0}
     for row in [*result.get("attention", []), *result.get("train_step", {}).get("runs", [])]:
         counts[row["status"]] += 1
@@ -180,7 +160,6 @@ def status(result: dict) -> dict:
 
 
 def exit_code(status: dict) -> int:
-    """1 if any row failed, else 3 if the time budget skipped any, else 0."""
     return 1 if status["failed"] else 3 if status["skipped"] else 0
 
 
@@ -189,12 +168,10 @@ def main(argv: list[str]) -> int:
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=str(common.ROOT / "benchmarks" / "gpu"),
                         help="results directory")
-    parser.add_argument("--dry-run", action="store_true",
-                        help="tiny shapes in interpret mode (CPU CI)")
+    parser.add_argument("--dry-run", action="store_true", help="tiny shapes, interpret mode")
     parser.add_argument("--quick", action="store_true", help="the seq-577 attention rows only")
     parser.add_argument("--iters", type=int, default=None, help="timed calls per repetition")
-    parser.add_argument("--budget-s", type=float, default=300,
-                        help="stop starting new measurements after this many seconds")
+    parser.add_argument("--budget-s", type=float, default=300, help="seconds to start rows in")
     args = parser.parse_args(argv)
     iters = args.iters or (1 if args.dry_run else 10)
     end = time.monotonic() + args.budget_s
@@ -208,7 +185,6 @@ def main(argv: list[str]) -> int:
         common.write_record("bench_attention", result, argv=argv, mode="attention",
                             out=out_dir / "bench_attention.json")
 
-    # The attention rows get 0.55 of the budget without --quick; the training step the rest.
     share = 1.0 if args.quick else 0.55
     result["attention"] = attention_bench(
         args.dry_run, args.quick, iters, time.monotonic() + (end - time.monotonic()) * share)

@@ -1,11 +1,5 @@
-"""The share of `vit train`'s wall time spent waiting for the input pipeline (`data_wait` in
-metrics.jsonl; the median after the first window, which holds the compile), on the digits
-recipe and on 400 generated 320x240 JPEGs (Ti/16, 96 px, float32: a small model makes the
-data's share as large as it gets), with the rate of the pipeline alone. Target: at most five
-percent.
-
-    python -m benchmarks data_wait [--digits-steps 300] [--folder-steps 60] [--out FILE]
-"""
+"""The share of `vit train`'s wall time spent waiting for input (`data_wait`), on the digits
+recipe and on generated JPEGs, with the pipeline's rate alone. Target: at most five percent."""
 
 from __future__ import annotations
 
@@ -50,7 +44,6 @@ def train(recipe: str, workdir: Path, steps: int, sets: list[str]) -> dict:
 
 
 def pipeline_rate(recipe: str, sets: list[str], batches: int = 15) -> float:
-    """Images/s the training pipeline delivers with no model behind it."""
     from vit.data import open_source, train_iterator
     from vit.recipes.load import load_config
     from vit.recipes.model_fields import model_field_types
@@ -73,7 +66,7 @@ def main(argv: list[str]) -> None:
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--digits-steps", type=int, default=300)
     parser.add_argument("--folder-steps", type=int, default=60)
-    parser.add_argument("--out", default=None, help="record path (default benchmarks/records/)")
+    parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
@@ -87,7 +80,6 @@ def main(argv: list[str]) -> None:
         runs["folder"]["overrides"] = ["data.name=<400 generated 320x240 JPEGs>", *FOLDER_SETS]
     common.write_record("data_wait", {"target": "data_wait <= 0.05", "runs": runs}, argv=argv,
                         out=args.out)
-
 
 
 def table(r: dict) -> list[str]:

@@ -1,9 +1,5 @@
-"""XLA's compiled memory (its buffer assignment: nothing runs) of `explain` for `rollout` and
-`relevancy` on ViT-L/14 at 518 px, against keeping every layer's attention and its gradient,
-at several batch sizes (the per-image cost and the fixed part apart).
-
-    python -m benchmarks explain [--model L/14] [--image-size 518]
-"""
+"""XLA's compiled memory of `explain` (`rollout`, `relevancy`) on ViT-L/14 at 518 px against
+keeping every layer's attention, at several batch sizes; nothing runs."""
 
 from __future__ import annotations
 
@@ -49,7 +45,7 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--model", default="L/14")
     parser.add_argument("--image-size", type=int, default=518)
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 2, 4])
-    parser.add_argument("--out", default=None, help="record path (default benchmarks/records/)")
+    parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     import jax
     import numpy as np
@@ -65,8 +61,7 @@ def main(argv: list[str]) -> None:
     results = {}
     for what in ("rollout", "relevancy", "keep-every-layer"):
         rows = [compiled_bytes(model, b, args.image_size, what) for b in args.batches]
-        # XLA's buffer assignment is not linear in the batch (at small batches it can even
-        # shrink), so the fit over the batch sizes is a guide; the totals are the figures.
+        # A guide only: XLA's buffer assignment is not linear in the batch.
         slope, intercept = np.polyfit([r["batch"] for r in rows],
                                       [r["total_gb"] for r in rows], 1)
         results[what] = {"compiled": rows,

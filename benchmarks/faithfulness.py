@@ -1,9 +1,5 @@
 """Deletion and insertion AUC of every map method (and a random ranking) on the demo's digits
-model, by substrate and step count, via `vit explain-eval --json` run in-process. The headline
-is the `mean` substrate at 16 steps; the other rows are the sensitivity checks.
-
-    python -m benchmarks faithfulness [--checkpoint runs/record_demo] [--limit N]
-"""
+model by substrate and step count, via `vit explain-eval --json` in-process."""
 
 from __future__ import annotations
 
@@ -38,8 +34,7 @@ def explain_eval(argv: list[str]) -> dict:
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks faithfulness",
                                      description=__doc__.splitlines()[0])
-    parser.add_argument("--checkpoint", default="runs/record_demo",
-                        help="relative to the repository root")
+    parser.add_argument("--checkpoint", default="runs/record_demo")
     parser.add_argument("--limit", type=int, default=None, help="images (default: all 360)")
     parser.add_argument("--out", default=str(common.record_path("faithfulness")))
     args = parser.parse_args(argv)
@@ -78,7 +73,6 @@ def main(argv: list[str]) -> None:
 
 
 def auc_cells(result: dict) -> list[str]:
-    """The area with its interval, and the difference from random with its interval."""
     vs = result["vs_random"]
     return [f"{result['auc']:.3f} [{result['ci95'][0]:.3f}, {result['ci95'][1]:.3f}]",
             f"{vs['mean']:+.3f} [{vs['ci95'][0]:+.3f}, {vs['ci95'][1]:+.3f}]"]

@@ -1,11 +1,5 @@
-"""Inference speed: our ViT (float32 and bfloat16, compiled as `vit predict` compiles it) against
-transformers' in float32 and bfloat16, from one Hugging Face folder of random weights
-(`peers.save_random`); each side a process of its own, the order rotated round by round, each
-claim the median of the per-round ratios. `--baseline DIR`: our float32 model from an export of
-an older commit (`git archive REV | tar -x -C runs/before`), timed in the same rounds.
-
-    python -m benchmarks inference [--rounds 3] [--iters 8] [--baseline DIR] [--out FILE]
-"""
+"""Inference speed: our ViT as `vit predict` compiles it against transformers', float32 and
+bfloat16, from one folder of random weights, each side in its own process, rounds rotated."""
 
 from __future__ import annotations
 
@@ -41,7 +35,6 @@ def side_hf(checkpoint: str, dtype: str, batch: int, image_size: int, iters: int
 
 
 def run(kind: str, args, folder: str) -> float:
-    """Images/s of contestant `kind`, from its own process."""
     timing = common.run_side(
         f"benchmarks.inference:{'side_hf' if kind.startswith('hf') else 'side_ours'}",
         {"checkpoint": os.path.join(folder, "model"), "batch": args.batch,
@@ -61,7 +54,7 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", default=None, help="record path (default benchmarks/records/)")
     parser.add_argument("--baseline", default=None, metavar="DIR",
-                        help="also time our float32 model from this copy (an earlier commit)")
+                        help="also our float32 model from this copy of an earlier commit")
     args = parser.parse_args(argv)
     kinds = ["ours_float32", "ours_bfloat16", *(["baseline"] if args.baseline else []), "hf",
              "hf_bfloat16"]

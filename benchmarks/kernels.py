@@ -1,11 +1,5 @@
-"""Registers, spills and shared memory of our flash-attention kernels on an NVIDIA target (sm_90
-by default), found on any host: JAX lowers the forward, dK/dV and dQ kernels to Triton IR and
-pip's `triton` compiles it; ptxas reports. Every length of --seqs with its own tiles, then with
-`kv_len`. Exits 1 when a kernel needs more shared memory than the target has or a 16-bit kernel
-spills. Indicative of fit, not of speed: XLA's own Triton compiles them on a real GPU.
-
-    python -m benchmarks kernels [--head-dims 32 64 128] [--seqs 197 577] [--out DIR]
-"""
+"""Registers, spills and shared memory of our flash-attention kernels compiled for an NVIDIA
+target (sm_90 by default) on any host by pip's triton and ptxas; exit 1 when one does not fit."""
 
 from __future__ import annotations
 
@@ -27,9 +21,8 @@ import jax.numpy as jnp
 from benchmarks import common, tables
 
 KERNELS = ("flash_attention_fwd", "flash_attention_dkv", "flash_attention_dq")
-# Largest shared memory one block may use, by compute capability (CUDA programming guide).
+# Largest shared memory of one block by compute capability; a device kind per target.
 MAX_SHARED = {80: 163 * 1024, 86: 99 * 1024, 89: 99 * 1024, 90: 227 * 1024}
-# An abstract device names the target when the host has no GPU (jax >= 0.11 reads it).
 DEVICE_KIND = {80: "NVIDIA A100", 86: "NVIDIA A10", 89: "NVIDIA L4", 90: "NVIDIA H100"}
 
 
@@ -82,11 +75,10 @@ def _target(capability: int):
 
 
 def compile_resources(ir: str, capability: int, warps: int, stages: int) -> dict:
-    """Compiles Triton IR with pip's triton; shared memory from triton, registers from ptxas."""
     import triton
     from triton.backends.compiler import GPUTarget
 
-    os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # silences a 3.9 notice; the default
+    os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # the default; silences a notice
     with tempfile.TemporaryDirectory() as tmp:
         path = pathlib.Path(tmp, "kernel.ttir")
         path.write_text(ir)
@@ -99,14 +91,11 @@ def compile_resources(ir: str, capability: int, warps: int, stages: int) -> dict
         report = _ptxas_report(ptx, capability)
     registers = int(re.search(r"Used (\d+) registers", report).group(1))
     spills = int(re.search(r"(\d+) bytes spill stores", report).group(1))
-    # Hopper's warpgroup MMA: whether the tiles let Triton use the fast tensor-core path.
-    wgmma = "wgmma.mma_async" in kernel.asm["ptx"]
     return dict(registers=registers, spill_bytes=spills, shared_bytes=int(kernel.metadata.shared),
-                wgmma=wgmma)
+                wgmma="wgmma.mma_async" in kernel.asm["ptx"])
 
 
 def _ptxas_report(ptx: pathlib.Path, capability: int) -> str:
-    """`ptxas -v` output from the first ptxas bundled with triton that accepts this PTX."""
     import triton
 
     arch = f"sm_{capability}a" if capability >= 90 else f"sm_{capability}"
@@ -142,7 +131,7 @@ def measure(head_dims, dtypes, seqs, capability: int) -> list[dict]:
                         row.update(compile_resources(irs[name], capability, row["warps"],
                                                      row["stages"]))
                         fits = row["shared_bytes"] <= MAX_SHARED[capability]
-                        # Spills cost speed, not correctness: flagged for the 16-bit fast path.
+                        # Spills cost speed only: flagged for 16-bit kernels.
                         row["ok"] = fits and (row["spill_bytes"] == 0 or dtype_name == "float32")
                     except Exception as exc:  # recorded; the other kernels still report
                         row.update(ok=False, error=f"{type(exc).__name__}: {exc}"[:400])
@@ -152,8 +141,7 @@ def measure(head_dims, dtypes, seqs, capability: int) -> list[dict]:
 
 
 def readme_table(rows: list[dict], dtype: str = "bfloat16", head_dims=(64, 128)) -> list[str]:
-    """One line per head_dim (ViT-S/B/L's 64, and 128) and length, without kv_len: each kernel's
-    tile, warps, registers and shared memory (the record holds every row)."""
+    """Per head_dim and length, without kv_len: each kernel's tile, warps, registers, memory."""
     cells: dict = {}
     for r in rows:
         if (r["dtype"] == dtype and not r["kv_len"] and "error" not in r
@@ -186,17 +174,14 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--head-dims", type=int, nargs="+", default=[32, 64, 128, 256])
     parser.add_argument("--dtypes", nargs="+", default=["bfloat16", "float32"],
                         choices=["bfloat16", "float16", "float32"])
-    parser.add_argument("--seqs", type=int, nargs="+", default=[197, 577, 1025, 50, 257],
-                        help="sequence lengths (ViT-B/16 at 224, 384, 512 px; B/32; B/14)")
-    parser.add_argument("--capability", type=int, default=90, choices=sorted(MAX_SHARED),
-                        help="CUDA compute capability to compile for (90: H100/H200)")
+    parser.add_argument("--seqs", type=int, nargs="+", default=[197, 577, 1025, 50, 257])
+    parser.add_argument("--capability", type=int, default=90, choices=sorted(MAX_SHARED))
     parser.add_argument("--out", default=str(common.RECORDS), help="results directory")
     args = parser.parse_args(argv)
     try:
-        import triton  # noqa: F401  (checked before any work)
+        import triton  # noqa: F401
     except ImportError:
-        print("kernel_resources: needs pip's triton; install it with `pip install triton`",
-              file=sys.stderr)
+        print("kernels: needs pip's triton (`pip install triton`)", file=sys.stderr)
         return 2
     rows = measure(args.head_dims, args.dtypes, args.seqs, args.capability)
     cells = readme_table(rows)

@@ -1,7 +1,5 @@
-"""The PyTorch peers the benchmarks measure against: transformers' `ViTForImageClassification`
-(its default attention, SDPA), torch with a thread per core. Each side runs in a process of its
-own (`common.run_side`), so torch's threads and allocator never share one with XLA's.
-"""
+"""The PyTorch peers: transformers' `ViTForImageClassification` (default attention), torch with
+a thread per core, each run in its own process (`common.run_side`)."""
 
 from __future__ import annotations
 
@@ -13,8 +11,7 @@ import numpy as np
 
 
 def load(folder: str | Path, dtype: str = "float32", *, train: bool = False):
-    """A Hugging Face ViT folder as transformers' model, in `dtype` (bfloat16: the model cast
-    with `.to(torch.bfloat16)`, weights too, as people run torch in bfloat16)."""
+    """A Hugging Face ViT folder as transformers' model, in `dtype` (cast with `.to`)."""
     import torch
     from transformers import ViTForImageClassification
 
@@ -32,26 +29,20 @@ def pixels(images: np.ndarray, dtype=None):
     return x.to(dtype) if dtype is not None else x
 
 
-def probabilities(model, images: np.ndarray, *, batch: int | None = None,
-                  float64: bool = True) -> np.ndarray:
-    """Softmax over `images` (NHWC), `batch` at a time (default all), in float64 or float32."""
+def probabilities(model, images: np.ndarray) -> np.ndarray:
+    """Softmax over `images` (NHWC), in float64."""
     import torch
 
-    batch, dtype = batch or len(images), torch.float64 if float64 else torch.float32
     with torch.inference_mode():
-        return torch.cat([torch.softmax(model(pixel_values=pixels(
-            images[i:i + batch], model.dtype)).logits.to(dtype), -1)
-            for i in range(0, len(images), batch)]).numpy()
+        logits = model(pixel_values=pixels(images, model.dtype)).logits
+        return torch.softmax(logits.to(torch.float64), -1).numpy()
 
 
 def save_random(folder: str | Path, *, variant: str | None = None, image_size: int = 224,
                 processor: bool = False) -> None:
-    """A `ViTForImageClassification` with random weights (torch seed 0), saved to `folder`:
-    transformers' default ViTConfig (ViT-B/16 at 224 px, its own initialisation), or the
-    layout of `variant` (a vit model name) with variance-preserving weights: every matrix
-    N(0, 1/fan_in), vectors and LayerNorms perturbed by N(0, 0.3^2), which stays decided at
-    depth 12 where every tensor at N(0, 0.3^2) gives one-hot attention that rounding flips.
-    `processor`: its `ViTImageProcessor` too, for the pipeline."""
+    """A random `ViTForImageClassification` (seed 0) saved to `folder`: transformers' default
+    ViT-B/16, or `variant`'s layout with variance-preserving weights (matrices N(0, 1/fan_in),
+    vectors N(base, 0.3^2)); `processor`: its `ViTImageProcessor` too."""
     import torch
     import transformers
 
@@ -80,8 +71,7 @@ def save_random(folder: str | Path, *, variant: str | None = None, image_size: i
 
 
 def adamw(model, *, lr: float, b1: float, b2: float, weight_decay: float):
-    """torch's AdamW decaying the weight matrices only, as `vit.training.optim`'s mask does
-    (not biases, norms, position embeddings or the class token)."""
+    """torch's AdamW decaying the weight matrices only, as `vit.training.optim` does."""
     import torch
 
     params = dict(model.named_parameters())
@@ -94,8 +84,7 @@ def adamw(model, *, lr: float, b1: float, b2: float, weight_decay: float):
 
 
 def update(model, opt, images, labels, *, label_smoothing: float, clip: float | None):
-    """One training step of a PyTorch user: forward, cross-entropy with label smoothing,
-    backward, global-norm clipping, the optimiser's step. -> (logits in float32, loss)."""
+    """One PyTorch training step with label smoothing and clipping: (float32 logits, loss)."""
     import torch
 
     opt.zero_grad(set_to_none=True)
@@ -112,10 +101,8 @@ def train_classifier(*, dataset: str, steps: int, batch: int, lr: float, warmup:
                      weight_decay: float, clip: float, label_smoothing: float, shift: float,
                      rotate: float, config_file: str, init: str | None, out_dir: str,
                      workers: int = 2) -> dict:
-    """The PyTorch user's training script on one of `vit.data.real_sets` (28x28 grey, as RGB):
-    transformers' ViT (from `init`, else fresh from `config_file`), `adamw`, warmup-cosine,
-    clipping, label smoothing and `random_affine` shifts in a DataLoader's workers; then the
-    test split and a save. -> test accuracy and where the time went."""
+    """A PyTorch user's training script on a `vit.data.real_sets` set (from `init`, else fresh
+    from `config_file`), then the test split and a save: test accuracy and where time went."""
     t0 = time.perf_counter()
     import torch
     from transformers import ViTConfig, ViTForImageClassification, get_cosine_schedule_with_warmup

@@ -1,11 +1,5 @@
 """`vit predict` against the transformers image-classification pipeline on the same random
-ViT-B/16 (`peers.save_random`), the same JPEGs and batch: passes alternating pass by pass
-(`common.interleave`), and start-up (`predict_startup`): one image from process start to exit,
-cold, with JAX's compile cache alone and warm, against the pipeline's first prediction.
-
-    python -m benchmarks predict [--images 64] [--batch-size 16] [--repeats 3]
-        [--start-up-rounds 3]
-"""
+ViT-B/16 and JPEGs, passes interleaved; and one image's start-up (`predict_startup`)."""
 
 from __future__ import annotations
 
@@ -43,17 +37,8 @@ print(time.perf_counter() - start)
 
 
 def start_up(model: Path, image: Path, cache: Path, rounds: int) -> dict:
-    """Seconds from process start to exit for one image, median of `rounds`; each round starts
-    from an empty cache folder:
-
-    - cold: nothing cached (reads the checkpoint, traces, compiles, then stores the prepared
-      classifier and the compile);
-    - compile cache only: the prepared classifier deleted, JAX's compile kept (what the
-      persistent compilation cache alone gives);
-    - warm: both cached (the usual second run);
-    - transformers: a fresh process that builds `pipeline("image-classification")` and
-      classifies the same image.
-    """
+    """One image, process start to exit, median of `rounds` from an empty cache: cold, JAX's
+    compile cache only, warm, and transformers' pipeline in a fresh process."""
     import shutil
     import statistics
 
@@ -140,7 +125,6 @@ def main(argv: list[str]) -> None:
         "images_per_s": {k: n / s for k, s in best.items()},
         "ratio_vit_over_transformers": {k: best["transformers"] / s for k, s in best.items()
                                         if k != "transformers"},
-        # Each round's pair (same minutes of machine speed), then the median over rounds.
         "ratio_median_of_rounds": {
             k: float(np.median([t / o for t, o in zip(times["transformers"], v, strict=True)]))
             for k, v in times.items() if k != "transformers"},
@@ -152,7 +136,6 @@ def main(argv: list[str]) -> None:
 
 
 def table(r: dict) -> list[str]:
-    """`predict`: the steady state; `predict_startup`: the start-up."""
     num, lines = tables.num, []
     if r["benchmark"] == "predict":
         speed, median = r["images_per_s"], r["ratio_median_of_rounds"]

@@ -1,9 +1,4 @@
-"""The test suite's size and wall time: `./scripts/test.sh` (the default set) and, with
-`--all`, `.ci/run` (every test, the slow ones included), each run as a developer runs it (the
-virtual environment set up when it is missing), with the counts of pytest's summary line.
-
-    python -m benchmarks suite [--all]
-"""
+"""The test suite's size and wall time: `./scripts/test.sh`, and with `--all` `.ci/run`."""
 
 from __future__ import annotations
 
@@ -13,12 +8,10 @@ import re
 from benchmarks import common, tables
 
 COMMANDS = {"default": ["./scripts/test.sh"], "all": [".ci/run"]}
-# pytest's last line: "N passed, N skipped, N deselected in S.SSs (H:MM:SS)".
 COUNT = re.compile(r"(\d+) (passed|failed|skipped|deselected|errors?|xfailed|xpassed)")
 
 
 def summary(output: str) -> dict:
-    """The counts of pytest's summary line (the last line that has any)."""
     for line in reversed(output.splitlines()):
         counts = {kind.rstrip("s") if kind.startswith("error") else kind: int(n)
                   for n, kind in COUNT.findall(line)}
@@ -37,7 +30,7 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks suite",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--all", action="store_true", help="also .ci/run, the slow tests too")
-    parser.add_argument("--out", default=None, help="record path (default benchmarks/records/)")
+    parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     runs = [run(COMMANDS["default"]), *([run(COMMANDS["all"])] if args.all else [])]
     for r in runs:

@@ -1,9 +1,5 @@
-"""`vit train`'s training program for the benchmarks that time its step: `build` is
-`vit.training.program.build_program`, the one builder `vit train` itself runs, on a recipe
-(fresh weights from its seed, or its `init`). No data is read: `program.batch(images, labels)`
-makes the batch the pipeline would (one-hot targets, the recipe's label smoothing),
-`program.put` places it, and `program(batch)` runs one step.
-"""
+"""`vit train`'s own training program (`build_program`) for the benchmarks that time its step:
+`program.batch(images, labels)`, `program.put(batch)`, `program(batch)`; no data is read."""
 
 from __future__ import annotations
 
@@ -12,14 +8,12 @@ import numpy as np
 from benchmarks.common import ROOT
 
 RECIPE = ROOT / "configs" / "imagefolder.py"
-# What the timing benchmarks set on a recipe: AdamW at its full rate from the first step, so a
-# peer library's optimiser can run the same updates.
+# AdamW at its full rate from the first step, so a peer's optimiser runs the same updates.
 ADAMW = ("optim.name=adamw", "optim.lr=0.0001", "optim.weight_decay=0.05",
          "optim.warmup_steps=0", "optim.schedule=constant")
 
 
 def load_recipe(sets=(), path=RECIPE):
-    """The recipe at `path` with `--set` overrides, checked as `vit train` checks them."""
     from vit.commands.train import model_field_types
     from vit.recipes.load import load_config
 
@@ -27,8 +21,7 @@ def load_recipe(sets=(), path=RECIPE):
 
 
 def initial_weights(config, num_classes: int):
-    """The recipe's model with the weights `build`'s program starts from, as a
-    `LoadedCheckpoint` (to write for another library: the same seed gives the same weights)."""
+    """The weights `build`'s program starts from, as a `LoadedCheckpoint`."""
     from vit.checkpoints import LoadedCheckpoint
     from vit.checkpoints.tree import flatten, nest
     from vit.training.model import build_model
@@ -39,8 +32,6 @@ def initial_weights(config, num_classes: int):
 
 
 def build(config, num_classes: int):
-    """`vit train`'s program (`TrainProgram`) for `config` (a loaded recipe) with
-    `num_classes` classes; `--set train.micro_tokens=0` runs a CPU step's batch whole."""
     from vit.training.program import build_program
 
     return build_program(config, num_classes, init=config.get("init") or None)
