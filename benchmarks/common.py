@@ -30,9 +30,6 @@ class SideFailed(RuntimeError):
     """A contestant's process exited with an error; the message ends with its output."""
 
 
-# ------------------------------------------------------------------------------ processes
-
-
 def _side_env(env: dict | None, pythonpath: str | None) -> dict:
     """This environment with `env` on top and `pythonpath` (an older copy of vit) first."""
     full = {**os.environ, **(env or {})}
@@ -159,9 +156,6 @@ def our_forward(checkpoint: str | Path, dtype: str, example) -> Callable:
     forward = jax.jit(lambda s, x: jax.nn.softmax(nnx.merge(graphdef, s)(x), -1))
     compiled = compile_for_inference(forward.lower(state, example), dtype)
     return lambda images: compiled(state, images)
-
-
-# ---------------------------------------------------------------------------------- timing
 
 
 def _wait(result: Any) -> Any:

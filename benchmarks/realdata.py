@@ -1,27 +1,5 @@
-"""Training on real images, recorded: the shipped real-data recipes, and `vit train` side by side
-with transformers + torch on the same files.
-
-    python -m benchmarks realdata fashion --workdir runs/fashion        # fashion_mnist.json
-    python -m benchmarks realdata transfer --init runs/fashion          # mnist_transfer.json
-    python -m benchmarks realdata peer [--scratch-steps 300] [--tune-steps 150] [--out FILE]
-                                                                        # realdata_peer.json
-    python -m benchmarks realdata dryrun [--recipes NAME ... --merge]  # dry_run.json
-
-Every command runs as a user runs it (`common.run_cli`); where a `vit train`'s time went is
-read from the timings the run wrote into its metrics.jsonl (`vit.training.timings`).
-
-- `dryrun` runs `vit train --config NAME --dry-run` for every shipped recipe and keeps what
-  each printed: what was checked of the full-size recipes on this host.
-- `fashion` runs `vit train --config fashion_mnist`, sampling the machine's load while it runs,
-  then `vit eval --split test`.
-- `transfer` trains `mnist_transfer` from `--init` (the fashion_mnist workdir) and from
-  scratch, the same recipe, labels and steps, and records both test accuracies.
-- `peer` trains one architecture (HF_ARCH) with `vit train` and with transformers + torch
-  (`peers.train_classifier`, the recipe's optimiser, schedule, clipping, label smoothing, batch,
-  steps and shifts) on the same files: from scratch on Fashion-MNIST, then both fine-tune our
-  scratch weights (`vit convert --format hf`) on 500 MNIST digits. Each side is a whole command,
-  timed from launch to exit; the record names its host kind.
-"""
+"""Training on real images: the shipped recipes (`fashion`, `transfer`, `dryrun`), and `vit
+train` against transformers + torch on the same files (`peer`); docs/benchmarks.md says more."""
 
 from __future__ import annotations
 
@@ -30,7 +8,6 @@ import json
 import os
 import re
 import statistics
-import sys
 import tempfile
 import threading
 import time
@@ -49,10 +26,7 @@ HF_ARCH = ["model.classifier=token", "model.class_token=true", "model.width=128"
 
 
 def split_of_vit_run(workdir: Path, wall_s: float) -> dict:
-    """Where a `vit train` command's `wall_s` went, from the timings the run wrote into its
-    metrics.jsonl (`vit.training.timings`): the process's start-up and compile, each step's
-    own time, the final validation, the checkpoints with the exit (the last save finished, the
-    curves, the interpreter's exit after the run), and what is left (data waits, logging)."""
+    """Where a `vit train` command's `wall_s` went, from the run's own timings."""
     from vit.training.timings import run_timings
 
     t = run_timings(workdir / "metrics.jsonl")
@@ -71,7 +45,6 @@ def split_of_vit_run(workdir: Path, wall_s: float) -> dict:
 
 
 def with_load(fn, every_s: float = 10.0) -> tuple:
-    """`fn()`'s result and the 1-minute load averages sampled every `every_s` while it ran."""
     load, done = [], threading.Event()
 
     def sample():
@@ -83,9 +56,6 @@ def with_load(fn, every_s: float = 10.0) -> tuple:
         return fn(), load
     finally:
         done.set()
-
-
-# ----------------------------------------------------------------------------- recipes
 
 
 def fashion(args) -> dict:
@@ -136,11 +106,7 @@ def transfer(args) -> dict:
     return out
 
 
-# -------------------------------------------------------------------------- the peer
-
-
 def peer_sets(steps: int, warmup: bool) -> list[str]:
-    """The HF architecture on a recipe, validating on the test split once, at the end."""
     return HF_ARCH + [f"train.steps={steps}", "data.val_split=test",
                       f"train.eval_every={steps}", f"train.checkpoint_every={steps}",
                       f"train.log_every={max(steps // 10, 1)}", "train.eval_batch_size=256",
@@ -148,8 +114,6 @@ def peer_sets(steps: int, warmup: bool) -> list[str]:
 
 
 def ours(name: str, recipe: str, sets: list[str], workdir: Path, *, init=None) -> dict:
-    """One `vit train` side: the last validation's accuracy (the test split), the command's
-    wall time and where it went."""
     run = common.vit_train(recipe, workdir, sets, init=init)
     last = common.metrics(workdir, "validation")[-1]
     return {"side": name, "test_accuracy": round(last["accuracy"], 4), "wall_s": run["wall_s"],
@@ -157,8 +121,6 @@ def ours(name: str, recipe: str, sets: list[str], workdir: Path, *, init=None) -
 
 
 def theirs(cfg, dataset: str, steps: int, out_dir: Path, **model) -> dict:
-    """The transformers + torch side (`peers.train_classifier` in a process of its own), with
-    `cfg`'s optimiser, schedule and augmentation; `model`: its `config_file` or `init`."""
     start = time.perf_counter()
     result = common.run_side("benchmarks.peers:train_classifier", {
         "dataset": dataset, "steps": steps, "batch": cfg.train.batch_size, "lr": cfg.optim.lr,
@@ -278,15 +240,7 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
-
-
-# ------------------------------------------------------------------------------ tables
-
-
 def table(r: dict) -> list[str]:
-    """The docs' table of a record this mode writes (`python -m benchmarks tables`)."""
     name = r["benchmark"]
     return (peer_table if name.startswith("realdata_peer") else
             {"fashion_mnist": fashion_table, "mnist_transfer": transfer_table,
@@ -335,7 +289,7 @@ def dry_run_table(r: dict) -> list[str]:
                      memory.split(" = ")[0] + (" (fits)" if memory.endswith(": fits") else ""),
                      got["one step"].split(" (")[0]])
     earlier = []
-    if "earlier" in r:  # which entries a merged record took from the run it was merged with
+    if "earlier" in r:  # which entries a merged record kept from an earlier run
         new = [f"`{n}`" for n, e in r["recipes"].items() if "date_utc" in e]
         earlier = ["", f"{', '.join(new)}: the command below; the others: "
                        f"`{r['earlier']['command']}` on {r['earlier']['date_utc'][:10]}."]
