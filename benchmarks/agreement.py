@@ -3,7 +3,6 @@ transformers'), on the test digits: `--checkpoint` and a ViT-Ti/16 layout traine
 
 from __future__ import annotations
 
-import argparse
 import os
 import tempfile
 from pathlib import Path
@@ -87,12 +86,10 @@ def train_ti(workdir: Path, steps: int) -> dict:
 
 
 def main(argv: list[str]) -> None:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks agreement",
-                                     description=__doc__.splitlines()[0])
+    parser = common.parser("agreement", __doc__)
     parser.add_argument("--checkpoint", help="a trained checkpoint taking 8x8 digits")
     parser.add_argument("--steps", type=int, default=400, help="the Ti-layout model's steps")
     parser.add_argument("--workdir", help="where to train it (default: a temporary folder)")
-    parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     results = []

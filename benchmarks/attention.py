@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import argparse
 import functools
 import math
 import pathlib
@@ -164,10 +163,7 @@ def exit_code(status: dict) -> int:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks attention",
-                                     description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default=str(common.ROOT / "benchmarks" / "gpu"),
-                        help="results directory")
+    parser = common.parser("attention", __doc__, str(common.ROOT / "benchmarks" / "gpu"))
     parser.add_argument("--dry-run", action="store_true", help="tiny shapes, interpret mode")
     parser.add_argument("--quick", action="store_true", help="the seq-577 attention rows only")
     parser.add_argument("--iters", type=int, default=None, help="timed calls per repetition")

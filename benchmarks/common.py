@@ -3,6 +3,7 @@ one record writer (docs/benchmarks.md describes modes and records)."""
 
 from __future__ import annotations
 
+import argparse
 import importlib.metadata as md
 import json
 import os
@@ -107,6 +108,14 @@ def run_cli(command: list[str], *, env: dict | None = None, capture: bool = Fals
     return {"command": relative(shlex.join(command), strict=False), "wall_s": round(wall, 3),
             "returncode": done.returncode,
             **({"stdout": done.stdout, "stderr": done.stderr} if capture else {})}
+
+
+def parser(mode: str, doc: str, out: str | None = None) -> argparse.ArgumentParser:
+    """A mode's parser, described by `doc`'s first line, with `--out` (default `out`)."""
+    p = argparse.ArgumentParser(prog=f"python -m benchmarks {mode}",
+                                description=doc.splitlines()[0])
+    p.add_argument("--out", default=out)
+    return p
 
 
 def vit_train(config: str | Path, workdir: str | Path, sets=(), *, init: str | None = None,

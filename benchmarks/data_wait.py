@@ -3,7 +3,6 @@ recipe and on generated JPEGs, with the pipeline's rate alone. Target: at most f
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import tempfile
 import time
@@ -62,11 +61,9 @@ def pipeline_rate(recipe: str, sets: list[str], batches: int = 15) -> float:
 
 
 def main(argv: list[str]) -> None:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks data_wait",
-                                     description=__doc__.splitlines()[0])
+    parser = common.parser("data_wait", __doc__)
     parser.add_argument("--digits-steps", type=int, default=300)
     parser.add_argument("--folder-steps", type=int, default=60)
-    parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)

@@ -3,7 +3,6 @@ keeping every layer's attention, at several batch sizes; nothing runs."""
 
 from __future__ import annotations
 
-import argparse
 import time
 
 from benchmarks import common, tables
@@ -40,12 +39,10 @@ def compiled_bytes(model, batch: int, size: int, what: str) -> dict:
 
 
 def main(argv: list[str]) -> None:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks explain",
-                                     description=__doc__.splitlines()[0])
+    parser = common.parser("explain", __doc__)
     parser.add_argument("--model", default="L/14")
     parser.add_argument("--image-size", type=int, default=518)
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 2, 4])
-    parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     import jax
     import numpy as np

@@ -3,7 +3,6 @@ model by substrate and step count, via `vit explain-eval --json` in-process."""
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import io
 import json
@@ -32,11 +31,9 @@ def explain_eval(argv: list[str]) -> dict:
 
 
 def main(argv: list[str]) -> None:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks faithfulness",
-                                     description=__doc__.splitlines()[0])
+    parser = common.parser("faithfulness", __doc__, str(common.record_path("faithfulness")))
     parser.add_argument("--checkpoint", default="runs/record_demo")
     parser.add_argument("--limit", type=int, default=None, help="images (default: all 360)")
-    parser.add_argument("--out", default=str(common.record_path("faithfulness")))
     args = parser.parse_args(argv)
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     args.out = os.path.abspath(args.out)

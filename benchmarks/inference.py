@@ -3,7 +3,6 @@ bfloat16, from one folder of random weights, each side in its own process, round
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import subprocess
@@ -45,14 +44,12 @@ def run(kind: str, args, folder: str) -> float:
 
 
 def main(argv: list[str]) -> None:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks inference",
-                                     description=__doc__.splitlines()[0])
+    parser = common.parser("inference", __doc__)
     parser.add_argument("--model", default="vit_b16")
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--image-size", type=int, default=224)
     parser.add_argument("--iters", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--out", default=None, help="record path (default benchmarks/records/)")
     parser.add_argument("--baseline", default=None, metavar="DIR",
                         help="also our float32 model from this copy of an earlier commit")
     args = parser.parse_args(argv)

@@ -3,7 +3,6 @@ target (sm_90 by default) on any host by pip's triton and ptxas; exit 1 when one
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import functools
 import glob
@@ -169,14 +168,12 @@ def table(r: dict) -> list[str]:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks kernels",
-                                     description=__doc__.splitlines()[0])
+    parser = common.parser("kernels", __doc__, str(common.RECORDS))
     parser.add_argument("--head-dims", type=int, nargs="+", default=[32, 64, 128, 256])
     parser.add_argument("--dtypes", nargs="+", default=["bfloat16", "float32"],
                         choices=["bfloat16", "float16", "float32"])
     parser.add_argument("--seqs", type=int, nargs="+", default=[197, 577, 1025, 50, 257])
     parser.add_argument("--capability", type=int, default=90, choices=sorted(MAX_SHARED))
-    parser.add_argument("--out", default=str(common.RECORDS), help="results directory")
     args = parser.parse_args(argv)
     try:
         import triton  # noqa: F401

@@ -3,7 +3,6 @@ ViT-B/16 and JPEGs, passes interleaved; and one image's start-up (`predict_start
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import tempfile
@@ -76,13 +75,11 @@ def start_up(model: Path, image: Path, cache: Path, rounds: int) -> dict:
 
 
 def main(argv: list[str]) -> None:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks predict",
-                                     description=__doc__.splitlines()[0])
+    parser = common.parser("predict", __doc__)
     parser.add_argument("--images", type=int, default=64)
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--start-up-rounds", type=int, default=3)
-    parser.add_argument("--out", default=None, help="record path (default benchmarks/records/)")
     args = parser.parse_args(argv)
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import re
 
 from benchmarks import common, tables
@@ -27,10 +26,8 @@ def run(command: list[str]) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks suite",
-                                     description=__doc__.splitlines()[0])
+    parser = common.parser("suite", __doc__)
     parser.add_argument("--all", action="store_true", help="also .ci/run, the slow tests too")
-    parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     runs = [run(COMMANDS["default"]), *([run(COMMANDS["all"])] if args.all else [])]
     for r in runs:

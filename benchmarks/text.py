@@ -126,15 +126,13 @@ def pointing(workdir: Path, scenes: int) -> dict:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m benchmarks text",
-                                description=__doc__.splitlines()[0])
+    p = common.parser("text", __doc__)
     p.add_argument("--config", default="promptshapes", help="a path or a name in configs/")
     p.add_argument("--record", default=None, help="the record's name (default: the recipe's)")
     p.add_argument("--ablation", action="store_true", help="train VARIANTS instead")
     p.add_argument("--init", default=None, help="a ViT stage to start from")
     p.add_argument("--workdir", default=None, help="default runs/bench_RECORD")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    p.add_argument("--out", default=None)
     return p
 
 

@@ -3,7 +3,6 @@ same update from the same weights (`--plain-malloc`, `--jax-defaults`: ours chan
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import resource
@@ -221,8 +220,7 @@ def measure(case: str, folder: Path, args) -> dict:
 
 
 def main(argv: list[str]) -> None:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks train",
-                                     description=__doc__.splitlines()[0])
+    parser = common.parser("train", __doc__)
     parser.add_argument("--case", action="append", metavar="MODEL:BATCH", help=str(CASES))
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=3, help="timed steps per run")
@@ -233,7 +231,6 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--plain-malloc", action="store_true", help="also ours, no huge pages")
     parser.add_argument("--interleave", action="store_true",
                         help="keep every contestant's process alive between rounds")
-    parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     cases = args.case or list(CASES)
     if not args.dtype:
