@@ -165,6 +165,13 @@ NEVER, HARD, CONTROL, POINTING = 0.05, 0.10, 0.05, 0.90
 f3 = tables.f3
 
 
+def yes_rates(q: dict, never: str, unknown_target: str) -> list[list]:
+    labels = {"never": (never, "at most 0.05"),
+              "unknown": ("prompts of unknown words ({})", unknown_target)}
+    return [[f"{label.format(q[k]['questions'])}: yes-rate", f3(q[k]["yes_rate"]), target, "", ""]
+            for k, (label, target) in labels.items() if k in q]
+
+
 def questions(q: dict) -> list[str]:
     """promptshapes: every question asked of every test scene (`vit eval`'s `questions`)."""
     labels = {"seen": f"every seen pair ({q['seen']['questions']})",
@@ -176,11 +183,7 @@ def questions(q: dict) -> list[str]:
                                          for k in ("neither", "colour_only", "shape_only",
                                                    "both_apart"))]
             for g, (target, _) in PROMPTSHAPES.items()]
-    rows.append([f"never-drawn words ({q['never']['questions']} questions): yes-rate",
-                 f3(q["never"]["yes_rate"]), "at most 0.05", "", ""])
-    if "unknown" in q:
-        rows.append([f"prompts of unknown words ({q['unknown']['questions']}): yes-rate",
-                     f3(q["unknown"]["yes_rate"]), "at most 0.05", "", ""])
+    rows += yes_rates(q, "never-drawn words ({} questions)", "at most 0.05")
     return [f"Every question asked of each of {q['images']} test scenes (yes above "
             f"{q['threshold']}); false yes at most 0.03 where the scene has neither:", "",
             *tables.table(["questions", "balanced accuracy", "target", "AUC",
@@ -205,11 +208,7 @@ def fashion_rows(r: dict) -> list[list]:
                          f3(fig["balanced_accuracy"]), target if kind == "all" else "",
                          f3(fig["auc"]), ", ".join(f"{k} {f3(v)}" for k, v in
                                                    fig["false_yes"].items() if v is not None)])
-    rows.append([f"never-placed classes ({q['never']['questions']}): yes-rate",
-                 f3(q["never"]["yes_rate"]), "at most 0.05", "", ""])
-    if "unknown" in q:
-        rows.append([f"prompts of unknown words ({q['unknown']['questions']}): yes-rate",
-                     f3(q["unknown"]["yes_rate"]), "", "", ""])
+    rows += yes_rates(q, "never-placed classes ({})", "")
     rows += [[f"control `{k}` (answer accuracy)", f3(v), "0.50 ± 0.05", "", ""]
              for k, v in ev["controls"].items()]
     rows += [[f"relevancy's strongest patch on the item: {k.replace('_', ' ')}",
