@@ -289,7 +289,7 @@ def dry_run_table(r: dict) -> list[str]:
                      memory.split(" = ")[0] + (" (fits)" if memory.endswith(": fits") else ""),
                      got["one step"].split(" (")[0]])
     earlier = []
-    if "earlier" in r:  # which entries a merged record kept from an earlier run
+    if "earlier" in r:  # which entries a merged record took from the run it was merged with
         new = [f"`{n}`" for n, e in r["recipes"].items() if "date_utc" in e]
         earlier = ["", f"{', '.join(new)}: the command below; the others: "
                        f"`{r['earlier']['command']}` on {r['earlier']['date_utc'][:10]}."]
