@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import glob
+import itertools
 import os
 import pathlib
 import re
@@ -114,28 +115,24 @@ def measure(head_dims, dtypes, seqs, capability: int) -> list[dict]:
     from vit.ops.flash_attention import default_block_sizes
 
     rows = []
-    for dtype_name in dtypes:
-        dtype = jnp.dtype(dtype_name)
-        for head_dim in head_dims:
-            # Each length with its own tiles; then kv_len (a dynamic key loop) at the first one.
-            for seq, kv_len in [*((s, False) for s in seqs), (seqs[0], True)]:
-                blocks = default_block_sizes("gpu", head_dim, seq, seq)
-                irs = triton_ir(head_dim, dtype, seq, capability, kv_len=kv_len)
-                for index, name in enumerate(KERNELS):
-                    tile = getattr(blocks, name.rsplit("_", 1)[1])
-                    row = dict(kernel=name, head_dim=head_dim, dtype=dtype_name, seq=seq,
-                               kv_len=kv_len, tile=list(tile), warps=blocks.warps[index],
-                               stages=blocks.num_stages)
-                    try:
-                        row.update(compile_resources(irs[name], capability, row["warps"],
-                                                     row["stages"]))
-                        fits = row["shared_bytes"] <= MAX_SHARED[capability]
-                        # Spills cost speed only: flagged for 16-bit kernels.
-                        row["ok"] = fits and (row["spill_bytes"] == 0 or dtype_name == "float32")
-                    except Exception as exc:  # recorded; the other kernels still report
-                        row.update(ok=False, error=f"{type(exc).__name__}: {exc}"[:400])
-                    rows.append(row)
-                    print(f"kernels {row}", flush=True)
+    # Each length with its own tiles; then kv_len (a dynamic key loop) at the first one.
+    for dtype_name, head_dim, (seq, kv_len) in itertools.product(
+            dtypes, head_dims, [*((s, False) for s in seqs), (seqs[0], True)]):
+        blocks = default_block_sizes("gpu", head_dim, seq, seq)
+        irs = triton_ir(head_dim, jnp.dtype(dtype_name), seq, capability, kv_len=kv_len)
+        for index, name in enumerate(KERNELS):
+            row = dict(kernel=name, head_dim=head_dim, dtype=dtype_name, seq=seq, kv_len=kv_len,
+                       tile=list(getattr(blocks, name.rsplit("_", 1)[1])),
+                       warps=blocks.warps[index], stages=blocks.num_stages)
+            try:
+                row.update(compile_resources(irs[name], capability, row["warps"], row["stages"]))
+                # Spills cost speed only: flagged for 16-bit kernels.
+                row["ok"] = (row["shared_bytes"] <= MAX_SHARED[capability]
+                             and (row["spill_bytes"] == 0 or dtype_name == "float32"))
+            except Exception as exc:  # recorded; the other kernels still report
+                row.update(ok=False, error=f"{type(exc).__name__}: {exc}"[:400])
+            rows.append(row)
+            print(f"kernels {row}", flush=True)
     return rows
 
 
@@ -181,18 +178,12 @@ def main(argv: list[str]) -> int:
         print("kernels: needs pip's triton (`pip install triton`)", file=sys.stderr)
         return 2
     rows = measure(args.head_dims, args.dtypes, args.seqs, args.capability)
-    cells = readme_table(rows)
-    out = pathlib.Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    cells, out = readme_table(rows), pathlib.Path(args.out) / "kernel_resources.json"
     common.write_record("kernel_resources", {
-        "target": f"sm_{args.capability}",
-        "max_shared_bytes": MAX_SHARED[args.capability],
+        "target": f"sm_{args.capability}", "max_shared_bytes": MAX_SHARED[args.capability],
         "note": "compiled by pip's triton, not XLA's; indicative of fit, not of speed",
-        "kernels": rows,
-        "readme_table": cells,
-    }, argv=argv, mode="kernels", out=out / "kernel_resources.json")
+        "kernels": rows, "readme_table": cells}, argv=argv, mode="kernels", out=out)
     bad = [r for r in rows if not r["ok"]]
     print("\n".join(["", *cells, ""]))
-    print(f"{len(rows) - len(bad)}/{len(rows)} kernels fit; wrote {out / 'kernel_resources.json'}")
+    print(f"{len(rows) - len(bad)}/{len(rows)} kernels fit; wrote {out}")
     return 1 if bad else 0
-
