@@ -72,21 +72,20 @@ def attention_bench(dry_run: bool, quick: bool, iters: int, end: float) -> list[
         (128, seq, heads, 64) for seq in ((577,) if quick else (577, 197)) for heads in (12, 16)]
     rows = []
     for batch, seq, heads, d in shapes:
-        keys = jax.random.split(jax.random.PRNGKey(0), 4)
         q, k, v, do = (jax.random.normal(key, (batch, seq, heads, d), jnp.bfloat16)
-                       for key in keys)
+                       for key in jax.random.split(jax.random.PRNGKey(0), 4))
+        flop = 4 * batch * heads * seq * seq * d
         for name, attention in impls.items():
             def with_grads(q, k, v, do, attention=attention):
                 out, vjp = jax.vjp(attention, q, k, v)
                 return (out, *vjp(do))
 
-            flop = 4 * batch * heads * seq * seq * d
-            for mode, fn, args, flop_mode in (("fwd", attention, (q, k, v), flop),
-                                              ("fwd_bwd", with_grads, (q, k, v, do), 3.5 * flop)):
-                def measure(fn=fn, args=args, flop_mode=flop_mode):
+            for mode, fn, args, work in (("fwd", attention, (q, k, v), flop),
+                                         ("fwd_bwd", with_grads, (q, k, v, do), 3.5 * flop)):
+                def measure(fn=fn, args=args, work=work):
                     fn = jax.jit(fn)
                     s = common.time_call(lambda: fn(*args), repeats=3, number=iters)["median_s"]
-                    return {"ms": s * 1e3, "tflops": flop_mode / s / 1e12}
+                    return {"ms": s * 1e3, "tflops": work / s / 1e12}
 
                 rows.append(_guarded(dict(impl=name, mode=mode, batch=batch, seq=seq,
                                           heads=heads, head_dim=d, dtype="bfloat16"),
@@ -171,15 +170,13 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     iters = args.iters or (1 if args.dry_run else 10)
     end = time.monotonic() + args.budget_s
-    out_dir = pathlib.Path(args.out)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out = pathlib.Path(args.out) / "bench_attention.json"
     result = {"dry_run": args.dry_run, "quick": args.quick, "flop_convention": FLOP_CONVENTION,
               "budget_s": args.budget_s}
 
     def save():
         result["status"] = status(result)
-        common.write_record("bench_attention", result, argv=argv, mode="attention",
-                            out=out_dir / "bench_attention.json")
+        common.write_record("bench_attention", result, argv=argv, mode="attention", out=out)
 
     share = 1.0 if args.quick else 0.55
     result["attention"] = attention_bench(
