@@ -43,33 +43,24 @@ def start_up(model: Path, image: Path, cache: Path, rounds: int) -> dict:
 
     os.environ.pop("JAX_ENABLE_COMPILATION_CACHE", None)  # the cache folder alone decides
     ours = ["vit", "predict", str(image), "--checkpoint", str(model), "--top-k", "5"]
-
-    def run(cmd) -> tuple[float, str]:
-        done = common.run_cli(cmd, env={"VIT_CACHE_DIR": str(cache)}, capture=True)
-        return done["wall_s"], done["stderr"]
-
-    times = {"vit_cold_s": [], "vit_compile_cache_only_s": [], "vit_warm_s": [],
-             "transformers_s": []}
-    logs = {}
+    theirs = [sys.executable, "-c", HF_FIRST_PREDICTION, str(model), str(image)]
+    times, logs = {}, {}
     for _ in range(rounds):
         shutil.rmtree(cache, ignore_errors=True)
-        for key, before in (("vit_cold_s", None), ("vit_warm_s", None),
-                            ("vit_compile_cache_only_s", cache / "prepared")):
-            if before is not None:
-                shutil.rmtree(before, ignore_errors=True)
-            seconds, logs[key] = run(ours)
-            times[key].append(seconds)
-        times["transformers_s"].append(
-            run([sys.executable, "-c", HF_FIRST_PREDICTION, str(model), str(image)])[0])
+        for key, cmd in (("vit_cold", ours), ("vit_warm", ours),
+                         ("vit_compile_cache_only", ours), ("transformers", theirs)):
+            if key == "vit_compile_cache_only":
+                shutil.rmtree(cache / "prepared", ignore_errors=True)
+            done = common.run_cli(cmd, env={"VIT_CACHE_DIR": str(cache)}, capture=True)
+            times.setdefault(f"{key}_s", []).append(done["wall_s"])
+            logs[key] = next((x for x in done["stderr"].splitlines() if "ready in" in x), None)
     median = {k: statistics.median(v) for k, v in times.items()}
-    ready = lambda log: next((line for line in log.splitlines() if "ready in" in line), None)  # noqa: E731
-    return {**median, "rounds": times,
-            "cold_over_warm": median["vit_cold_s"] / median["vit_warm_s"],
-            "cold_over_compile_cache_only": (median["vit_cold_s"]
-                                             / median["vit_compile_cache_only_s"]),
-            "transformers_over_warm": median["transformers_s"] / median["vit_warm_s"],
-            "transformers_over_cold": median["transformers_s"] / median["vit_cold_s"],
-            "vit_ready_lines": {k.removesuffix("_s"): ready(v) for k, v in logs.items()},
+    return {**median, "rounds": times, **{
+        f"{a.removeprefix('vit_')}_over_{b.removeprefix('vit_')}":
+            median[f"{a}_s"] / median[f"{b}_s"] for a, b in (
+                ("vit_cold", "vit_warm"), ("vit_cold", "vit_compile_cache_only"),
+                ("transformers", "vit_warm"), ("transformers", "vit_cold"))},
+            "vit_ready_lines": {k: v for k, v in logs.items() if k != "transformers"},
             "cache_files": sorted(str(p.relative_to(cache)) for p in cache.rglob("*")
                                   if p.is_file())}
 
@@ -83,7 +74,8 @@ def main(argv: list[str]) -> None:
     args = parser.parse_args(argv)
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-    import numpy as np
+    import statistics
+
     import torch
     import transformers
 
@@ -123,7 +115,7 @@ def main(argv: list[str]) -> None:
         "ratio_vit_over_transformers": {k: best["transformers"] / s for k, s in best.items()
                                         if k != "transformers"},
         "ratio_median_of_rounds": {
-            k: float(np.median([t / o for t, o in zip(times["transformers"], v, strict=True)]))
+            k: statistics.median(t / o for t, o in zip(times["transformers"], v, strict=True))
             for k, v in times.items() if k != "transformers"},
         "pass_seconds": times,
     }
