@@ -219,17 +219,16 @@ BF16_FEATURES = ("avx512_bf16", "amx_bf16", "avx_ne_convert", "bf16")
 def cpu() -> dict:
     """The CPU's model and matrix features from /proc/cpuinfo (empty elsewhere)."""
     try:
-        text = Path("/proc/cpuinfo").read_text()
+        first = Path("/proc/cpuinfo").read_text().split("\n\n")[0]
     except OSError:
         return {}
-    first = {k.strip(): v.strip() for k, v in (line.split(":", 1) for line in
-                                                text.split("\n\n")[0].splitlines() if ":" in line)}
-    flags = set(first.get("flags", first.get("Features", "")).split())
-    return {"model_name": first.get("model name"),
+    info = dict(map(str.strip, line.split(":", 1)) for line in first.splitlines() if ":" in line)
+    flags = set(info.get("flags", info.get("Features", "")).split())
+    return {"model_name": info.get("model name"),
             "bfloat16_arithmetic": [f for f in BF16_FEATURES if f in flags],
             "avx512_bf16": "avx512_bf16" in flags, "amx": "amx_bf16" in flags,
-            "family": first.get("cpu family"), "model": first.get("model"),
-            "stepping": first.get("stepping"), "mhz": first.get("cpu MHz"),
+            **{k: info.get(key) for k, key in (("family", "cpu family"), ("model", "model"),
+                                               ("stepping", "stepping"), ("mhz", "cpu MHz"))},
             "features": [f for f in CPU_FEATURES if f in flags]}
 
 
@@ -239,11 +238,11 @@ def machine() -> dict:
     try:
         import jax
 
-        out.update(jax_backend=jax.default_backend(), device_kind=jax.devices()[0].device_kind,
-                   devices=[str(d) for d in jax.devices()])
+        devices = jax.devices()
+        return {**out, "jax_backend": jax.default_backend(),
+                "device_kind": devices[0].device_kind, "devices": [str(d) for d in devices]}
     except Exception:  # noqa: BLE001 - a record of a run without JAX still names its host
-        pass
-    return out
+        return out
 
 
 def versions() -> dict:
@@ -309,8 +308,13 @@ def is_record(path: str | Path | None) -> bool:
     return path is None or Path(path).resolve().is_relative_to(RECORDS)
 
 
-def record_path(name: str) -> Path:
-    return RECORDS / f"{name}.json"
+def record_path(name: str, root: Path = ROOT) -> Path:
+    return root / "benchmarks" / "records" / f"{name}.json"
+
+
+def read_record(name: str, root: Path = ROOT) -> dict:
+    """benchmarks/records/NAME.json (below `root`) as written."""
+    return json.loads(record_path(name, root).read_text())
 
 
 def write_record(name: str, figures: dict, *, argv: list[str] | None, mode: str | None = None,

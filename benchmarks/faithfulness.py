@@ -38,7 +38,7 @@ def main(argv: list[str]) -> None:
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     args.out = os.path.abspath(args.out)
     os.chdir(ROOT)  # paths in the record and the commands are relative to the repository
-    made_by = json.loads(common.record_path("demo").read_text())
+    made_by = common.read_record("demo")
     if (ROOT / made_by["workdir"]).resolve() != (ROOT / args.checkpoint).resolve():
         raise SystemExit(f"the demo record made {made_by['workdir']}, not {args.checkpoint}: "
                          "measure the model that record names")

@@ -7,7 +7,6 @@ import argparse
 import collections
 import importlib
 import inspect
-import json
 import re
 import shlex
 import sys
@@ -15,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
-from benchmarks.common import ROOT
+from benchmarks.common import ROOT, read_record
 
 RECORDS = "benchmarks/records"
 BLOCK = re.compile(r"(<!-- (?P<kind>table|targets|contents)(?: (?P<name>[\w-]+))? -->\n)"
@@ -95,7 +94,7 @@ def usual_cpu(recs: dict[str, dict]) -> str | None:
 
 
 def records(root: Path = ROOT) -> dict[str, dict]:
-    return {p.stem: json.loads(p.read_text()) for p in sorted((root / RECORDS).glob("*.json"))}
+    return {p.stem: read_record(p.stem, root) for p in sorted((root / RECORDS).glob("*.json"))}
 
 
 def module_of(record: dict) -> ModuleType | None:
