@@ -4,6 +4,7 @@ train` against transformers + torch on the same files (`peer`); docs/benchmarks.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import re
@@ -86,24 +87,22 @@ def fashion(args) -> dict:
 
 
 def transfer(args) -> dict:
-    out = {"recipe": "mnist_transfer", "init": str(args.init), "seeds": args.seeds, "runs": []}
+    runs = []
     with tempfile.TemporaryDirectory(prefix="realdata-") as tmp:
-        for seed in range(args.seeds):
-            for start in ("pretrained", "scratch"):
-                workdir = Path(tmp) / f"{start}{seed}"
-                sets = [f"seed={seed}"] + ([f"train.steps={args.steps}"] if args.steps else [])
-                run = common.vit_train("mnist_transfer", workdir, sets,
-                                       init=args.init if start == "pretrained" else None)
-                test = common.vit_eval(workdir, "--split", "test")["report"]
-                out["runs"].append({"start": start, "seed": seed, "wall_s": run["wall_s"],
-                                    "test_accuracy": round(test["accuracy"], 4)})
-    by = {s: [r["test_accuracy"] for r in out["runs"] if r["start"] == s]
-          for s in ("pretrained", "scratch")}
-    out["test_accuracy_mean"] = {s: round(statistics.mean(v), 4) for s, v in by.items()}
-    out["pretrained_gain_points"] = round(100 * (statistics.mean(by["pretrained"])
-                                                 - statistics.mean(by["scratch"])), 2)
-    out["labels"] = "500 (50 per digit), test 4,000 digits"
-    return out
+        for seed, start in itertools.product(range(args.seeds), ("pretrained", "scratch")):
+            workdir = Path(tmp) / f"{start}{seed}"
+            sets = [f"seed={seed}"] + ([f"train.steps={args.steps}"] if args.steps else [])
+            run = common.vit_train("mnist_transfer", workdir, sets,
+                                   init=args.init if start == "pretrained" else None)
+            test = common.vit_eval(workdir, "--split", "test")["report"]
+            runs.append({"start": start, "seed": seed, "wall_s": run["wall_s"],
+                         "test_accuracy": round(test["accuracy"], 4)})
+    mean = {s: statistics.mean(r["test_accuracy"] for r in runs if r["start"] == s)
+            for s in ("pretrained", "scratch")}
+    return {"recipe": "mnist_transfer", "init": str(args.init), "seeds": args.seeds, "runs": runs,
+            "test_accuracy_mean": {s: round(v, 4) for s, v in mean.items()},
+            "pretrained_gain_points": round(100 * (mean["pretrained"] - mean["scratch"]), 2),
+            "labels": "500 (50 per digit), test 4,000 digits"}
 
 
 def peer_sets(steps: int, warmup: bool) -> list[str]:
@@ -198,7 +197,7 @@ def dryrun(args) -> dict:
     recipes = args.recipes or sorted(p.stem for p in (common.ROOT / "configs").glob("*.py"))
     out, earlier = {}, None
     if args.merge:  # the other recipes' entries stay as the record has them
-        old = json.loads(common.record_path("dry_run").read_text())
+        old = common.read_record("dry_run")
         out = old["recipes"]
         earlier = old.get("earlier") or {"command": old["command"], "date_utc": old["date_utc"]}
     for name in recipes:
