@@ -172,24 +172,6 @@ def yes_rates(q: dict, never: str, unknown_target: str) -> list[list]:
             for k, (label, target) in labels.items() if k in q]
 
 
-def questions(q: dict) -> list[str]:
-    """promptshapes: every question asked of every test scene (`vit eval`'s `questions`)."""
-    labels = {"seen": f"every seen pair ({q['seen']['questions']})",
-              "heldout": f"the {q['heldout']['questions']} held-out pairs",
-              "wording": "seen pairs, 2 held-out wordings"}
-    rows = [[labels[g], f3(q[g]["balanced_accuracy"]),
-             target + ("; hard false yes at most 0.10" if g == "heldout" else ""),
-             f3(q[g]["auc"]), " / ".join(f3(q[g]["false_yes"][k])
-                                         for k in ("neither", "colour_only", "shape_only",
-                                                   "both_apart"))]
-            for g, (target, _) in PROMPTSHAPES.items()]
-    rows += yes_rates(q, "never-drawn words ({} questions)", "at most 0.05")
-    return [f"Every question asked of each of {q['images']} test scenes (yes above "
-            f"{q['threshold']}); false yes at most 0.03 where the scene has neither:", "",
-            *tables.table(["questions", "balanced accuracy", "target", "AUC",
-                           "false yes: neither / colour only / shape only / both apart"], rows)]
-
-
 def ablation_row(run: dict, where: str, q: dict) -> list[str]:
     h = q["heldout"]
     return [run["labels"], run["cross_attention"], run["tune"], f3(h["balanced_accuracy"]),
@@ -236,7 +218,9 @@ def table(r: dict, records: dict | None = None) -> list[str]:
                 f"The recipe's row: `{tables.RECORDS}/promptshapes.json` ({tables.host(recipe)}), "
                 f"made by `{recipe['command']}`."]
     ev, stages = r["eval"], r["stages"]
-    steps = sum(s["steps"] for s in stages.values())
+    q, steps = ev["questions"], sum(s["steps"] for s in stages.values())
+    asked = (f"Every question asked of each of {q['images']} test scenes (yes above "
+             f"{q['threshold']})")
     if ev.get("data") == "fashion_scenes":
         vit_stage = (stages.get("vit") or {}).get("last_validation") or {}
         tail = ([f"The ViT stage ({stages['vit']['steps']:,} steps) recognises the classes "
@@ -244,19 +228,30 @@ def table(r: dict, records: dict | None = None) -> list[str]:
                  "the validation scenes."] if "label_accuracy" in vit_stage else [])
         tail.append(f"Training, all {len(stages)} stages: {r['train_seconds']:.0f} s "
                     f"({steps:,} steps).")
-        q = ev["questions"]
-        return [f"Every question asked of each of {q['images']} test scenes (yes above "
-                f"{q['threshold']}):", "",
-                *tables.table(["questions", "balanced accuracy", "target", "AUC",
-                               "false yes by kind of \"no\""], fashion_rows(r)), "",
-                " ".join(tail)]
-    rows = [["`accuracy` (test split, image-prompt pairs)", f3(ev["accuracy"]), "at least 0.95"],
-            *([f"`controls.{k}`", f3(v), "0.50 ± 0.05"] for k, v in ev["controls"].items()),
-            ["`heldout_accuracy` (unseen colour-shape prompts)", f3(ev["heldout_accuracy"]),
-             "at least 0.95"],
-            [f"training, all {len(stages)} stages", f"{r['train_seconds']:.0f} s ({steps:,} steps)",
-             "under 10 minutes"]]
-    return [*questions(ev["questions"]), "", *tables.table(["figure", "value", "target"], rows)]
+        return [f"{asked}:", "", *tables.table(["questions", "balanced accuracy", "target", "AUC",
+                                                "false yes by kind of \"no\""], fashion_rows(r)),
+                "", " ".join(tail)]
+    labels = {"seen": f"every seen pair ({q['seen']['questions']})",
+              "heldout": f"the {q['heldout']['questions']} held-out pairs",
+              "wording": "seen pairs, 2 held-out wordings"}
+    rows = [[labels[g], f3(q[g]["balanced_accuracy"]),
+             target + ("; hard false yes at most 0.10" if g == "heldout" else ""),
+             f3(q[g]["auc"]), " / ".join(f3(q[g]["false_yes"][k])
+                                         for k in ("neither", "colour_only", "shape_only",
+                                                   "both_apart"))]
+            for g, (target, _) in PROMPTSHAPES.items()]
+    rows += yes_rates(q, "never-drawn words ({} questions)", "at most 0.05")
+    figures = [
+        ["`accuracy` (test split, image-prompt pairs)", f3(ev["accuracy"]), "at least 0.95"],
+        *([f"`controls.{k}`", f3(v), "0.50 ± 0.05"] for k, v in ev["controls"].items()),
+        ["`heldout_accuracy` (unseen colour-shape prompts)", f3(ev["heldout_accuracy"]),
+         "at least 0.95"],
+        [f"training, all {len(stages)} stages", f"{r['train_seconds']:.0f} s ({steps:,} steps)",
+         "under 10 minutes"]]
+    return [f"{asked}; false yes at most 0.03 where the scene has neither:", "",
+            *tables.table(["questions", "balanced accuracy", "target", "AUC",
+                           "false yes: neither / colour only / shape only / both apart"], rows),
+            "", *tables.table(["figure", "value", "target"], figures)]
 
 
 def targets(r: dict) -> list[tuple[str, str, bool]]:
