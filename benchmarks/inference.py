@@ -72,25 +72,22 @@ def main(argv: list[str]) -> None:
                   file=sys.stderr)
     med = lambda key: statistics.median(r[key] for r in rounds)  # noqa: E731
     result = {
-        "setup": {"model": args.model, "batch": args.batch, "image_size": args.image_size,
-                  "iters": args.iters, "rounds": args.rounds,
+        "setup": {**{k: getattr(args, k) for k in ("model", "batch", "image_size", "iters",
+                                                   "rounds")},
                   "weights": "one transformers ViTForImageClassification with random "
                              "variance-preserving weights, save_pretrained; both sides load it",
-                  "ours": "vit.checkpoints.load_checkpoint(dtype=...) + jax.jit forward + "
-                          "softmax",
+                  "ours": "vit.checkpoints.load_checkpoint(dtype=...) + jax.jit forward + softmax",
                   "peer": "transformers ViTForImageClassification float32 (hf) and cast with "
                           ".to(torch.bfloat16) (hf_bfloat16), torch.inference_mode, default "
                           "SDPA attention, threads = cores"},
-        "rounds": rounds,
-        "img_s_median": {k: med(k) for k in kinds},
+        "rounds": rounds, "img_s_median": {k: med(k) for k in kinds},
         "ratio_to_transformers_median": {k: med(f"{k}_ratio") for k in kinds if k != "hf"},
-        "ours_bfloat16_ratio_to_hf_bfloat16_median": med("ours_bfloat16_ratio_to_hf_bfloat16"),
-    }
+        "ours_bfloat16_ratio_to_hf_bfloat16_median": med("ours_bfloat16_ratio_to_hf_bfloat16")}
     if args.baseline:
         commit = subprocess.run(["git", "-C", args.baseline, "rev-parse", "HEAD"],
                                 capture_output=True, text=True).stdout.strip()
-        result["baseline"] = {"dir": args.baseline, "commit": commit or None}
-        result["ratio_to_baseline_median"] = med("ratio_to_baseline")
+        result.update(baseline={"dir": args.baseline, "commit": commit or None},
+                      ratio_to_baseline_median=med("ratio_to_baseline"))
     common.write_record("inference", result, argv=argv, out=args.out)
 
 
