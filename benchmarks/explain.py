@@ -70,14 +70,12 @@ def main(argv: list[str]) -> None:
     cfg = model.config
     common.write_record("explain_memory", {
         "record": "compiled memory of explain (streaming) against keeping every layer",
-        "model": args.model, "image_size": args.image_size,
-        "tokens": cfg.num_tokens,
+        "model": args.model, "image_size": args.image_size, "tokens": cfg.num_tokens,
         "depth": cfg.depth, "heads": cfg.num_heads, "parameters": int(params),
         "parameter_gb_float32": round(params * 4 / GB, 3),
         "measure": "temp_size_in_bytes + output_size_in_bytes of the compiled program "
                    "(arguments, i.e. the weights and images, excluded)",
-        "results": results,
-    }, argv=argv, mode="explain", out=args.out)
+        "results": results}, argv=argv, mode="explain", out=args.out)
 
 
 def table(r: dict) -> list[str]:

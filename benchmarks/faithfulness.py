@@ -58,15 +58,11 @@ def main(argv: list[str]) -> None:
         print(metric, substrate, steps, summary, flush=True)
     common.write_record("faithfulness", {
         "record": "faithfulness of attention maps on the digits demo model (deletion, insertion)",
-        "checkpoint": args.checkpoint,
-        "model_record": "benchmarks/records/demo.json",
-        "model_test_accuracy": made_by["test_accuracy"],
-        "model_made_utc": made_by["date_utc"],
-        "model_train": made_by["run"]["train"],
-        "images": args.limit or 360,
-        "better": {"deletion": "lower", "insertion": "higher"},
-        "runs": rows,
-    }, argv=argv, out=args.out)
+        "checkpoint": args.checkpoint, "model_record": "benchmarks/records/demo.json",
+        "model_test_accuracy": made_by["test_accuracy"], "model_made_utc": made_by["date_utc"],
+        "model_train": made_by["run"]["train"], "images": args.limit or 360,
+        "better": {"deletion": "lower", "insertion": "higher"}, "runs": rows},
+        argv=argv, out=args.out)
 
 
 def auc_cells(result: dict) -> list[str]:
