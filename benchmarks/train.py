@@ -274,11 +274,9 @@ def main(argv: list[str]) -> None:
         "xla_cpu_options": {"float32": xla_options.training_options("float32"),
                             "other dtypes": xla_options.training_options("bfloat16")},
         "rounds": args.rounds, "timed_steps_per_run": args.steps, "warmup_steps": args.warmup,
-        "interleaved": args.interleave,
-        "untimed_steps_per_run": 1 if args.interleave else 0,
-        "load_average_before": [round(x, 2) for x in load_before],
-        "cases": results,
-    }, argv=argv, mode="train", out=args.out)
+        "interleaved": args.interleave, "untimed_steps_per_run": 1 if args.interleave else 0,
+        "load_average_before": [round(x, 2) for x in load_before], "cases": results},
+        argv=argv, mode="train", out=args.out)
 
 
 def _environment(r: dict) -> list[str]:
