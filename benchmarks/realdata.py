@@ -105,15 +105,22 @@ def transfer(args) -> dict:
             "labels": "500 (50 per digit), test 4,000 digits"}
 
 
-def peer_sets(steps: int, warmup: bool) -> list[str]:
+def peer_sets(steps: int, warmup: bool, batch: int) -> list[str]:
+    from vit.recipes.defaults import DEFAULTS
+
+    # The CPU's default micro-batch pieces for this plain ViT, whatever the recipe's own model
+    # runs.
     return HF_ARCH + [f"train.steps={steps}", "data.val_split=test",
+                      f"train.batch_size={batch}",
+                      f"train.micro_tokens={DEFAULTS['train.micro_tokens'].default}",
                       f"train.eval_every={steps}", f"train.checkpoint_every={steps}",
                       f"train.log_every={max(steps // 10, 1)}", "train.eval_batch_size=256",
                       *([f"optim.warmup_steps={steps // 10}"] if warmup else [])]
 
 
-def ours(name: str, recipe: str, sets: list[str], workdir: Path, *, init=None) -> dict:
-    run = common.vit_train(recipe, workdir, sets, init=init)
+def ours(name: str, recipe: str, sets: list[str], workdir: Path, *, init=None,
+         env=None) -> dict:
+    run = common.vit_train(recipe, workdir, sets, init=init, env=env)
     last = common.metrics(workdir, "validation")[-1]
     return {"side": name, "test_accuracy": round(last["accuracy"], 4), "wall_s": run["wall_s"],
             "split": split_of_vit_run(workdir, run["wall_s"])}
@@ -135,17 +142,21 @@ def peer(args) -> dict:
     from vit.recipes.load import load_config
     from vit.recipes.model_fields import model_field_types
 
-    fashion_sets = peer_sets(args.scratch_steps, warmup=True)
-    tune_sets = peer_sets(args.tune_steps, warmup=False)
+    fashion_sets = peer_sets(args.scratch_steps, warmup=True, batch=128)
+    tune_sets = peer_sets(args.tune_steps, warmup=False, batch=64)
     scratch_cfg = load_config("fashion_mnist", fashion_sets, model_field_types=model_field_types)
     tune_cfg = load_config("mnist_transfer", tune_sets, model_field_types=model_field_types)
 
     def one_round(r: int, tmp: Path) -> dict:
         hf_dir = tmp / f"hf{r}"
+        # vit's compilation cache starts empty: round 0 compiles as a first run on a machine
+        # does, later rounds load the compiles as a user's next run does.
+        env = {"VIT_CACHE_DIR": str(tmp / "vit-cache")}
         # Our scratch run comes first: it makes the weights both sides fine-tune.
-        scratch = {"vit": ours("vit train", "fashion_mnist", fashion_sets, tmp / f"scratch{r}")}
+        scratch = {"vit": ours("vit train", "fashion_mnist", fashion_sets, tmp / f"scratch{r}",
+                               env=env)}
         common.run_cli(["vit", "convert", str(tmp / f"scratch{r}"), str(hf_dir), "--format",
-                        "hf"], capture=True)
+                        "hf"], capture=True, env=env)
         scratch["torch"] = theirs(scratch_cfg, "fashion_mnist", args.scratch_steps,
                                   tmp / f"torch_scratch{r}",
                                   config_file=str(hf_dir / "config.json"))
@@ -153,9 +164,10 @@ def peer(args) -> dict:
             "torch": lambda: theirs(tune_cfg, "mnist_5k", args.tune_steps,
                                     tmp / f"torch_tune{r}", init=str(hf_dir)),
             "vit": lambda: ours("vit train", "mnist_transfer", tune_sets, tmp / f"tune_vit{r}",
-                                init=str(hf_dir))}
+                                init=str(hf_dir), env=env)}
         tune_order = ["torch", "vit"][::(-1) ** r]
-        return {"round": r, "order": ["vit", "torch"], "scratch_fashion_mnist": scratch,
+        return {"round": r, "vit_compile_cache": "empty" if r == 0 else "warm",
+                "order": ["vit", "torch"], "scratch_fashion_mnist": scratch,
                 "tune_order": tune_order,
                 "finetune_mnist_5k": {name: tune[name]() for name in tune_order}}
 
@@ -310,10 +322,14 @@ def peer_table(r: dict) -> list[str]:
                          f"{s['accuracy_minus_peer_points']:+.1f}"
                          if "accuracy_minus_peer_points" in s else ""])
     for rd in r["rounds"]:
+        cache = rd.get("vit_compile_cache")
         for phase in ("scratch_fashion_mnist", "finetune_mnist_5k"):
+            ratio = rd[phase]["torch"]["wall_s"] / rd[phase]["vit"]["wall_s"]
             for s in rd[phase].values():
                 sp = s["split"]
-                splits.append([phase.split("_")[0], s["side"],
+                side = s["side"] + (f" ({cache} cache; {ratio:.2f}x)"
+                                    if cache and s["side"] == "vit train" else "")
+                splits.append([f"{phase.split('_')[0]}, round {rd['round'] + 1}", side,
                                sp.get("startup_and_compile_s", sp.get("startup_s")),
                                sp["steps_s"], sp["step_ms"], sp["final_eval_s"],
                                sp.get("checkpoint_and_exit_s", sp.get("save_s"))])
