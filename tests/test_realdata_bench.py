@@ -34,7 +34,8 @@ def test_the_split_of_a_run_adds_up_from_the_timings_it_wrote(tmp_path):
     assert parts == pytest.approx(27.5, abs=0.2) and split["other_s"] == pytest.approx(0.7)
 
 
-@pytest.mark.timeout(180)  # a `vit train` command, a process of its own
+@pytest.mark.slow  # a `vit train` command, a process of its own
+@pytest.mark.timeout(180)
 def test_a_tiny_vit_train_side_reads_its_run_from_the_metrics_it_wrote(tmp_path):
     from builders import tiny_recipe_sets
 
@@ -58,6 +59,7 @@ def test_the_data_wait_of_a_tiny_run_is_read_from_its_metrics(tmp_path):
     assert len(run["data_wait_per_window"]) == 2 and run["images_per_s_median_after_first"] > 0
 
 
+@pytest.mark.slow  # imports torch and transformers, trains
 def test_the_torch_peer_trains_tests_and_saves(tmp_path, monkeypatch):
     import numpy as np
     import transformers
