@@ -10,11 +10,35 @@ memory), `TINY_TEXT` (its text path), `TINY_CHECKPOINT` (the checkpoint written 
 format); `tiny_program` is `vit train`'s own program of the tiny recipe.
 """
 
+import errno
 import hashlib
+import os
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 DIGITS_RECIPE = ROOT / "configs" / "digits.py"
+
+
+class HalfFullDisk:
+    """A file opened as `open(*args)` whose every write stores half its bytes, then fails as a
+    full disk does (ENOSPC): patched over `vit.paths.open` to fail a write half-way."""
+
+    def __init__(self, *args):
+        self.f = open(*args)  # noqa: SIM115  (closed by __exit__)
+
+    def __getattr__(self, name):
+        return getattr(self.f, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.f.close()
+
+    def write(self, data):
+        self.f.write(data[:len(data) // 2])
+        self.f.flush()
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
 
 def digests(root: Path) -> dict:

@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 
 import pytest
+from builders import HalfFullDisk
 
 from vit import paths
 
@@ -84,27 +85,8 @@ def test_staged_leaves_no_half_output(tmp_path, kind):
 def test_append_whole_cuts_a_refused_append_back_off(tmp_path, monkeypatch):
     log = tmp_path / "metrics.jsonl"
     log.write_bytes(b'{"step": 1}\n')
-    real_open = open
 
-    class HalfWrite:
-        def __init__(self, *args):
-            self.f = real_open(*args)
-
-        def __getattr__(self, name):
-            return getattr(self.f, name)
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            self.f.close()
-
-        def write(self, data):
-            self.f.write(data[:len(data) // 2])
-            self.f.flush()
-            _full()
-
-    monkeypatch.setattr(paths, "open", HalfWrite, raising=False)
+    monkeypatch.setattr(paths, "open", HalfFullDisk, raising=False)
     with pytest.raises(OSError) as err:
         paths.append_whole(log, b'{"step": 2, "loss": 0.5}\n')
     assert err.value.errno == errno.ENOSPC

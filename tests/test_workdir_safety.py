@@ -24,8 +24,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from builders import HalfFullDisk, tiny_recipe_sets
 from builders import digests as tree
-from builders import tiny_recipe_sets
 from PIL import Image
 
 pytestmark = pytest.mark.timeout(300)
@@ -503,27 +503,9 @@ def _disk_fills_at(where: str, monkeypatch) -> None:
 
     mode_of = "a" if where == "metrics.jsonl" else "w"
 
-    class HalfWrite:
-        def __init__(self, path, mode):
-            self.f = open(path, mode)  # noqa: SIM115  (closed by __exit__)
-
-        def __getattr__(self, name):
-            return getattr(self.f, name)
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            self.f.close()
-
-        def write(self, data):
-            self.f.write(data[:len(data) // 2])
-            self.f.flush()
-            raise OSError(28, os.strerror(28))
-
     def opening(path, mode="r", *args, **kwargs):
         if Path(path).name.lstrip(".").startswith(where) and mode_of in mode:
-            return HalfWrite(path, mode)
+            return HalfFullDisk(path, mode)
         return open(path, mode, *args, **kwargs)
 
     monkeypatch.setattr(vit.paths, "open", opening, raising=False)
