@@ -95,7 +95,7 @@ def tiny_files(tmp_path_factory):
 # The demo recipe made quick: 300 steps, 2 blocks, no augmentation (the shifts and rotations pay
 # off over 3,000 steps, not 300), and a class-token head, which a Hugging Face folder (and so
 # transformers' ViT, the bfloat16 test's reference) can hold.
-TRAINED_DIGITS = ["train.steps=300", "model.depth=2", "model.classifier=token",
+TRAINED_DIGITS = ["train.steps=300", "model.depth=2", "model.stem=[]", "model.classifier=token",
                   "model.class_token=True", "input.shift=0.0", "input.rotate=0.0",
                   "input.scale=0.0", "optim.warmup_steps=30", "train.eval_every=300",
                   "train.checkpoint_every=300", "train.log_every=50", "data.num_threads=1"]

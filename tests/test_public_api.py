@@ -170,7 +170,7 @@ def test_an_old_checkpoint_predicts(old_workdir, tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_an_old_workdir_resumes_where_it_stopped(old_workdir):
+def test_an_old_workdir_resumes_where_it_stopped(old_workdir, capsys):
     from vit.cli import main
 
     root = Path(__file__).resolve().parents[1]
@@ -183,6 +183,10 @@ def test_an_old_workdir_resumes_where_it_stopped(old_workdir):
     # The release's records stay, the run went on from step 40 (no step re-run), and the new
     # step-60 checkpoint is there beside the old ones.
     assert train_steps == [20, 40, 60]
+    # The shipped recipe's stem came after the release: the run went on without one, and
+    # its config.json says so.
+    assert "model.stem=[32] is not in the recipe step 40" in capsys.readouterr().err
+    assert "stem" not in json.loads((old_workdir / "config.json").read_text())["model"]
     assert (old_workdir / "checkpoints" / "60").is_dir()
     # TensorBoard's curves hold the release's records too (it wrote no events of its own).
     from tensorboard.backend.event_processing import event_accumulator

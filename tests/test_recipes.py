@@ -322,7 +322,7 @@ def _old_tiny_digits(steps: int) -> dict:
         if key == "train.steps":
             continue
         section, leaf = key.split(".")
-        old[section][leaf] = int(value)
+        old[section][leaf] = json.loads(value)
     old["train"]["steps"] = steps
     return old
 

@@ -578,9 +578,11 @@ def test_a_first_step_that_cannot_fit_says_what_to_lower(tmp_path):
 @pytest.mark.timeout(600)
 def test_a_first_validation_that_cannot_fit_names_the_eval_batch(tmp_path):
     """Guards: a validation that could not fit said to lower train.batch_size, which it does
-    not use. 256 px: 4,097 tokens an image; the training step runs one image a piece, while
-    validation's batch of 144 needs far more attention memory at once than the cap allows."""
-    done = _capped(argv(tmp_path / "run", "input.image_size=256", "train.steps=1"))
+    not use. 256 px: 4,097 tokens an image, batches taken whole (`train.micro_tokens=0`): the
+    training step's 8 images fit, while validation's batch of 144 needs far more attention
+    memory at once than the cap allows."""
+    done = _capped(argv(tmp_path / "run", "input.image_size=256", "train.steps=1",
+                        "train.micro_tokens=0"))
     assert_outcome(done.returncode, done.stderr, 2, "the first validation", "memory",
                    "train.eval_batch_size=144", "input.image_size=256")
     assert "train.batch_size" not in done.stderr.strip().splitlines()[-1]

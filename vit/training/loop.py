@@ -135,8 +135,11 @@ def _train(config, workdir: Path, ckpts: TrainCheckpoints, claim: workdirs.Claim
     # Model and train state: from the latest checkpoint, else from --init, else fresh. A
     # resume that does not fit the checkpoint is refused here, before anything is written.
     start = ckpts.latest_step() or 0
-    resume_meta = (check_resume(config, ckpts, start, num_classes, config.data.name) if start
-                   else None)
+    resume_meta = None
+    if start:
+        resume_meta, config = check_resume(config, ckpts, start, num_classes, config.data.name,
+                                           primary=primary)
+        tc = config.train
     early = EarlyStop(tc.get("early_stop_patience", 0),
                       ckpts.read_train_state(start).get("early_stop") if start else None)
     if start >= steps or early.due:  # finished before: nothing to train, nothing rewritten

@@ -8,7 +8,9 @@ or folder and the fix, before anything is built or written.
 
 from __future__ import annotations
 
+import copy
 import json
+import sys
 from typing import Any
 
 from vit.checkpoints import orbax_format
@@ -28,11 +30,14 @@ RESUME_FIX = ("a resume continues the saved run as it was: drop the --set (or un
 
 
 def check_resume(config, ckpts: TrainCheckpoints, step: int, num_classes: int,
-                 dataset: str) -> dict:
-    """`step`'s meta, once the run resuming from it is known to fit: its folders are all
-    there, the recipe keeps what a resume cannot change, the dataset has the checkpoint's class
-    count and `train.steps` is not below `step`. Each misfit is a one-line error naming the
-    key or folder and the fix, raised before anything is built or written."""
+                 dataset: str, *, primary: bool = True) -> tuple[dict, Any]:
+    """(`step`'s meta, the recipe the resume runs), once the run resuming from it is known to
+    fit: its folders are all there, the recipe keeps what a resume cannot change, the dataset
+    has the checkpoint's class count and `train.steps` is not below `step`. Each misfit is a
+    one-line error naming the key or folder and the fix, raised before anything is built or
+    written. A fixed key the saved recipe never had (one added to the recipes since, such as
+    a shipped recipe's new `model.stem`) is dropped from the run's recipe with a note: the
+    saved run continues as it was, and its config.json says so."""
     ema = config.train.ema_decay > 0
     items = [orbax_format.PARAMS, orbax_format.META, orbax_format.OPT_STATE, orbax_format.DATA_ITER,
              orbax_format.TRAIN_STATE] + ([orbax_format.EMA_PARAMS] if ema else [])
@@ -53,6 +58,8 @@ def check_resume(config, ckpts: TrainCheckpoints, step: int, num_classes: int,
                               f"folder is missing or empty; {_delete_fix(ckpts, step)}")
     changed = [c for c in changed_keys(config, meta, *FIXED_ON_RESUME)
                if not _same_dtype(c, meta)]
+    added = [c for c in changed if c[1] is _UNSET]
+    changed = [c for c in changed if c[1] is not _UNSET]
     if changed:
         raise ConfigError(f"{_describe(changed)} since step {step} was saved in "
                           f"{ckpts.directory.parent}; {RESUME_FIX}")
@@ -74,7 +81,27 @@ def check_resume(config, ckpts: TrainCheckpoints, step: int, num_classes: int,
             f"train.steps={config.train.steps} is below step {step}, the latest checkpoint in "
             f"{ckpts.directory.parent}: that run is already past it; set train.steps above "
             f"{step} to train it further, or give a new --workdir")
-    return meta
+    return meta, _without(config, added, step, ckpts, primary)
+
+
+def _without(config, added: list[tuple[str, Any, Any]], step: int, ckpts: TrainCheckpoints,
+             primary: bool):
+    """`config` less the `added` keys, each noted: the saved model was built without them."""
+    if not added:
+        return config
+    config = copy.deepcopy(config)
+    for key, _, now in added:
+        *parents, leaf = key.split(".")
+        section = config
+        for name in parents:
+            section = section[name]
+        with section.unlocked():
+            del section[leaf]
+        if primary:
+            print(f"note: {key}={now!r} is not in the recipe step {step} in "
+                  f"{ckpts.directory.parent} was saved with (the key came later): the resume "
+                  "continues that run as it was, without it", file=sys.stderr)
+    return config
 
 
 def _same_dtype(change: tuple[str, Any, Any], meta: dict) -> bool:
