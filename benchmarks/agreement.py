@@ -74,7 +74,7 @@ def measure(path, name: str) -> dict:
     return out
 
 
-def train_ti(workdir: Path, steps: int) -> dict:
+def train_ti(workdir: Path, steps: int = 400) -> dict:
     sets = {**TI_LAYOUT, "train.steps": steps, "train.eval_every": steps,
             "train.checkpoint_every": steps, "optim.lr": 1e-3,
             "optim.warmup_steps": max(1, steps // 10),
@@ -88,22 +88,16 @@ def train_ti(workdir: Path, steps: int) -> dict:
 def main(argv: list[str]) -> None:
     parser = common.parser("agreement", __doc__)
     parser.add_argument("--checkpoint", help="a trained checkpoint taking 8x8 digits")
-    parser.add_argument("--steps", type=int, default=400, help="the Ti-layout model's steps")
-    parser.add_argument("--workdir", help="where to train it (default: a temporary folder)")
     args = parser.parse_args(argv)
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     results = []
     if args.checkpoint:
         results.append(measure(Path(args.checkpoint), "given checkpoint"))
-        print(results[-1], flush=True)
     with tempfile.TemporaryDirectory() as tmp:
-        workdir = Path(args.workdir or Path(tmp) / "ti_digits")
-        training = train_ti(workdir, args.steps)
-        result = measure(workdir, "ViT-Ti/16 layout, patch 2, trained on digits")
-        if not args.workdir:
-            result["checkpoint"] = "(a temporary workdir, deleted)"
-        results.append({**result, "training": training})
-        print(results[-1], flush=True)
+        training = train_ti(Path(tmp) / "ti_digits")
+        result = measure(Path(tmp) / "ti_digits", "ViT-Ti/16 layout, patch 2, trained on digits")
+        results.append({**result, "checkpoint": "(a temporary workdir, deleted)",
+                        "training": training})
     common.write_record("bfloat16_agreement", {"results": results}, argv=argv,
                         mode="agreement", out=args.out)
 

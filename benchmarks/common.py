@@ -4,6 +4,7 @@ one record writer (docs/benchmarks.md describes modes and records)."""
 from __future__ import annotations
 
 import argparse
+import importlib
 import importlib.metadata as md
 import json
 import os
@@ -46,7 +47,7 @@ def run_side(target: str, kwargs: dict | None = None, *, env: dict | None = None
         args, result = Path(folder) / "args.json", Path(folder) / "result.json"
         args.write_text(json.dumps(kwargs or {}))
         done = subprocess.run(
-            [sys.executable, "-m", "benchmarks._worker", target, str(args), str(result)],
+            [sys.executable, "-m", "benchmarks.common", target, str(args), str(result)],
             env=_side_env(env, pythonpath), cwd=cwd or ROOT, capture_output=True, text=True)
         if done.returncode or not result.exists():
             raise SideFailed(f"{target} exited with {done.returncode}:\n{done.stderr[-3000:]}")
@@ -65,7 +66,7 @@ class Side:
         self.log = self.folder / "stderr.log"
         with open(self.log, "w") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "benchmarks._worker", "--serve", target,
+                [sys.executable, "-m", "benchmarks.common", "--serve", target,
                  str(self.folder / "args.json"), str(self.folder)],
                 env=_side_env(env, pythonpath), cwd=ROOT, stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE, stderr=log, text=True)
@@ -110,11 +111,13 @@ def run_cli(command: list[str], *, env: dict | None = None, capture: bool = Fals
             **({"stdout": done.stdout, "stderr": done.stderr} if capture else {})}
 
 
-def parser(mode: str, doc: str, out: str | None = None) -> argparse.ArgumentParser:
-    """A mode's parser, described by `doc`'s first line, with `--out` (default `out`)."""
+def parser(mode: str, doc: str, out: str | None = None,
+           add_help: bool = True) -> argparse.ArgumentParser:
+    """A mode's parser, described by `doc`'s first line, with `--out` (default `out`: a record
+    in benchmarks/records/ is named for its file)."""
     p = argparse.ArgumentParser(prog=f"python -m benchmarks {mode}",
-                                description=doc.splitlines()[0])
-    p.add_argument("--out", default=out)
+                                description=doc.splitlines()[0], add_help=add_help)
+    p.add_argument("--out", default=out, help="where the record goes")
     return p
 
 
@@ -212,7 +215,6 @@ def interleave(fns: dict[str, Callable[[], Any]], *, rounds: int, warmup: int = 
 
 # --------------------------------------------------------------------------------- records
 
-CPU_FEATURES = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_tile")
 BF16_FEATURES = ("avx512_bf16", "amx_bf16", "avx_ne_convert", "bf16")
 
 
@@ -225,11 +227,7 @@ def cpu() -> dict:
     info = dict(map(str.strip, line.split(":", 1)) for line in first.splitlines() if ":" in line)
     flags = set(info.get("flags", info.get("Features", "")).split())
     return {"model_name": info.get("model name"),
-            "bfloat16_arithmetic": [f for f in BF16_FEATURES if f in flags],
-            "avx512_bf16": "avx512_bf16" in flags, "amx": "amx_bf16" in flags,
-            **{k: info.get(key) for k, key in (("family", "cpu family"), ("model", "model"),
-                                               ("stepping", "stepping"), ("mhz", "cpu MHz"))},
-            "features": [f for f in CPU_FEATURES if f in flags]}
+            "bfloat16_arithmetic": [f for f in BF16_FEATURES if f in flags]}
 
 
 def machine() -> dict:
@@ -331,8 +329,38 @@ def write_record(name: str, figures: dict, *, argv: list[str] | None, mode: str 
                      **json.loads(json.dumps(figures, default=str))}, strict=is_record(out))
     path = Path(out) if out else record_path(name)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(full, indent=2) + "\n")
-    tmp.replace(path)
+    _write(path, json.dumps(full, indent=2) + "\n")
     print(f"wrote {path}", flush=True)
     return path
+
+
+def _write(path: Path, text: str) -> None:
+    """`text` into `path` atomically (a reader sees the old file or the whole new one)."""
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def _contestant(argv: list[str]) -> None:
+    """A contestant's process (`run_side`): `TARGET ARGS.json RESULT.json` writes `TARGET(**ARGS)`;
+    (`Side`) `--serve TARGET ARGS.json FOLDER` writes FOLDER/ready.json, then FOLDER/NAME.json
+    of `run(**request)` per stdin line, `run` being what `TARGET(**ARGS)` returned."""
+    serve = argv[0] == "--serve"
+    target, args_file, out = argv[1:] if serve else argv
+    module, _, function = target.partition(":")
+    result = getattr(importlib.import_module(module), function)(
+        **json.loads(Path(args_file).read_text()))
+    if not serve:
+        _write(Path(out), json.dumps(result, default=float))
+        return
+    _write(Path(out) / "ready.json", json.dumps({"ready": True}))
+    print("ready", flush=True)
+    for line in sys.stdin:
+        message = json.loads(line)
+        _write(Path(out) / f"{message['name']}.json",
+               json.dumps(result(**message["request"]), default=float))
+        print(message["name"], flush=True)
+
+
+if __name__ == "__main__":
+    _contestant(sys.argv[1:])

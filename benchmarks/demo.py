@@ -7,8 +7,6 @@ time and the validation curve. The faithfulness and agreement modes use its mode
 
 from __future__ import annotations
 
-import argparse
-import json
 import shutil
 
 from benchmarks import common, tables
@@ -17,15 +15,13 @@ INLINE = True  # the README's one sentence, not a table
 
 
 def main(argv: list[str]) -> None:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks demo",
-                                     description=__doc__.splitlines()[0])
+    parser = common.parser("demo", __doc__)
     parser.add_argument("--workdir", default="runs/record_demo",
                         help="relative to the repository root (seed 0's; seed k's gets _seedk)")
     parser.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1, each a fresh run")
     parser.add_argument("--plain", action="store_true",
                         help="also each seed with the plain patch embedding (model.stem=[])")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    parser.add_argument("--out", default=None, help="record path (default benchmarks/records/)")
     args = parser.parse_args(argv)
 
     def one(seed: int, extra: list[str], suffix: str) -> dict:
@@ -37,26 +33,24 @@ def main(argv: list[str]) -> None:
         return {"seed": seed, "workdir": workdir, "train": train, "eval": evaluate,
                 "test_accuracy": evaluate["report"]["accuracy"]}
 
+    def figures(runs: list[dict]) -> list[dict]:
+        return [{"seed": r["seed"], "test_accuracy": r["test_accuracy"],
+                 "train_seconds": r["train"]["wall_s"]} for r in runs]
+
     runs = [one(seed, [], "") for seed in range(args.seeds)]
-    plain = [one(seed, ["model.stem=[]"], "_plain") for seed in range(args.seeds)] \
-        if args.plain else []
+    plain = [one(seed, ["model.stem=[]"], "_plain") for seed in range(args.seeds)
+             if args.plain]
     first, report = runs[0], runs[0]["eval"]["report"]
-    best = json.loads((common.ROOT / args.workdir / "checkpoints" / "best.json").read_text())
     common.write_record("demo", {
-        "record": "digits demo: train configs/digits.py from scratch, test accuracy per seed",
         "run": {"train": first["train"]["command"], "eval": first["eval"]["command"]},
         "workdir": args.workdir,
         "train_seconds": first["train"]["wall_s"], "eval_seconds": first["eval"]["wall_s"],
-        "best_checkpoint": best,
         "validation": [{"step": r["step"], "accuracy": r["accuracy"]}
                        for r in common.metrics(common.ROOT / args.workdir, "validation")],
         "test_accuracy": report["accuracy"], "test_top5_accuracy": report["top5_accuracy"],
         "num_test_examples": report["num_examples"],
-        "seeds": [{"seed": r["seed"], "test_accuracy": r["test_accuracy"],
-                   "train_seconds": r["train"]["wall_s"]} for r in runs],
-        **({"plain_patch_embedding": [
-            {"seed": r["seed"], "test_accuracy": r["test_accuracy"],
-             "train_seconds": r["train"]["wall_s"]} for r in plain]} if plain else {}),
+        "seeds": figures(runs),
+        **({"plain_patch_embedding": figures(plain)} if plain else {}),
         "eval": {k: v for k, v in report.items() if k != "confusion_png"},
     }, argv=argv, out=args.out)
 

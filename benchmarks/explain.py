@@ -39,11 +39,8 @@ def compiled_bytes(model, batch: int, size: int, what: str) -> dict:
 
 
 def main(argv: list[str]) -> None:
-    parser = common.parser("explain", __doc__)
-    parser.add_argument("--model", default="L/14")
-    parser.add_argument("--image-size", type=int, default=518)
-    parser.add_argument("--batches", type=int, nargs="+", default=[1, 2, 4])
-    args = parser.parse_args(argv)
+    args = common.parser("explain", __doc__).parse_args(argv)
+    name, size = "L/14", 518
     import jax
     import numpy as np
     from flax import nnx
@@ -52,12 +49,11 @@ def main(argv: list[str]) -> None:
 
     # An abstract model: shapes only, so ViT-L's weights are never allocated.
     model = nnx.eval_shape(lambda: vit.create_model(
-        args.model, num_classes=1000, image_size=args.image_size, attention_impl="xla",
-        rngs=nnx.Rngs(0)))
+        name, num_classes=1000, image_size=size, attention_impl="xla", rngs=nnx.Rngs(0)))
     params = sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
     results = {}
     for what in ("rollout", "relevancy", "keep-every-layer"):
-        rows = [compiled_bytes(model, b, args.image_size, what) for b in args.batches]
+        rows = [compiled_bytes(model, b, size, what) for b in (1, 2, 4)]
         # A guide only: XLA's buffer assignment is not linear in the batch.
         slope, intercept = np.polyfit([r["batch"] for r in rows],
                                       [r["total_gb"] for r in rows], 1)
@@ -65,12 +61,9 @@ def main(argv: list[str]) -> None:
                          "gb_per_image_at_batch_1": rows[0]["total_gb"] / rows[0]["batch"],
                          "fit_gb_per_image": round(float(slope), 3),
                          "fit_batch_independent_gb": round(float(intercept), 3)}
-        print(what, [r["total_gb"] for r in rows], round(float(slope), 3),
-              round(float(intercept), 3), flush=True)
     cfg = model.config
     common.write_record("explain_memory", {
-        "record": "compiled memory of explain (streaming) against keeping every layer",
-        "model": args.model, "image_size": args.image_size, "tokens": cfg.num_tokens,
+        "model": name, "image_size": size, "tokens": cfg.num_tokens,
         "depth": cfg.depth, "heads": cfg.num_heads, "parameters": int(params),
         "parameter_gb_float32": round(params * 4 / GB, 3),
         "measure": "temp_size_in_bytes + output_size_in_bytes of the compiled program "

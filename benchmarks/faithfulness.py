@@ -32,36 +32,26 @@ def explain_eval(argv: list[str]) -> dict:
 
 def main(argv: list[str]) -> None:
     parser = common.parser("faithfulness", __doc__, str(common.record_path("faithfulness")))
-    parser.add_argument("--checkpoint", default="runs/record_demo")
-    parser.add_argument("--limit", type=int, default=None, help="images (default: all 360)")
     args = parser.parse_args(argv)
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     args.out = os.path.abspath(args.out)
     os.chdir(ROOT)  # paths in the record and the commands are relative to the repository
-    made_by = common.read_record("demo")
-    if (ROOT / made_by["workdir"]).resolve() != (ROOT / args.checkpoint).resolve():
-        raise SystemExit(f"the demo record made {made_by['workdir']}, not {args.checkpoint}: "
-                         "measure the model that record names")
+    made_by = common.read_record("demo")  # the model measured is the one that record names
+    checkpoint = made_by["workdir"]
     rows = []
     for metric, substrate, steps in RUNS:
-        cli = ["explain-eval", "--checkpoint", args.checkpoint, "--data", "digits", "--split",
-                "test", "--method", *METHODS, "--metric", metric, "--substrate", substrate,
-                "--steps", str(steps), "--json"]
-        if args.limit:
-            cli += ["--limit", str(args.limit)]
+        cli = ["explain-eval", "--checkpoint", checkpoint, "--data", "digits", "--split",
+               "test", "--method", *METHODS, "--metric", metric, "--substrate", substrate,
+               "--steps", str(steps), "--json"]
         start = time.time()
         report = explain_eval(cli)
         rows.append({"metric": metric, "substrate": substrate, "steps": steps,
                      "command": "vit " + " ".join(cli), "seconds": round(time.time() - start, 1),
                      "results": report["results"]})
-        summary = {m: round(r["auc"], 3) for m, r in report["results"].items()}
-        print(metric, substrate, steps, summary, flush=True)
     common.write_record("faithfulness", {
-        "record": "faithfulness of attention maps on the digits demo model (deletion, insertion)",
-        "checkpoint": args.checkpoint, "model_record": "benchmarks/records/demo.json",
+        "checkpoint": checkpoint, "model_record": "benchmarks/records/demo.json",
         "model_test_accuracy": made_by["test_accuracy"], "model_made_utc": made_by["date_utc"],
-        "model_train": made_by["run"]["train"], "images": args.limit or 360,
-        "better": {"deletion": "lower", "insertion": "higher"}, "runs": rows},
+        "model_train": made_by["run"]["train"], "images": 360, "runs": rows},
         argv=argv, out=args.out)
 
 

@@ -6,10 +6,11 @@ from __future__ import annotations
 import os
 import statistics
 import subprocess
-import sys
 import tempfile
 
 from benchmarks import common, peers, tables
+
+MODEL, BATCH, IMAGE_SIZE = "vit_b16", 8, 224
 
 
 def _images(batch: int, size: int):
@@ -36,18 +37,15 @@ def side_hf(checkpoint: str, dtype: str, batch: int, image_size: int, iters: int
 def run(kind: str, args, folder: str) -> float:
     timing = common.run_side(
         f"benchmarks.inference:{'side_hf' if kind.startswith('hf') else 'side_ours'}",
-        {"checkpoint": os.path.join(folder, "model"), "batch": args.batch,
+        {"checkpoint": os.path.join(folder, "model"), "batch": BATCH,
          "dtype": "bfloat16" if kind.endswith("bfloat16") else "float32",
-         "image_size": args.image_size, "iters": args.iters},
+         "image_size": IMAGE_SIZE, "iters": args.iters},
         pythonpath=args.baseline if kind == "baseline" else None, cwd=folder)
-    return args.batch / timing["median_s"]
+    return BATCH / timing["median_s"]
 
 
 def main(argv: list[str]) -> None:
     parser = common.parser("inference", __doc__)
-    parser.add_argument("--model", default="vit_b16")
-    parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--image-size", type=int, default=224)
     parser.add_argument("--iters", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--baseline", default=None, metavar="DIR",
@@ -58,8 +56,8 @@ def main(argv: list[str]) -> None:
     rounds = []
     with tempfile.TemporaryDirectory() as folder:
         common.run_side("benchmarks.peers:save_random",
-                        {"folder": os.path.join(folder, "model"), "variant": args.model,
-                         "image_size": args.image_size})
+                        {"folder": os.path.join(folder, "model"), "variant": MODEL,
+                         "image_size": IMAGE_SIZE})
         for i in range(args.rounds):
             r = {kind: run(kind, args, folder) for kind in kinds[i % len(kinds):]
                  + kinds[:i % len(kinds)]}
@@ -68,18 +66,10 @@ def main(argv: list[str]) -> None:
             if args.baseline:
                 r["ratio_to_baseline"] = r["ours_float32"] / r["baseline"]
             rounds.append(r)
-            print(f"round {i}: " + ", ".join(f"{k} {r[k]:.2f} img/s" for k in kinds),
-                  file=sys.stderr)
     med = lambda key: statistics.median(r[key] for r in rounds)  # noqa: E731
     result = {
-        "setup": {**{k: getattr(args, k) for k in ("model", "batch", "image_size", "iters",
-                                                   "rounds")},
-                  "weights": "one transformers ViTForImageClassification with random "
-                             "variance-preserving weights, save_pretrained; both sides load it",
-                  "ours": "vit.checkpoints.load_checkpoint(dtype=...) + jax.jit forward + softmax",
-                  "peer": "transformers ViTForImageClassification float32 (hf) and cast with "
-                          ".to(torch.bfloat16) (hf_bfloat16), torch.inference_mode, default "
-                          "SDPA attention, threads = cores"},
+        "setup": {"model": MODEL, "batch": BATCH, "image_size": IMAGE_SIZE, "iters": args.iters,
+                  "rounds": args.rounds},
         "rounds": rounds, "img_s_median": {k: med(k) for k in kinds},
         "ratio_to_transformers_median": {k: med(f"{k}_ratio") for k in kinds if k != "hf"},
         "ours_bfloat16_ratio_to_hf_bfloat16_median": med("ours_bfloat16_ratio_to_hf_bfloat16")}

@@ -1,5 +1,5 @@
-"""Registers, spills and shared memory of our flash-attention kernels compiled for an NVIDIA
-target (sm_90 by default) on any host by pip's triton and ptxas; exit 1 when one does not fit."""
+"""Registers, spills and shared memory of our flash-attention kernels compiled for Hopper
+(sm_90) on any host by pip's triton and ptxas; exit 1 when one does not fit."""
 
 from __future__ import annotations
 
@@ -21,13 +21,11 @@ import jax.numpy as jnp
 from benchmarks import common, tables
 
 KERNELS = ("flash_attention_fwd", "flash_attention_dkv", "flash_attention_dq")
-# Largest shared memory of one block by compute capability; a device kind per target.
-MAX_SHARED = {80: 163 * 1024, 86: 99 * 1024, 89: 99 * 1024, 90: 227 * 1024}
-DEVICE_KIND = {80: "NVIDIA A100", 86: "NVIDIA A10", 89: "NVIDIA L4", 90: "NVIDIA H100"}
+CAPABILITY, DEVICE_KIND = 90, "NVIDIA H100"
+MAX_SHARED = 227 * 1024  # the largest shared memory of one block on sm_90
 
 
-def triton_ir(head_dim: int, dtype, seq: int, capability: int,
-              kv_len: bool = False) -> dict[str, str]:
+def triton_ir(head_dim: int, dtype, seq: int, kv_len: bool = False) -> dict[str, str]:
     """Triton IR of the forward and both backward kernels, by kernel name."""
     from jax._src.pallas.triton import lowering  # where jax turns a kernel into Triton IR
 
@@ -54,7 +52,7 @@ def triton_ir(head_dim: int, dtype, seq: int, capability: int,
 
     lowering.lower_jaxpr_to_triton_module = capture
     try:
-        with _target(capability):
+        with _target():
             jax.jit(step).trace(spec, spec, spec, spec, lens).lower(
                 lowering_platforms=("cuda",))
     finally:
@@ -65,16 +63,16 @@ def triton_ir(head_dim: int, dtype, seq: int, capability: int,
     return captured
 
 
-def _target(capability: int):
+def _target():
     if jax.default_backend() == "gpu":
         return contextlib.nullcontext()
     from jax.sharding import AbstractDevice, AbstractMesh, use_abstract_mesh
 
-    device = AbstractDevice(device_kind=DEVICE_KIND[capability], num_cores=None, platform="gpu")
+    device = AbstractDevice(device_kind=DEVICE_KIND, num_cores=None, platform="gpu")
     return use_abstract_mesh(AbstractMesh((1,), ("x",), abstract_device=device))
 
 
-def compile_resources(ir: str, capability: int, warps: int, stages: int) -> dict:
+def compile_resources(ir: str, warps: int, stages: int) -> dict:
     import triton
     from triton.backends.compiler import GPUTarget
 
@@ -84,26 +82,25 @@ def compile_resources(ir: str, capability: int, warps: int, stages: int) -> dict
         path.write_text(ir)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            kernel = triton.compile(str(path), target=GPUTarget("cuda", capability, 32),
+            kernel = triton.compile(str(path), target=GPUTarget("cuda", CAPABILITY, 32),
                                     options={"num_warps": warps, "num_stages": stages})
         ptx = pathlib.Path(tmp, "kernel.ptx")
         ptx.write_text(kernel.asm["ptx"])
-        report = _ptxas_report(ptx, capability)
+        report = _ptxas_report(ptx)
     registers = int(re.search(r"Used (\d+) registers", report).group(1))
     spills = int(re.search(r"(\d+) bytes spill stores", report).group(1))
     return dict(registers=registers, spill_bytes=spills, shared_bytes=int(kernel.metadata.shared),
                 wgmma="wgmma.mma_async" in kernel.asm["ptx"])
 
 
-def _ptxas_report(ptx: pathlib.Path, capability: int) -> str:
+def _ptxas_report(ptx: pathlib.Path) -> str:
     import triton
 
-    arch = f"sm_{capability}a" if capability >= 90 else f"sm_{capability}"
     tools = sorted(glob.glob(os.path.join(os.path.dirname(triton.__file__),
                                           "backends", "nvidia", "bin", "ptxas*")))
     errors = []
     for tool in tools:
-        proc = subprocess.run([tool, "-v", f"-arch={arch}", str(ptx), "-o", os.devnull],
+        proc = subprocess.run([tool, "-v", f"-arch=sm_{CAPABILITY}a", str(ptx), "-o", os.devnull],
                               capture_output=True, text=True)
         if proc.returncode == 0:
             return proc.stdout + proc.stderr
@@ -111,7 +108,7 @@ def _ptxas_report(ptx: pathlib.Path, capability: int) -> str:
     raise RuntimeError(f"no bundled ptxas accepted the PTX: {errors or 'none found'}")
 
 
-def measure(head_dims, dtypes, seqs, capability: int) -> list[dict]:
+def measure(head_dims, dtypes, seqs) -> list[dict]:
     from vit.ops.flash_attention import default_block_sizes
 
     rows = []
@@ -119,20 +116,19 @@ def measure(head_dims, dtypes, seqs, capability: int) -> list[dict]:
     for dtype_name, head_dim, (seq, kv_len) in itertools.product(
             dtypes, head_dims, [*((s, False) for s in seqs), (seqs[0], True)]):
         blocks = default_block_sizes("gpu", head_dim, seq, seq)
-        irs = triton_ir(head_dim, jnp.dtype(dtype_name), seq, capability, kv_len=kv_len)
+        irs = triton_ir(head_dim, jnp.dtype(dtype_name), seq, kv_len=kv_len)
         for index, name in enumerate(KERNELS):
             row = dict(kernel=name, head_dim=head_dim, dtype=dtype_name, seq=seq, kv_len=kv_len,
                        tile=list(getattr(blocks, name.rsplit("_", 1)[1])),
                        warps=blocks.warps[index], stages=blocks.num_stages)
             try:
-                row.update(compile_resources(irs[name], capability, row["warps"], row["stages"]))
+                row.update(compile_resources(irs[name], row["warps"], row["stages"]))
                 # Spills cost speed only: flagged for 16-bit kernels.
-                row["ok"] = (row["shared_bytes"] <= MAX_SHARED[capability]
+                row["ok"] = (row["shared_bytes"] <= MAX_SHARED
                              and (row["spill_bytes"] == 0 or dtype_name == "float32"))
             except Exception as exc:  # recorded; the other kernels still report
                 row.update(ok=False, error=f"{type(exc).__name__}: {exc}"[:400])
             rows.append(row)
-            print(f"kernels {row}", flush=True)
     return rows
 
 
@@ -170,20 +166,18 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--dtypes", nargs="+", default=["bfloat16", "float32"],
                         choices=["bfloat16", "float16", "float32"])
     parser.add_argument("--seqs", type=int, nargs="+", default=[197, 577, 1025, 50, 257])
-    parser.add_argument("--capability", type=int, default=90, choices=sorted(MAX_SHARED))
     args = parser.parse_args(argv)
     try:
         import triton  # noqa: F401
     except ImportError:
         print("kernels: needs pip's triton (`pip install triton`)", file=sys.stderr)
         return 2
-    rows = measure(args.head_dims, args.dtypes, args.seqs, args.capability)
-    cells, out = readme_table(rows), pathlib.Path(args.out) / "kernel_resources.json"
+    rows = measure(args.head_dims, args.dtypes, args.seqs)
     common.write_record("kernel_resources", {
-        "target": f"sm_{args.capability}", "max_shared_bytes": MAX_SHARED[args.capability],
+        "target": f"sm_{CAPABILITY}", "max_shared_bytes": MAX_SHARED,
         "note": "compiled by pip's triton, not XLA's; indicative of fit, not of speed",
-        "kernels": rows, "readme_table": cells}, argv=argv, mode="kernels", out=out)
+        "kernels": rows, "readme_table": readme_table(rows)}, argv=argv, mode="kernels",
+        out=pathlib.Path(args.out) / "kernel_resources.json")
     bad = [r for r in rows if not r["ok"]]
-    print("\n".join(["", *cells, ""]))
-    print(f"{len(rows) - len(bad)}/{len(rows)} kernels fit; wrote {out}")
+    print(f"{len(rows) - len(bad)}/{len(rows)} kernels fit")
     return 1 if bad else 0

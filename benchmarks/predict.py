@@ -4,6 +4,8 @@ ViT-B/16 and JPEGs, passes interleaved; and one image's start-up (`predict_start
 from __future__ import annotations
 
 import os
+import shutil
+import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -11,18 +13,17 @@ from pathlib import Path
 from benchmarks import common, peers, tables
 
 
-def make_images(folder: Path, n: int) -> list[Path]:
+def make_images(folder: Path, n: int) -> Path:
     import numpy as np
     from PIL import Image
 
     rng = np.random.RandomState(0)
-    paths = []
+    folder.mkdir()
     for i in range(n):
         h, w = rng.randint(180, 480, size=2)
-        path = folder / f"img_{i:03d}.jpg"
-        Image.fromarray(rng.randint(0, 255, (h, w, 3), np.uint8)).save(path, quality=90)
-        paths.append(path)
-    return paths
+        Image.fromarray(rng.randint(0, 255, (h, w, 3), np.uint8)).save(
+            folder / f"img_{i:03d}.jpg", quality=90)
+    return folder
 
 
 HF_FIRST_PREDICTION = """
@@ -38,9 +39,6 @@ print(time.perf_counter() - start)
 def start_up(model: Path, image: Path, cache: Path, rounds: int) -> dict:
     """One image, process start to exit, median of `rounds` from an empty cache: cold, JAX's
     compile cache only, warm, and transformers' pipeline in a fresh process."""
-    import shutil
-    import statistics
-
     os.environ.pop("JAX_ENABLE_COMPILATION_CACHE", None)  # the cache folder alone decides
     ours = ["vit", "predict", str(image), "--checkpoint", str(model), "--top-k", "5"]
     theirs = [sys.executable, "-c", HF_FIRST_PREDICTION, str(model), str(image)]
@@ -73,9 +71,6 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--start-up-rounds", type=int, default=3)
     args = parser.parse_args(argv)
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
-
-    import statistics
-
     import torch
     import transformers
 
@@ -86,16 +81,12 @@ def main(argv: list[str]) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         peers.save_random(tmp / "model", processor=True)
-        (tmp / "images").mkdir()
-        paths = make_images(tmp / "images", args.images)
-        files = list_images([tmp / "images"])
-        assert len(files) == len(paths)
+        files = list_images([make_images(tmp / "images", args.images)])
         fns = {}
         for dtype in ("float32", "bfloat16"):
             loaded = load_checkpoint(tmp / "model", dtype=dtype)
             predictor = Predictor(loaded.build_model(), loaded.preprocessing, loaded.labels,
                                   top_k=5, batch_size=args.batch_size)
-
             fns[f"vit_{dtype}"] = lambda p=predictor: list(p.predict_files(files))
         pipe = transformers.pipeline("image-classification", model=str(tmp / "model"),
                                      device=-1)
@@ -112,8 +103,6 @@ def main(argv: list[str]) -> None:
                 f"at 224 px, batch {args.batch_size}, after one warm-up pass, "
                 f"{args.repeats} interleaved rounds of one pass each",
         "images_per_s": {k: n / s for k, s in best.items()},
-        "ratio_vit_over_transformers": {k: best["transformers"] / s for k, s in best.items()
-                                        if k != "transformers"},
         "ratio_median_of_rounds": {
             k: statistics.median(t / o for t, o in zip(times["transformers"], v, strict=True))
             for k, v in times.items() if k != "transformers"},

@@ -63,8 +63,7 @@ def fashion(args) -> dict:
     from vit.training.timings import run_timings
 
     workdir = Path(args.workdir)
-    sets = [f"train.steps={args.steps}"] if args.steps else []
-    run, load = with_load(lambda: common.vit_train("fashion_mnist", workdir, sets))
+    run, load = with_load(lambda: common.vit_train("fashion_mnist", workdir))
     timings = run_timings(workdir / "metrics.jsonl")
     at = {e["step"]: round(timings["process_start_s"] + e["at_s"], 1)  # from the launch
           for e in timings["evaluations"]}
@@ -74,7 +73,6 @@ def fashion(args) -> dict:
     config = json.loads((workdir / "config.json").read_text())
     within = [c for c in curve if c["seconds"] is not None and c["seconds"] <= 900]
     return {"recipe": "fashion_mnist", "run_command": run["command"],
-            "timing_source": "the run's own timings in metrics.jsonl",
             "steps": config["train"]["steps"], "batch_size": config["train"]["batch_size"],
             "test_accuracy": round(test["accuracy"], 4), "test_images": test.get("num_examples"),
             "wall_s": run["wall_s"], "split": split_of_vit_run(workdir, run["wall_s"]),
@@ -91,8 +89,7 @@ def transfer(args) -> dict:
     with tempfile.TemporaryDirectory(prefix="realdata-") as tmp:
         for seed, start in itertools.product(range(args.seeds), ("pretrained", "scratch")):
             workdir = Path(tmp) / f"{start}{seed}"
-            sets = [f"seed={seed}"] + ([f"train.steps={args.steps}"] if args.steps else [])
-            run = common.vit_train("mnist_transfer", workdir, sets,
+            run = common.vit_train("mnist_transfer", workdir, [f"seed={seed}"],
                                    init=args.init if start == "pretrained" else None)
             test = common.vit_eval(workdir, "--split", "test")["report"]
             runs.append({"start": start, "seed": seed, "wall_s": run["wall_s"],
@@ -225,25 +222,21 @@ def dryrun(args) -> dict:
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks realdata")
+    out = common.parser("realdata", __doc__, add_help=False)  # each kind's --out
     sub = parser.add_subparsers(dest="what", required=True)
-    f = sub.add_parser("fashion", help="the fashion_mnist recipe's result and time")
+    f = sub.add_parser("fashion", parents=[out], help="the fashion_mnist recipe's result, time")
     f.add_argument("--workdir", required=True)
-    f.add_argument("--steps", type=int, default=None)
-    t = sub.add_parser("transfer", help="mnist_transfer from --init against from scratch")
+    t = sub.add_parser("transfer", parents=[out], help="mnist_transfer from --init and scratch")
     t.add_argument("--init", required=True)
     t.add_argument("--seeds", type=int, default=1)
-    t.add_argument("--steps", type=int, default=None)
-    p = sub.add_parser("peer", help="vit train against transformers + torch")
+    p = sub.add_parser("peer", parents=[out], help="vit train against transformers + torch")
     p.add_argument("--scratch-steps", type=int, default=300)
     p.add_argument("--tune-steps", type=int, default=150)
     p.add_argument("--rounds", type=int, default=1)
-    d = sub.add_parser("dryrun", help="vit train --dry-run of every shipped recipe")
+    d = sub.add_parser("dryrun", parents=[out], help="vit train --dry-run of the recipes")
     d.add_argument("--recipes", nargs="*", default=None)
     d.add_argument("--merge", action="store_true",
                    help="run only --recipes, keeping the record's other entries")
-    for each in (f, t, p, d):
-        each.add_argument("--out", default=None, help="write the record here (default "
-                          "benchmarks/records/NAME.json; a record there is named for its file)")
     args = parser.parse_args(argv)
     name, run = {"fashion": ("fashion_mnist", fashion), "transfer": ("mnist_transfer", transfer),
                  "peer": ("realdata_peer", peer), "dryrun": ("dry_run", dryrun)}[args.what]

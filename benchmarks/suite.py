@@ -30,9 +30,6 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--all", action="store_true", help="also .ci/run, the slow tests too")
     args = parser.parse_args(argv)
     runs = [run(COMMANDS["default"]), *([run(COMMANDS["all"])] if args.all else [])]
-    for r in runs:
-        print(f"{r['command']}: {r.get('passed', 0)} passed, {r.get('failed', 0)} failed in "
-              f"{r['wall_s'] / 60:.1f} minutes (exit {r['exit_code']})")
     common.write_record("suite", {"runs": runs}, argv=argv, out=args.out)
     return max(r["exit_code"] for r in runs)
 

@@ -221,19 +221,14 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--check", action="store_true", help="change nothing; report")
     args = parser.parse_args(argv)
     problems, recs, where = unshown(), records(), placement()
-    changed = []
-    for doc in docs():
-        text = (ROOT / doc).read_text()
-        new = regenerate(text, recs, where)
-        if new != text:
-            changed.append(doc)
-            if not args.check:
-                (ROOT / doc).write_text(new)
     if args.check:
-        problems += [f"{doc}: stale tables: run python -m benchmarks tables" for doc in changed]
+        problems += [f"{doc}: stale tables: run python -m benchmarks tables" for doc in stale()]
         problems += [f"{at} is a figure outside the generated tables: put it in a record's "
                      "table or delete it" for at in unbacked()]
     else:
+        changed = stale()
+        for doc in changed:
+            (ROOT / doc).write_text(regenerate((ROOT / doc).read_text(), recs, where))
         print(f"tables: wrote {', '.join(changed) or 'nothing (all current)'}")
     if problems:
         print("\n".join(problems), file=sys.stderr)

@@ -131,7 +131,6 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--record", default=None, help="the record's name (default: the recipe's)")
     p.add_argument("--ablation", action="store_true", help="train VARIANTS instead")
     p.add_argument("--init", default=None, help="a ViT stage to start from")
-    p.add_argument("--workdir", default=None, help="default runs/bench_RECORD")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     return p
 
@@ -140,7 +139,7 @@ def main(argv: list[str]) -> None:
     args = parser().parse_args(argv)
     config = recipe_path(args.config)
     name = args.record or (f"{config.stem}_ablation" if args.ablation else config.stem)
-    workdir = Path(args.workdir or ROOT / "runs" / f"bench_{name}")
+    workdir = ROOT / "runs" / f"bench_{name}"
     if args.ablation:
         if config.stem != "promptshapes":
             raise SystemExit(f"--ablation varies promptshapes' recipe, not {config.stem}'s")

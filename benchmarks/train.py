@@ -1,24 +1,22 @@
 """Training-step speed on the CPU: `vit train`'s jitted step against transformers' ViT doing the
-same update from the same weights (`--plain-malloc`, `--jax-defaults`: ours changed one way)."""
+same update from the same weights, each side in its own process."""
 
 from __future__ import annotations
 
 import json
 import os
-import resource
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-from benchmarks import common, peers, tables, train_step
+from benchmarks import common, peers, tables
 
+RECIPE = common.ROOT / "configs" / "imagefolder.py"
+# AdamW at its full rate from the first step, so a peer's optimiser runs the same updates.
+ADAMW = ("optim.name=adamw", "optim.lr=0.0001", "optim.weight_decay=0.05",
+         "optim.warmup_steps=0", "optim.schedule=constant")
 CASES = ("B/16:8", "S/16:32")
-# Ours changed one way, {contestant: (record key, --flag)}: without the huge-page tunable, or
-# with jax's default XLA:CPU compile options.
-PLAIN, DEFAULTS = "vit_plain_malloc", "vit_jax_defaults"
-VARIANTS = {PLAIN: ("plain_malloc", "plain_malloc"), DEFAULTS: ("jax_defaults", "jax_defaults")}
 CLASSES = 1000
 # What transformers' side mirrors (the values it can run, the first the default).
 MIRRORED = {"optim.name": ("adamw",), "optim.layer_decay": (1.0, 0.0, None),
@@ -30,9 +28,13 @@ MIRRORED = {"optim.name": ("adamw",), "optim.layer_decay": (1.0, 0.0, None),
 
 
 def recipe(case: str, sets: list[str], dtype: str = "float32"):
+    from vit.recipes.load import load_config
+    from vit.recipes.model_fields import model_field_types
+
     model, batch = case.split(":")
-    return train_step.load_recipe([*train_step.ADAMW, f"model.dtype={dtype}",
-                                   f"model.name={model}", f"train.batch_size={batch}", *sets])
+    return load_config(RECIPE, [*ADAMW, f"model.dtype={dtype}", f"model.name={model}",
+                                f"train.batch_size={batch}", *sets],
+                       model_field_types=model_field_types)
 
 
 def spec_of(config) -> dict:
@@ -53,12 +55,18 @@ def prepare(case: str, sets: list[str], folder: str) -> dict:
     """The Hugging Face folder of our initial weights, the batch, and transformers' spec."""
     import numpy as np
 
-    from vit.checkpoints import save_checkpoint
+    from vit.checkpoints import LoadedCheckpoint, save_checkpoint
+    from vit.checkpoints.tree import flatten, nest
+    from vit.training.model import build_model
 
     folder = Path(folder)
     config = recipe(case, sets)
     spec = spec_of(config)
-    save_checkpoint(train_step.initial_weights(config, CLASSES), folder / "hf", "hf")
+    # The weights `vit_step`'s program starts from (`build_program` builds the same model).
+    model, params = build_model(config, CLASSES, init=config.get("init") or None)
+    params = nest({k: np.asarray(v) for k, v in flatten(params).items()})
+    save_checkpoint(LoadedCheckpoint(model.config, params, model.preprocessing), folder / "hf",
+                    "hf")
     rng = np.random.default_rng(0)
     size = spec["image_size"]
     np.savez(folder / "batch.npz", labels=rng.integers(0, CLASSES, spec["batch"]),
@@ -68,11 +76,15 @@ def prepare(case: str, sets: list[str], folder: str) -> dict:
 
 
 def vit_step(case: str, sets: list[str], folder: Path, dtype: str = "float32"):
-    """Our side: one `vit train` step, waited for; returns the loss."""
+    """Our side: one step of `vit train`'s own program (`build_program`), waited for; returns the
+    loss."""
     import jax
     import numpy as np
 
-    step = train_step.build(recipe(case, sets, dtype), CLASSES)
+    from vit.training.program import build_program
+
+    config = recipe(case, sets, dtype)
+    step = build_program(config, CLASSES, init=config.get("init") or None)
     data = np.load(folder / "batch.npz")
     batch = step.put(step.batch(data["images"], data["labels"]))
 
@@ -85,7 +97,7 @@ def vit_step(case: str, sets: list[str], folder: Path, dtype: str = "float32"):
 
 
 def transformers_step(folder: Path, dtype: str = "float32"):
-    """transformers' side: one step with accuracy and the finiteness check; returns the loss."""
+    """transformers' side: one step with the finiteness check; returns the loss."""
     import numpy as np
     import torch
 
@@ -99,15 +111,12 @@ def transformers_step(folder: Path, dtype: str = "float32"):
     labels = torch.from_numpy(data["labels"])
 
     def step() -> float:
-        logits, loss = peers.update(model, opt, images, labels,
-                                    label_smoothing=spec["label_smoothing"],
-                                    clip=spec["clip_norm"])
+        _, loss = peers.update(model, opt, images, labels,
+                               label_smoothing=spec["label_smoothing"], clip=spec["clip_norm"])
         with torch.no_grad():
-            accuracy = (logits.argmax(-1) == labels).float().mean()
-            finite = torch.stack([p.isfinite().all() for p in params.values()]).all()
-        loss, _, finite = loss.item(), accuracy.item(), finite.item()
+            finite = torch.stack([p.isfinite().all() for p in params.values()]).all().item()
         assert finite, "the weights became non-finite"
-        return loss
+        return loss.item()
 
     return step
 
@@ -136,42 +145,30 @@ def serve(kind: str, case: str, dtype: str, folder: str, sets: list[str], steps:
         times, losses = timed(step, steps)
         first[0] = (early + losses)[0] if first[0] is None else first[0]
         return {"times": times, "rewarm_times": untimed, "loss_first": first[0],
-                "loss_last": losses[-1], "peak_rss_bytes": peak_rss_bytes()}
+                "loss_last": losses[-1]}
 
     return run
 
 
-def peak_rss_bytes() -> int:
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return int(peak if sys.platform == "darwin" else peak * 1024)  # Linux counts KiB
-
-
 def environment(kind: str) -> dict:
-    """Ours as the `vit` command sets it (huge pages); transformers' and plain-malloc's as is."""
-    from vit.cpu import huge_pages, xla_options
+    """Ours as the `vit` command sets it (huge pages); transformers' as it is."""
+    from vit.cpu import huge_pages
 
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-    if kind in ("vit", DEFAULTS):
-        env = huge_pages.environment(env)
-    if kind == DEFAULTS:
-        env[xla_options.OPT_OUT] = "0"
-    return env
+    return huge_pages.environment(env) if kind == "vit" else env
 
 
 def contestant(kind: str, dtype: str, case: str, folder: Path, args, kept: bool):
     """A contestant's process, warmed up; one `kept` for many runs settles and rewarms first."""
     return common.Side("benchmarks.train:serve", {
-        "kind": "transformers" if kind == "transformers" else "vit", "case": case,
-        "dtype": dtype, "folder": str(folder), "sets": args.set, "steps": args.steps,
-        "warmup": args.warmup, "rewarm": 1 if kept else 0},
+        "kind": kind, "case": case, "dtype": dtype, "folder": str(folder), "sets": args.set,
+        "steps": args.steps, "warmup": args.warmup, "rewarm": 1 if kept else 0},
         env=environment(kind), settle_s=0.5 if kept else 0.0)
 
 
 def measure(case: str, folder: Path, args) -> dict:
     """Every (library, dtype) once per round, the order reversed every other round."""
     contestants = [(kind, dtype) for dtype in args.dtype for kind in ("vit", "transformers")]
-    variants = [kind for kind, (_, flag) in VARIANTS.items() if getattr(args, flag)]
-    contestants += [(kind, dtype) for kind in variants for dtype in args.dtype]
     runs = {c: [] for c in contestants}
     kept = ({c: contestant(*c, case, folder, args, True) for c in contestants}
             if args.interleave else {})
@@ -182,18 +179,14 @@ def measure(case: str, folder: Path, args) -> dict:
             if not kept:
                 side.close()
             runs[kind, dtype].append({**out, "median_step_s": statistics.median(out["times"])})
-            print(f"{case} round {r}: {kind} {dtype} median step "
-                  f"{runs[kind, dtype][-1]['median_step_s']:.3f} s, peak RSS "
-                  f"{out['peak_rss_bytes'] / 2**30:.2f} GiB", flush=True)
     for side in kept.values():
         side.close()
     result = {"case": case, "model": case.split(":")[0], "batch": int(case.split(":")[1])}
     for dtype in args.dtype:
-        sides = {k: runs[k, dtype] for k in ("vit", "transformers")}
-        vit, tf = sides.values()
+        vit, tf = runs["vit", dtype], runs["transformers", dtype]
 
-        def each(f, sides=sides):
-            return {k: f(v) for k, v in sides.items()}
+        def each(f, vit=vit, tf=tf):
+            return {"vit": f(vit), "transformers": f(tf)}
 
         ratios = [t["median_step_s"] / v["median_step_s"] for v, t in zip(vit, tf, strict=True)]
         result[dtype] = {
@@ -201,16 +194,9 @@ def measure(case: str, folder: Path, args) -> dict:
             "step_times_s": each(lambda v: [x["times"] for x in v]),
             "untimed_step_times_s": each(lambda v: [x.get("rewarm_times", []) for x in v]),
             "ratio_transformers_over_vit": ratios, "median_ratio": statistics.median(ratios),
-            "peak_rss_bytes": each(lambda v: max(x["peak_rss_bytes"] for x in v)),
             "loss_first": each(lambda v: v[0]["loss_first"]),
             "loss_last": each(lambda v: v[0]["loss_last"]),
             "loss_last_relative_difference": abs(vit[0]["loss_last"] / tf[0]["loss_last"] - 1)}
-        for kind in variants:
-            other = [x["median_step_s"] for x in runs[kind, dtype]]
-            gains = [o / v["median_step_s"] for o, v in zip(other, vit, strict=True)]
-            result[dtype][VARIANTS[kind][0]] = {"median_step_s": other, "ratio_over_vit": gains,
-                                                "median_ratio": statistics.median(gains),
-                                                "loss_last": runs[kind, dtype][0]["loss_last"]}
     if "float32" in args.dtype and "bfloat16" in args.dtype:
         ours = [f["median_step_s"] / b["median_step_s"] for f, b in
                 zip(runs["vit", "float32"], runs["vit", "bfloat16"], strict=True)]
@@ -225,22 +211,15 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=3, help="timed steps per run")
     parser.add_argument("--warmup", type=int, default=1, help="untimed steps per run")
-    parser.add_argument("--dtype", action="append", choices=("float32", "bfloat16"))
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    parser.add_argument("--jax-defaults", action="store_true", help="also ours, jax's options")
-    parser.add_argument("--plain-malloc", action="store_true", help="also ours, no huge pages")
     parser.add_argument("--interleave", action="store_true",
                         help="keep every contestant's process alive between rounds")
     args = parser.parse_args(argv)
     cases = args.case or list(CASES)
-    if not args.dtype:
-        # Without bfloat16 arithmetic torch's bfloat16 is emulated: only when asked for.
-        bf16 = common.cpu().get("bfloat16_arithmetic")
-        args.dtype = ["float32", "bfloat16"] if bf16 else ["float32"]
-        if args.dtype == ["float32"]:
-            print("this CPU has no bfloat16 arithmetic: float32 only (--dtype bfloat16 to time "
-                  "it anyway)", flush=True)
-    from vit.cpu import huge_pages, xla_options
+    # Without bfloat16 arithmetic torch's bfloat16 is emulated: float32 alone is timed.
+    bf16 = common.cpu().get("bfloat16_arithmetic")
+    args.dtype = ["float32", "bfloat16"] if bf16 else ["float32"]
+    from vit.cpu import huge_pages
 
     load_before = os.getloadavg()
     results = []
@@ -250,89 +229,50 @@ def main(argv: list[str]) -> None:
                                    {"case": case, "sets": args.set, "folder": tmp},
                                    env={"JAX_PLATFORMS": "cpu"})
             results.append({**measure(case, Path(tmp), args), "recipe": spec})
-        for dtype in args.dtype:
-            print(f"{case} {dtype}: median ratio (transformers / vit) "
-                  f"{results[-1][dtype]['median_ratio']:.2f}", flush=True)
-        if "vit_bfloat16_speedup_median" in results[-1]:
-            print(f"{case}: ours, float32 step / bfloat16 step "
-                  f"{results[-1]['vit_bfloat16_speedup_median']:.2f}", flush=True)
-    variants = args.plain_malloc or args.jax_defaults
-    common.write_record("train_variants" if variants else "train", {
-        "setup": "training step, vit train's against transformers', CPU, "
-                 f"{' and '.join(args.dtype)}",
-        "recipe": f"{os.path.relpath(train_step.RECIPE, common.ROOT)} with "
-                  f"{' '.join(train_step.ADAMW)} model.dtype=<dtype> {' '.join(args.set)}".strip(),
+    common.write_record("train", {
+        "recipe": f"{os.path.relpath(RECIPE, common.ROOT)} with {' '.join(ADAMW)} "
+                  f"model.dtype=<dtype> {' '.join(args.set)}".strip(),
         "dtypes": args.dtype,
-        "peer": "transformers ViTForImageClassification (default attention) from our initial "
-                "weights (cast with .to(torch.bfloat16) for bfloat16), torch.optim.AdamW, "
-                "clip_grad_norm_, threads = cores",
         "environment": {
             "vit": environment("vit").get("GLIBC_TUNABLES", "(none)"),
             "transformers": os.environ.get("GLIBC_TUNABLES", "(none)"),
             "transparent_hugepage": (huge_pages.THP_MODE.read_text().strip()
                                      if huge_pages.THP_MODE.exists() else "(none)")},
-        "xla_cpu_options": {"float32": xla_options.training_options("float32"),
-                            "other dtypes": xla_options.training_options("bfloat16")},
         "rounds": args.rounds, "timed_steps_per_run": args.steps, "warmup_steps": args.warmup,
         "interleaved": args.interleave, "untimed_steps_per_run": 1 if args.interleave else 0,
         "load_average_before": [round(x, 2) for x in load_before], "cases": results},
         argv=argv, mode="train", out=args.out)
 
 
-def _environment(r: dict) -> list[str]:
-    env = r.get("environment")
-    return ([f"Environment: ours `GLIBC_TUNABLES={env['vit']}` (as the `vit` command sets it), "
-             f"transformers' `{env['transformers']}`; transparent huge pages "
-             f"`{env['transparent_hugepage']}`."] if env else [])
-
-
 def table(r: dict) -> list[str]:
-    """`train`: ours against transformers by case and dtype; `train_variants`: ours against
-    ours changed one way, in the same rounds."""
-    num, med = tables.num, statistics.median
+    num, med, env = tables.num, statistics.median, r["environment"]
     rows, ours = [], []
-    variants = r["benchmark"] == "train_variants"
     for c in r["cases"]:
         for dtype in r["dtypes"]:
-            d, case = c[dtype], [f"ViT-{c['model']}", c["batch"], dtype]
-            vit = num(med(d["median_step_s"]["vit"]))
-            if not variants:
-                rows.append([*case, vit, num(med(d["median_step_s"]["transformers"])),
-                             " / ".join(num(x) for x in d["ratio_transformers_over_vit"]),
-                             num(d["median_ratio"]), f"{d['loss_last_relative_difference']:.1e}"])
-            for key, label in (("plain_malloc", "without huge pages (glibc's default malloc)"),
-                               ("jax_defaults", "jax's default XLA:CPU options")):
-                if variants and key in d:
-                    rows.append([*case, label, vit, num(med(d[key]["median_step_s"])),
-                                 " / ".join(num(x) for x in d[key]["ratio_over_vit"]),
-                                 num(d[key]["median_ratio"])])
+            d = c[dtype]
+            rows.append([f"ViT-{c['model']}", c["batch"], dtype,
+                         *(num(med(d["median_step_s"][k])) for k in ("vit", "transformers")),
+                         " / ".join(num(x) for x in d["ratio_transformers_over_vit"]),
+                         num(d["median_ratio"]), f"{d['loss_last_relative_difference']:.1e}"])
         if "vit_bfloat16_speedup_median" in c:
             ours.append(f"ViT-{c['model']} batch {c['batch']}: our bfloat16 step is "
                         f"{num(c['vit_bfloat16_speedup_median'])}x our float32 step.")
     how = f"median of each run's {r['timed_steps_per_run']} timed steps, {r['rounds']} rounds"
-    if variants:
-        options = ", ".join(f"`{k.removeprefix('xla_cpu_')}={v}`"
-                            for k, v in r["xla_cpu_options"]["float32"].items())
-        return [f"`vit train`'s float32 step against the same step changed one way (a variant), "
-                f"seconds a step, {how}, each in its own process:", "",
-                *tables.table(["model", "batch", "dtype", "variant", "vit, s", "variant, s",
-                               "speed of vit over the variant, by round", "median"], rows), "",
-                f"vit's float32 options in this record: {options}.", *_environment(r)]
-    if r.get("interleaved"):
+    if r["interleaved"]:
         how += ", both processes alive throughout, their runs alternating"
-    if r.get("untimed_steps_per_run"):
+    if r["untimed_steps_per_run"]:
         how += (f", each run after {r['untimed_steps_per_run']} untimed step(s) (memory the VM "
                 "took back while the process waited)")
     return [f"`vit train`'s step against transformers' (CPU), seconds a step, {how}:", "",
             *tables.table(["model", "batch", "dtype", "vit", "transformers",
                            "speed vs transformers, by round", "median",
                            "loss difference after the last step (relative)"], rows),
-            "", *ours, *_environment(r)]
+            "", *ours, f"Environment: ours `GLIBC_TUNABLES={env['vit']}` (as the `vit` command "
+            f"sets it), transformers' `{env['transformers']}`; transparent huge pages "
+            f"`{env['transparent_hugepage']}`."]
 
 
 def targets(r: dict) -> list[tuple[str, str, bool]]:
-    if r["benchmark"] != "train":
-        return []
     out = []
     for c in r["cases"]:
         if "float32" in c:

@@ -396,8 +396,8 @@ def _gpu_check(tmp_path, *args, **env):
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_gpu_check_dry_run(tmp_path):
-    """scripts/gpu_check.sh --dry-run: collects the compiled and the real-shape tests, runs every
-    benchmark section on tiny shapes, every row measured and passing. Slow set: a minute of
+    """scripts/gpu_check.sh --dry-run: collects the compiled and the real-shape tests, runs the
+    benchmark on tiny shapes, every row measured and passing. Slow set: a minute of
     benchmarks; the default set runs the script's --quick dry run and its exit statuses."""
     proc = _gpu_check(tmp_path, "--dry-run")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -407,7 +407,7 @@ def test_gpu_check_dry_run(tmp_path):
     shapes = (tmp_path / "vit_shapes_tests.log").read_text()
     assert re.search(r"\b4/\d+ tests collected", shapes), shapes[-500:]
     result = json.loads((tmp_path / "bench_attention.json").read_text())
-    assert {"command", "machine", "versions", "flop_convention", "attention", "train_step",
+    assert {"command", "machine", "versions", "flop_convention", "attention",
             "status"} <= set(result)
     assert {"platform", "device_kind"} <= set(result["machine"])
     assert {"jax", "jaxlib"} <= set(result["versions"])
@@ -415,7 +415,6 @@ def test_gpu_check_dry_run(tmp_path):
     ours = [r for r in result["attention"] if r["impl"] == "pallas"]
     assert ours and all(r.get("tflops", 0) > 0 for r in ours), ours
     assert {"fwd", "fwd_bwd"} == {r["mode"] for r in ours}
-    assert any(r.get("images_per_s", 0) > 0 for r in result["train_step"]["runs"]), result
 
 
 @pytest.mark.slow
@@ -427,7 +426,7 @@ def test_gpu_check_quick_dry_run_keeps_skipped_apart(tmp_path):
     assert "PASSED, INCOMPLETE" in proc.stdout
     assert not (tmp_path / "vit_shapes_tests.log").exists()
     result = json.loads((tmp_path / "bench_attention.json").read_text())
-    assert result["quick"] and "train_step" not in result
+    assert result["quick"]
     assert result["attention"] and all(r["status"] == "skipped" for r in result["attention"])
     assert result["status"] == {"ok": 0, "failed": 0, "skipped": len(result["attention"])}
 
