@@ -1,8 +1,10 @@
 """The `vit` command's surface: help, info, one-line errors with exit code 2."""
 
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -56,3 +58,30 @@ def test_user_mistakes_are_one_line_exit_2(args, needle, capsys):
     assert code == 2
     assert needle in err and "Traceback" not in err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_the_vit_command_leaves_its_run_whole_and_its_output_flushed(tmp_path):
+    """The installed `vit` command ends without the interpreter's teardown (`_exit_now`): its
+    piped output, the run's last timing record, the curves and the checkpoint must all be
+    there when it has exited, and an error keeps its one line and exit code 2."""
+    from builders import tiny_recipe_sets
+    from PIL import Image
+
+    command = [str(Path(sys.executable).parent / "vit"), "train", "--config", "digits",
+               "--workdir", str(tmp_path / "run"), "--no-cache"]
+    sets = [a for s in tiny_recipe_sets("train.steps=2") for a in ("--set", s)]
+    # Piped output is block-buffered, as for any user (unless PYTHONUNBUFFERED says not).
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    done = subprocess.run(command + sets, capture_output=True, text=True, timeout=170, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.splitlines()[-1].startswith("done: 2 steps"), done.stdout[-500:]
+    records = [json.loads(line) for line in
+               (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert "exit_s" in records[-1], records[-1]  # the run's very last write
+    Image.open(tmp_path / "run" / "curves.png").verify()
+    assert (tmp_path / "run" / "checkpoints" / "2" / "params").is_dir()
+    refused = subprocess.run(command + sets + ["--set", "train.stepz=3"], capture_output=True,
+                             text=True, timeout=170, env=env)
+    assert refused.returncode == 2
+    assert refused.stderr.strip().splitlines()[-1].startswith("vit train: error: "), \
+        refused.stderr[-500:]

@@ -14,10 +14,12 @@ faults in 2 MiB pages).
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
 import importlib
 import os
 import sys
+from typing import NoReturn
 
 from vit.cpu import huge_pages
 from vit.errors import OutOfSpace, VitError, is_out_of_memory, is_out_of_space
@@ -55,6 +57,22 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     if argv is None:  # the `vit` command: on the CPU, start again with huge pages for XLA
         huge_pages.reexec()
+        _exit_now(_run(argv))
+    return _run(argv)
+
+
+def _exit_now(code: int) -> NoReturn:
+    """Ends the `vit` command once it has returned: streams flushed, exit handlers run (jax's
+    shutdown among them), then out without the interpreter's teardown, which destroys XLA's
+    client, compiled programs and arrays one by one for seconds after everything is written."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    atexit._run_exitfuncs()
+    os._exit(code)
+
+
+def _run(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(importlib.import_module(args._module).run(args) or 0)

@@ -172,7 +172,10 @@ def _train(config, workdir: Path, ckpts: TrainCheckpoints, claim: workdirs.Claim
         claim.adopt()
     end = steps if stop_after is None else min(steps, start + stop_after)
     clock.started_up(start + 1)  # the step it leads to: a restart from `start` drops it
-    last, step, stopped_by = run.steps(start, end)
+    try:
+        last, step, stopped_by = run.steps(start, end)
+    finally:  # batches made ahead are dropped: the interpreter's exit would wait for them all
+        iterator.close()
     if (step >= steps or stopped_by == STOPPED_EARLY) and primary:
         with_tb = tc.get("tensorboard", True)  # a 0.1.0 workdir's config lacks the key
         tb = f", TensorBoard events in {workdir / TB_FOLDER}" if with_tb else ""
@@ -245,7 +248,7 @@ class _Run:
         self.validated = False
         self.ended_at = time.perf_counter()  # when the last step ended: the exit's start
         if primary:  # matplotlib loads while the step compiles, not at the end of the run
-            threading.Thread(target=_load_pyplot, name="vit-pyplot", daemon=True).start()
+            threading.Thread(target=_load_matplotlib, name="vit-matplotlib", daemon=True).start()
 
     def steps(self, start: int, end: int) -> tuple[dict, int, str | None]:
         """Trains from `start` to `end`, validating and saving when due; returns the last
@@ -394,8 +397,8 @@ class _Run:
                                        batch_size=self.eval_batch_size,
                                        num_threads=self.config.data.num_threads,
                                        tokenize=self.tokenizer)
-        # The first validation compiles its forward at train.eval_batch_size, unsplit: a run
-        # whose training steps fit can still fail here.
+        # The first validation compiles its forward at train.eval_batch_size (in the step's
+        # cache pieces, if any): a run whose training steps fit can still fail here.
         with self._fits_memory(first=not self.validated, what=VALIDATION):
             res = evaluate_task(self.loss_name, self.logits_fn, self.program.state.params,
                                 batches, len(self.train_src.class_names), self.mesh)
@@ -428,11 +431,9 @@ class _Run:
                         meta=json.loads(json.dumps(meta, default=list)), val_accuracy=val_acc)
 
 
-def _load_pyplot() -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot  # noqa: F401
+def _load_matplotlib() -> None:
+    import matplotlib.backends.backend_agg  # noqa: F401  (what `Figure.savefig` draws with)
+    import matplotlib.figure  # noqa: F401
 
 
 def _chain(err: BaseException) -> list[BaseException]:

@@ -154,16 +154,17 @@ def read_metrics(path: str | Path) -> list[dict]:
 
 def plot_curves(metrics_path: str | Path, out_path: str | Path) -> None:
     """Training loss, and training / validation accuracy, against the step. `out_path` is
-    replaced whole or not at all (a full disk is an `OutOfSpace` naming it)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    replaced whole or not at all (a full disk is an `OutOfSpace` naming it). A bare `Figure`
+    with fixed margins and legend corners: pyplot's state, a fitted layout and a searched
+    legend place would each cost more than the drawing, at the end of every run."""
+    from matplotlib.figure import Figure
 
     records = read_metrics(metrics_path)
     train = [r for r in records if r.get("split") == "train"]
     val = [r for r in records if r.get("split") == "validation"]
-    fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(10, 4))
+    fig = Figure(figsize=(10, 4))
+    fig.subplots_adjust(left=0.07, right=0.98, bottom=0.13, top=0.92, wspace=0.22)
+    ax_loss, ax_acc = fig.subplots(1, 2)
     ax_loss.plot([r["step"] for r in train], [r["loss"] for r in train], label="train")
     if val:
         ax_loss.plot([r["step"] for r in val], [r["loss"] for r in val], "o-", label="validation")
@@ -173,10 +174,9 @@ def plot_curves(metrics_path: str | Path, out_path: str | Path) -> None:
         ax_acc.plot([r["step"] for r in val], [r["accuracy"] for r in val], "o-",
                     label="validation")
     ax_acc.set(xlabel="step", ylabel="top-1 accuracy", title="accuracy", ylim=(0, 1))
-    for ax in (ax_loss, ax_acc):
+    for ax, corner in ((ax_loss, "upper right"), (ax_acc, "lower right")):
         ax.grid(alpha=0.3)
-        ax.legend()
-    fig.tight_layout()
+        ax.legend(loc=corner)
     out_path = Path(out_path)
     try:
         write_whole(out_path, lambda f: fig.savefig(
@@ -185,5 +185,3 @@ def plot_curves(metrics_path: str | Path, out_path: str | Path) -> None:
         if is_out_of_space(err) and not isinstance(err, OutOfSpace):
             raise OutOfSpace(out_path) from None
         raise
-    finally:
-        plt.close(fig)
