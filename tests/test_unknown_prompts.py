@@ -1,6 +1,7 @@
-"""Prompts with no word a text model was trained on: the vocabulary a prompt dataset lists,
-the "no" that training teaches for them, the one-line notice that names the words, and the
-yes-rate `vit eval` reports."""
+"""Prompts with words a text model was never trained on: the vocabulary and templates a prompt
+dataset lists, the "no" that training teaches for prompts of no known word, the "no" by rule
+for a question naming a thing by an unknown word, the one-line notice that names the words,
+and the yes-rate `vit eval` reports."""
 
 import json
 import types
@@ -12,7 +13,8 @@ import pytest
 import vit
 from vit.data import prompt_words as pw
 from vit.data import promptshapes as ps
-from vit.inference.prompts import checkpoint_vocabulary, encode_prompts, unknown_word_notices
+from vit.data.sources import prompt_words_of
+from vit.inference.prompts import checkpoint_prompt_words, encode_prompts, unknown_word_notices
 from vit.inference.questions import question_figures
 
 
@@ -73,45 +75,77 @@ def test_unknown_group_yes_rate():
 
 
 def test_notices_name_the_unknown_words():
-    vocab = ps.vocabulary()
-    assert unknown_word_notices(vocab, ["is there a red square?", "", "IS THERE A RED SQUARE"]) \
+    words = prompt_words_of("promptshapes")
+    assert unknown_word_notices(words, ["is there a red square?", "", "IS THERE A RED SQUARE"]) \
         == []
-    (line,) = unknown_word_notices(vocab, ["Hello, world!"])
+    (line,) = unknown_word_notices(words, ["Hello, world!"])
     assert "'hello'" in line and "'world'" in line and "no word seen in training" in line
     assert '"no"' in line and "\n" not in line
-    (line,) = unknown_word_notices(vocab, ["is there a red dog?"])
+    (line,) = unknown_word_notices(words, ["is there a red dog?"])
     assert "'dog'" in line and "'red'" not in line and "no word seen" not in line
+    assert '"no" by rule' in line
+    (line,) = unknown_word_notices(words, ["is there a red square please?"])
+    assert "'please'" in line and "rests on its other words" in line
     assert unknown_word_notices(None, ["hello"]) == []
+
+
+@pytest.mark.parametrize("dataset", ["promptshapes", "fashion_scenes"])
+def test_a_field_holding_a_never_seen_word_is_named_in_every_wording(dataset):
+    """Every wording of the dataset, training and evaluation ones, with one field given a word
+    no prompt used: that word is named; the same question with the word outside any field (a
+    leading word) or with known words only names nothing."""
+    import itertools
+
+    words = prompt_words_of(dataset)
+    source = {"promptshapes": ps.PromptShapesSource}.get(dataset)
+    if source is None:
+        from vit.data.fashion_scenes import FashionScenesSource as source
+    values = {f: vs[0] for f, vs in source.dataset.field_words.items()}
+    asked = 0
+    for template, field in itertools.product(words.templates, values):
+        if "{" + field + "}" not in template:
+            continue
+        filled = template.format(**{**values, field: "zorblax"})
+        assert words.never_seen_named(filled) == ["zorblax"], filled
+        known = template.format(**values)
+        assert words.never_seen_named(known) == [], known
+        assert words.never_seen_named(f"zorblax {known}") == [], known
+        asked += 1
+    assert asked >= len(words.templates)
 
 
 def test_encode_prompts_warns_once_per_unknown_prompt():
     config = types.SimpleNamespace(text=vit.TextConfig(max_len=48))
+    words = prompt_words_of("promptshapes")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        prompts = encode_prompts(config, ["hello", "is there a red square?", ""],
-                                 vocabulary=ps.vocabulary())
-    assert [str(w.message) for w in caught] == unknown_word_notices(ps.vocabulary(), ["hello"])
-    assert prompts.text.shape == (3, 48)
+        prompts = encode_prompts(config, ["hello", "is there a red square?", "",
+                                          "is there a belt?"], words=words)
+    assert [str(w.message) for w in caught] == unknown_word_notices(
+        words, ["hello", "is there a belt?"])
+    assert prompts.text.shape == (4, 48)
+    assert prompts.never_seen == ((), (), (), ("belt",))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        encode_prompts(config, ["hello"])  # no vocabulary: nothing to say
+        plain = encode_prompts(config, ["hello", "is there a belt?"])  # nothing known: silent
+    assert plain.ruled_no(1) == ()
 
 
-def test_checkpoint_vocabulary_from_the_run_folder(tmp_path):
+def test_checkpoint_prompt_words_from_the_run_folder(tmp_path):
     run = tmp_path / "run"
     (run / "checkpoints" / "100").mkdir(parents=True)
     (run / "config.json").write_text(json.dumps({"data": {"name": "promptshapes"}}))
-    assert checkpoint_vocabulary(run) == ps.vocabulary()
-    assert checkpoint_vocabulary(run / "checkpoints" / "100") == ps.vocabulary()
+    assert checkpoint_prompt_words(run).vocabulary == ps.vocabulary()
+    assert checkpoint_prompt_words(run / "checkpoints" / "100") == checkpoint_prompt_words(run)
     other = tmp_path / "digits_run"
     other.mkdir()
     (other / "config.json").write_text(json.dumps({"data": {"name": "digits"}}))
-    assert checkpoint_vocabulary(other) is None
+    assert checkpoint_prompt_words(other) is None
     hf = tmp_path / "hf"
     hf.mkdir()
     (hf / "config.json").write_text(json.dumps({"model_type": "vit"}))
-    assert checkpoint_vocabulary(hf) is None
-    assert checkpoint_vocabulary(tmp_path / "missing") is None
+    assert checkpoint_prompt_words(hf) is None
+    assert checkpoint_prompt_words(tmp_path / "missing") is None
 
 
 @pytest.mark.parametrize("seed", [0, 1])
@@ -171,3 +205,20 @@ def test_cli_names_the_unknown_words_of_a_prompt(promptshapes_run, command, tmp_
             assert len(notices) == 1, err
             assert notices[0].startswith(f"vit {command}: warning: ")
             assert unknown in notices[0] and 'answer such prompts "no"' in notices[0]
+
+
+def test_predict_answers_a_never_seen_noun_no_by_rule(promptshapes_run, capsys):
+    from vit.cli import main
+
+    ckpt, pics = promptshapes_run
+    assert main(["predict", str(pics), "--checkpoint", str(ckpt), "--json",
+                 "--prompt", "is there a belt?", "--prompt", "is there a red square?"]) == 0
+    out, err = capsys.readouterr()
+    belt, square = json.loads(out.splitlines()[0])["prompts"]
+    assert belt["prob"] == 0.0 and belt["never_seen"] == ["belt"]
+    assert 0.0 < belt["model_prob"] < 1.0  # the model's own answer, kept beside the rule's
+    assert "never_seen" not in square and 0.0 < square["prob"] < 1.0
+    assert "'belt', never seen in training" in err and '"no" by rule' in err
+    assert main(["predict", str(pics), "--checkpoint", str(ckpt),
+                 "--prompt", "is there a belt?"]) == 0
+    assert "(no by rule: belt never seen)" in capsys.readouterr().out

@@ -109,7 +109,7 @@ def _text_inputs(args, config):
     """`(prompts, zero_shot)` for the Predictor; tokenizer warnings (a truncated prompt) are
     printed as ours rather than as Python warnings with a source line."""
     from vit.inference.prompts import (
-        checkpoint_vocabulary,
+        checkpoint_prompt_words,
         encode_prompts,
         load_text_embeddings,
         read_names,
@@ -121,7 +121,7 @@ def _text_inputs(args, config):
         prompts = zero_shot = None
         if args.prompt is not None:
             prompts = encode_prompts(config, args.prompt,
-                                     vocabulary=checkpoint_vocabulary(args.checkpoint))
+                                     words=checkpoint_prompt_words(args.checkpoint))
         elif args.text_embeddings is not None:
             prompts = load_text_embeddings(config, args.text_embeddings)
         elif args.zero_shot is not None:

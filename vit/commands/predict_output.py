@@ -66,6 +66,8 @@ def text_line(result: dict, threshold: float | None = None, names=()) -> str:
         return f"{result['image']}: error: {result['error']}"
     if "prompts" in result:  # json.dumps quotes (and escapes) the prompt unambiguously
         scores = ", ".join(f"{json.dumps(p['text'], ensure_ascii=False)} {p['prob']:.2f}"
+                           + (f" (no by rule: {', '.join(p['never_seen'])} never seen)"
+                              if p.get("never_seen") else "")
                            for p in result["prompts"])
         return f"{result['image']}: {scores}"
     if "labels" in result:

@@ -193,7 +193,7 @@ def _check_prompt(prompt: str, checkpoint: str, text_config) -> None:
 
     from vit.errors import ConfigError
     from vit.inference.prompts import (
-        checkpoint_vocabulary,
+        checkpoint_prompt_words,
         require_utf8,
         unknown_word_notices,
     )
@@ -211,7 +211,7 @@ def _check_prompt(prompt: str, checkpoint: str, text_config) -> None:
         tokenize(prompt, text_config.max_len)
     for warning in caught:
         print(f"vit rollout: warning: {warning.message}", file=sys.stderr)
-    for line in unknown_word_notices(checkpoint_vocabulary(checkpoint), [prompt]):
+    for line in unknown_word_notices(checkpoint_prompt_words(checkpoint), [prompt]):
         print(f"vit rollout: warning: {line}", file=sys.stderr)
 
 

@@ -181,6 +181,14 @@ class PromptedDataset:
                 for chosen in itertools.product(*self.field_words.values()))
         return self._vocabulary
 
+    def prompt_words(self) -> prompt_words.PromptWords:
+        """What a model trained on this dataset has read: its vocabulary and question
+        templates (`vit.data.prompt_words.PromptWords`)."""
+        return prompt_words.PromptWords(
+            self.vocabulary(), self.all_templates(),
+            {field: max(len(prompt_words.words(v)) for v in values)
+             for field, values in self.field_words.items()})
+
     def longest_prompt(self) -> str:
         """The longest question any template makes with any words, in upper case."""
         longest = {field: max(ws, key=len) for field, ws in self.field_words.items()}

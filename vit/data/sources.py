@@ -236,9 +236,10 @@ class BuiltIn:
     open: Callable  # (split, data_dir, labels) -> a random-access source
     prompted: Callable | None = None  # -> the prompt dataset's source class, imported on use
 
-    def vocabulary(self) -> frozenset[str] | None:
-        """The words a model trained on it has seen in its prompts; None without prompts."""
-        return self.prompted().dataset.vocabulary() if self.prompted else None
+    def prompt_words(self):
+        """What a model trained on it has read in its prompts (a `PromptWords`: the words, the
+        question templates); None without prompts."""
+        return self.prompted().dataset.prompt_words() if self.prompted else None
 
     def label_kinds(self) -> dict[str, list[str]]:
         """{`data.labels` value: class names}, the first the default; empty for a dataset with
@@ -278,11 +279,11 @@ BUILT_IN = {
 }
 
 
-def vocabulary_of(name: str) -> frozenset[str] | None:
-    """The words a model trained on dataset `name` has seen in its prompts; None for a dataset
-    without prompts."""
+def prompt_words_of(name: str):
+    """What a model trained on dataset `name` has read in its prompts (a `PromptWords`); None
+    for a dataset without prompts."""
     entry = BUILT_IN.get(name)
-    return entry.vocabulary() if entry else None
+    return entry.prompt_words() if entry else None
 
 
 def labels_named(name: str, class_names) -> str | None:

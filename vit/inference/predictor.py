@@ -9,7 +9,9 @@ carry on. Its three modes share that machinery and differ only in the forward an
 - classes: softmax top-k of the class head, `{"image", "top_k": [{index, label, prob}]}`;
 - multi-label (a head trained with `sigmoid_xent`): each label's own sigmoid, and every label
   at or above a threshold, `{"image", "labels": [{index, label, prob}], "probs": [...]}`;
-- prompts: the sigmoid of each prompt's match logit, `{"image", "prompts": [{text, prob}]}`;
+- prompts: the sigmoid of each prompt's match logit, `{"image", "prompts": [{text, prob}]}`
+  (a prompt naming a thing by a word the model never read: prob 0 by rule, with `never_seen`
+  and the model's own `model_prob`);
   every prompt of an image goes in one forward pass (the model shares the image prefix);
 - zero-shot: names scored by the similarity head (sigmoid, as SigLIP), top-k as for classes.
 """
@@ -224,10 +226,18 @@ class Predictor:
                 if b + 1 < len(batches):
                     pending = [f.result() for f in upcoming]
 
+    def _answer(self, index: int, prob: float) -> dict:
+        """Prompt `index`'s answer: the model's, or "no" by rule (prob 0, `never_seen` naming
+        the words) when it names a thing by a word the model never read."""
+        never_seen = self.prompts.ruled_no(index)
+        if never_seen:
+            return {"text": self.prompts.labels[index], "prob": 0.0,
+                    "never_seen": list(never_seen), "model_prob": prob}
+        return {"text": self.prompts.labels[index], "prob": prob}
+
     def _result(self, out, row: int) -> dict:
         if self.mode == "prompts":
-            return {"prompts": [{"text": t, "prob": float(p)}
-                                for t, p in zip(self.prompts.labels, out[row], strict=True)]}
+            return {"prompts": [self._answer(i, float(p)) for i, p in enumerate(out[row])]}
         if self.mode == "multi_label":
             probs = out[row]
             above = [int(i) for i in np.argsort(-probs, kind="stable")

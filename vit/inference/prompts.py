@@ -1,7 +1,8 @@
 """Texts for a text model: `--prompt` texts, `--text-embeddings` files and `--zero-shot` names,
 each made into `Prompts` (labels, tokens or embeddings, mask) after checking that the model can
-read them; and the words a model was trained on (`checkpoint_vocabulary`), so a prompt made of
-words it never saw is named as such (`unknown_word_notices`).
+read them; and what a model read in training (`checkpoint_prompt_words`), so a prompt with words
+it never saw is named as such (`unknown_word_notices`), and one naming a thing by a word it
+never saw ("is there a belt?") is answered "no" by rule (`Prompts.never_seen`).
 """
 
 from __future__ import annotations
@@ -18,11 +19,18 @@ from vit.errors import CheckpointError, DataError
 @dataclasses.dataclass(frozen=True)
 class Prompts:
     """Texts ready for a text model: display `labels`, `text` (token ids `[P, T]`, or supplied
-    embeddings `[P, T, D]`) and its left-aligned `mask [P, T]`."""
+    embeddings `[P, T, D]`) and its left-aligned `mask [P, T]`. `never_seen` holds, for each
+    prompt, the words it names a thing by that the model never read (empty: none, or nothing
+    known of the model's training); such a prompt is answered "no" by rule."""
 
     labels: list[str]
     text: np.ndarray
     mask: np.ndarray
+    never_seen: tuple[tuple[str, ...], ...] = ()
+
+    def ruled_no(self, index: int) -> tuple[str, ...]:
+        """The never-seen words that answer prompt `index` "no", or ()."""
+        return self.never_seen[index] if self.never_seen else ()
 
 
 def require_text(config, flag: str, *, source: str | None = None,
@@ -60,12 +68,13 @@ def require_utf8(flag: str, text: str) -> None:
 
 
 def encode_prompts(config, texts: Sequence[str], *, labels: Sequence[str] | None = None,
-                   flag: str = "--prompt", vocabulary=None) -> Prompts:
+                   flag: str = "--prompt", words=None) -> Prompts:
     """Tokenizes once at the model's fixed `max_len` (so a new prompt never recompiles).
 
     The empty string is the null prompt; a too-long prompt is truncated with a UserWarning.
-    With the model's training `vocabulary`, each prompt holding words outside it gets a
-    UserWarning too (`unknown_word_notices`).
+    With what the model read in training (`words`, a `PromptWords`), each prompt holding words
+    outside its vocabulary gets a UserWarning too (`unknown_word_notices`), and the words that
+    name a thing are kept in `Prompts.never_seen`.
     """
     import warnings
 
@@ -77,10 +86,11 @@ def encode_prompts(config, texts: Sequence[str], *, labels: Sequence[str] | None
         raise DataError(f"{flag}: no texts given")
     for text in texts:
         require_utf8(flag, text)
-    for line in unknown_word_notices(vocabulary, texts):
+    for line in unknown_word_notices(words, texts):
         warnings.warn(line, UserWarning, stacklevel=2)
     tokens, mask = tokenize(texts, config.text.max_len)
-    return Prompts(list(labels) if labels is not None else texts, tokens, mask)
+    never_seen = tuple(tuple(words.never_seen_named(t)) for t in texts) if words else ()
+    return Prompts(list(labels) if labels is not None else texts, tokens, mask, never_seen)
 
 
 def load_text_embeddings(config, path) -> Prompts:
@@ -165,38 +175,45 @@ def prompts_forward(merged, prompts: Prompts):
     return forward, (jnp.asarray(prompts.text), jnp.asarray(prompts.mask))
 
 
-def unknown_word_notices(vocabulary, texts: Sequence[str]) -> list[str]:
+def unknown_word_notices(words, texts: Sequence[str]) -> list[str]:
     """One line for each prompt with words the model never saw in its training prompts, naming
-    them. A prompt with no known word at all is answered "no" by a model trained on a prompt
-    dataset (its rule for such prompts); one with some known words is answered from those.
-    Nothing for the null prompt "", or without a `vocabulary`."""
-    from vit.data.prompt_words import unknown_words, words
+    them (`words`, a `PromptWords`: what it read). A prompt with no known word at all is
+    answered "no" by a model trained on a prompt dataset (its rule for such prompts); one that
+    names a thing by a word never seen is answered "no" by rule (`Prompts.never_seen`); one
+    with other unknown words is answered from its known ones. Nothing for the null prompt "",
+    or without `words`."""
+    from vit.data.prompt_words import words as words_of
 
-    if not vocabulary:
+    if not words:
         return []
     out = []
     for text in texts:
-        unknown = unknown_words(text, vocabulary)
+        unknown = words.unknown(text)
         if not unknown:
             continue
         named = ", ".join(repr(w) for w in unknown)
-        if len(unknown) == len(set(words(text))):
+        never_seen = words.never_seen_named(text)
+        if len(unknown) == len(set(words_of(text))):
             out.append(f"prompt {text!r} holds no word seen in training ({named}); the model "
                        "was trained to answer such prompts \"no\"")
+        elif never_seen:
+            out.append(f"prompt {text!r} asks about {', '.join(map(repr, never_seen))}, never "
+                       "seen in training: the model cannot know it, so the answer is \"no\" by "
+                       "rule")
         else:
             out.append(f"prompt {text!r}: {named} never seen in training; the answer rests on "
                        "its other words")
     return out
 
 
-def checkpoint_vocabulary(checkpoint) -> frozenset[str] | None:
-    """The words of the training prompts of the `vit train` run a checkpoint comes from: the
-    workdir's `config.json` (at the checkpoint or up to three folders above it) names the
-    dataset, and the dataset lists its words. None when no run or no prompt dataset is found
-    (a checkpoint copied out of its workdir, another library's model)."""
+def checkpoint_prompt_words(checkpoint):
+    """What the `vit train` run a checkpoint comes from read in its prompts (a `PromptWords`):
+    the workdir's `config.json` (at the checkpoint or up to three folders above it) names the
+    dataset, and the dataset lists its words and templates. None when no run or no prompt
+    dataset is found (a checkpoint copied out of its workdir, another library's model)."""
     import json
 
-    from vit.data.sources import vocabulary_of
+    from vit.data.sources import prompt_words_of
 
     path = Path(checkpoint)
     for folder in [path, *path.parents][:4]:
@@ -208,5 +225,5 @@ def checkpoint_vocabulary(checkpoint) -> frozenset[str] | None:
         except (OSError, ValueError, AttributeError):
             return None
         if isinstance(data, dict) and isinstance(data.get("name"), str):
-            return vocabulary_of(data["name"])
+            return prompt_words_of(data["name"])
     return None
