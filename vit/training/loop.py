@@ -311,36 +311,18 @@ class _Run:
                           "run the same command to resume", file=sys.stderr, flush=True)
                     break
             self.ended_at = time.perf_counter()
-            # The curves are drawn while the last save finishes (where a second Ctrl-C ends it).
-            with self._drawing_curves():
-                self.saver.close()
+            self.saver.close()  # the last save finished (where a second Ctrl-C ends it)
+            self._draw_curves()
         bar.close()
         return last, step, STOPPED_EARLY if stopped_early else stop.received
 
-    @contextlib.contextmanager
-    def _drawing_curves(self):
-        """Draws curves.png from metrics.jsonl in a thread while the block runs; an error of
-        the drawing (a full disk) is raised after it."""
+    def _draw_curves(self) -> None:
+        """curves.png from metrics.jsonl, once the last save has finished: drawn beside orbax's
+        finishing threads, the two contend for the interpreter and take longer than one after
+        the other."""
         metrics = self.workdir / "metrics.jsonl"
-        if not (self.primary and metrics.exists()):
-            yield
-            return
-        failed = []
-
-        def draw():
-            try:
-                plot_curves(metrics, self.workdir / "curves.png")
-            except BaseException as err:  # noqa: BLE001 - raised again in the caller's thread
-                failed.append(err)
-
-        thread = threading.Thread(target=draw, name="vit-curves")
-        thread.start()
-        try:
-            yield
-        finally:
-            thread.join()
-        if failed:
-            raise failed[0]
+        if self.primary and metrics.exists():
+            plot_curves(metrics, self.workdir / "curves.png")
 
     def _log_train(self, step: int, bar) -> dict:
         """Writes (and shows) the training record of the steps since the last one."""
@@ -432,8 +414,18 @@ class _Run:
 
 
 def _load_matplotlib() -> None:
-    import matplotlib.backends.backend_agg  # noqa: F401  (what `Figure.savefig` draws with)
-    import matplotlib.figure  # noqa: F401
+    """matplotlib imported, and its font and text machinery warmed by a throwaway drawing of
+    the curves' kinds (a log axis, a title, a legend), so the curves at the end draw fast."""
+    import io
+
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(2, 2))
+    ax = fig.subplots()
+    ax.plot([1, 2], [1, 2], "o-", label="a")
+    ax.set(yscale="log", title="t", xlabel="x", ylabel="y")
+    ax.legend(loc="upper right")
+    fig.savefig(io.BytesIO(), format="png", dpi=20)
 
 
 def _chain(err: BaseException) -> list[BaseException]:
