@@ -10,9 +10,9 @@ other CPUs, where bfloat16 is no faster. The run prints its choice; `--set
 model.dtype=float32` (or bfloat16) overrides it. AdamW with a cosine schedule over 5,600 steps
 of 64 (6.5 epochs: batches of 64 learn more per image than of 128 here). No augmentation but
 label smoothing: in so few epochs the model underfits, and random shifts or flips lowered
-validation accuracy in shorter trials; the in-memory images go to the step as they are. A batch runs whole
-(`train.micro_tokens=0`): the stem's convolutions run slower in cache-sized pieces than the
-blocks gain from them.
+validation accuracy in shorter trials; the in-memory images go to the step as they are. A
+batch runs whole (`train.micro_tokens=0`): the stem's convolutions run slower in cache-sized
+pieces than the blocks gain from them.
 
     apt-get install dataset-fashion-mnist     # once: the IDX files in /usr/share/datasets
     vit train --config fashion_mnist --workdir runs/fashion
