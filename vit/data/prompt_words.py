@@ -85,12 +85,12 @@ _FIELD = re.compile(r"\{(\w+)\}")
 class PromptWords:
     """What a model trained on a prompt dataset has read: `vocabulary`, every word of its
     training prompts; `templates`, the wordings its questions take (training and evaluation
-    ones), with `{field}` where they name a thing; `field_words`, the most words a value of
-    each field has ("ankle boot": 2)."""
+    ones), with `{field}` where they name a thing; `field_lengths`, the most words a value
+    of each field has ("ankle boot": 2)."""
 
     vocabulary: frozenset[str]
     templates: tuple[str, ...]
-    field_words: dict[str, int]
+    field_lengths: dict[str, int]
 
     def unknown(self, prompt: str) -> list[str]:
         return unknown_words(prompt, self.vocabulary)
@@ -114,7 +114,7 @@ class PromptWords:
             parts = []
             for i, piece in enumerate(_FIELD.split(template)):
                 if i % 2:  # a field's name
-                    most = self.field_words.get(piece, 1)
+                    most = self.field_lengths.get(piece, 1)
                     parts.append(rf"(\S+(?: \S+){{0,{most - 1}}})")
                 else:
                     parts += [re.escape(w) for w in words(piece)]

@@ -182,7 +182,7 @@ def unknown_word_notices(words, texts: Sequence[str]) -> list[str]:
     names a thing by a word never seen is answered "no" by rule (`Prompts.never_seen`); one
     with other unknown words is answered from its known ones. Nothing for the null prompt "",
     or without `words`."""
-    from vit.data.prompt_words import words as words_of
+    from vit.data.prompt_words import knows_none
 
     if not words:
         return []
@@ -193,7 +193,7 @@ def unknown_word_notices(words, texts: Sequence[str]) -> list[str]:
             continue
         named = ", ".join(repr(w) for w in unknown)
         never_seen = words.never_seen_named(text)
-        if len(unknown) == len(set(words_of(text))):
+        if knows_none(text, words.vocabulary):
             out.append(f"prompt {text!r} holds no word seen in training ({named}); the model "
                        "was trained to answer such prompts \"no\"")
         elif never_seen:

@@ -35,7 +35,7 @@ def check_resume(config, ckpts: TrainCheckpoints, step: int, num_classes: int,
     fit: its folders are all there, the recipe keeps what a resume cannot change, the dataset
     has the checkpoint's class count and `train.steps` is not below `step`. Each misfit is a
     one-line error naming the key or folder and the fix, raised before anything is built or
-    written. A fixed key the saved recipe never had (one added to the recipes since, such as
+    written. A model key the saved recipe never had (one added to the recipes since, such as
     a shipped recipe's new `model.stem`) is dropped from the run's recipe with a note: the
     saved run continues as it was, and its config.json says so."""
     ema = config.train.ema_decay > 0
@@ -58,8 +58,9 @@ def check_resume(config, ckpts: TrainCheckpoints, step: int, num_classes: int,
                               f"folder is missing or empty; {_delete_fix(ckpts, step)}")
     changed = [c for c in changed_keys(config, meta, *FIXED_ON_RESUME)
                if not _same_dtype(c, meta)]
-    added = [c for c in changed if c[1] is _UNSET]
-    changed = [c for c in changed if c[1] is not _UNSET]
+    # A model key the saved recipe lacks came later; the saved model (its meta) is built anyway.
+    added = [c for c in changed if c[1] is _UNSET and c[0].startswith("model.")]
+    changed = [c for c in changed if c not in added]
     if changed:
         raise ConfigError(f"{_describe(changed)} since step {step} was saved in "
                           f"{ckpts.directory.parent}; {RESUME_FIX}")
