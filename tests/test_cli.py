@@ -60,6 +60,7 @@ def test_user_mistakes_are_one_line_exit_2(args, needle, capsys):
     assert len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.slow  # the installed command in two processes, a run and a refusal
 def test_the_vit_command_leaves_its_run_whole_and_its_output_flushed(tmp_path):
     """The installed `vit` command ends without the interpreter's teardown (`_exit_now`): its
     piped output, the run's last timing record, the curves and the checkpoint must all be

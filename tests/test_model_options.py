@@ -470,6 +470,7 @@ EVERYTHING = [  # every option in four models (then BEiT's per-layer table, diff
 ]
 
 
+@pytest.mark.slow  # four models compiled twice each, forward and backward
 @pytest.mark.parametrize("fields", EVERYTHING[:4])
 def test_options_train_with_and_without_remat(fields):
     cfg = config(**fields, dropout=0.1, drop_path=0.1)
