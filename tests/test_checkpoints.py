@@ -408,7 +408,7 @@ def test_round_trip_of_model_features(tmp_path, features, fmt):
 @pytest.mark.parametrize("features,words", [
     (dict(classifier="gap"), "'gap' head"), (dict(classifier="map"), "'map' head"),
     (dict(num_registers=2), "2 register tokens"), (dict(layer_scale=0.1), "layer scale"),
-    (dict(qk_norm=True), "qk-norm")])
+    (dict(qk_norm=True), "qk-norm"), (dict(patch_classes=4), "per-patch readout of 4")])
 def test_hf_folder_refuses_what_it_cannot_hold(tmp_path, features, words):
     model = vit.create_model("Ti/16", width=32, depth=1, mlp_dim=64, num_heads=4, patch_size=8,
                              image_size=32, num_classes=3, **features)

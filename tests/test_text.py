@@ -209,18 +209,22 @@ def test_text_on_a_plain_model_is_refused():
         plain(_images(), text=jnp.asarray(tokens), text_mask=jnp.asarray(mask))
 
 
-def _patch_model():
+def _patch_model(head="patches"):
     common = dict(num_classes=5, image_size=32, depth=4, width=64, num_heads=4, mlp_dim=128)
     model = vit.create_model("Ti/16", rngs=nnx.Rngs(0), **common,
-                             text=TextConfig(**{**TEXT.__dict__, "head": "patches"}))
+                             text=TextConfig(**{**TEXT.__dict__, "head": head}))
     for block in model.xattn:  # open the gates: the prompt must change the patches
         block.attn_gate[...] = jnp.float32(0.7)
+    if head == "placed":  # positions as large as the patches' own terms, so they count
+        model.prompt_head.position[...] = jax.random.normal(jax.random.key(3),
+                                                            model.prompt_head.position.shape)
     return model
 
 
 @pytest.mark.slow
-def test_patch_head_is_a_soft_maximum_of_per_patch_scores():
-    model = _patch_model()
+@pytest.mark.parametrize("kind", ["patches", "placed"])
+def test_patch_head_is_a_soft_maximum_of_per_patch_scores(kind):
+    model = _patch_model(kind)
     head = model.prompt_head
     head.log_temperature[...] = jnp.float32(np.log(0.5))
     x = _images(2)
@@ -234,8 +238,10 @@ def test_patch_head_is_a_soft_maximum_of_per_patch_scores():
         return v * np.asarray(ln.scale[...]) + np.asarray(ln.bias[...])
 
     patches = norm(final[:, model.num_prefix_tokens:], head.norm)
-    match = np.einsum("bnd,de,be->bn", patches, np.asarray(head.image.kernel[...]),
-                      norm(txt, head.text_norm) @ np.asarray(head.text.kernel[...]))
+    text_side = norm(txt, head.text_norm) @ np.asarray(head.text.kernel[...])
+    match = np.einsum("bnd,de,be->bn", patches, np.asarray(head.image.kernel[...]), text_side)
+    if kind == "placed":  # each patch position's own vector meets the text too
+        match = match + np.einsum("nd,bd->bn", np.asarray(head.position[...]), text_side)
     s = (patches @ np.asarray(head.out.kernel[...]))[..., 0] + float(head.out.bias[0]) \
         + match / np.sqrt(patches.shape[-1])
     want = 0.5 * (np.log(np.exp(s / 0.5).sum(-1)) - np.log(s.shape[-1]))

@@ -205,6 +205,8 @@ def common_problems(loaded, *, allow: tuple[str, ...] = ()) -> list[str]:
         problems.append(f"{cfg.num_registers} register tokens")
     if cfg.stem:
         problems.append(f"a convolutional stem {list(cfg.stem)}")
+    if cfg.patch_classes:
+        problems.append(f"a per-patch readout of {cfg.patch_classes} classes")
     if cfg.qk_norm:
         problems.append("qk-norm")
     if cfg.posemb != "learn":

@@ -429,6 +429,8 @@ def cannot_hold(loaded: LoadedCheckpoint) -> list[str]:
     if cfg.stem:
         problems.append(f"a convolutional stem {list(cfg.stem)} (timm's hybrids are other "
                         "modules)")
+    if cfg.patch_classes:
+        problems.append(f"a per-patch readout of {cfg.patch_classes} classes")
     if cfg.representation_size:
         problems.append("a pre-logits (representation) layer")
     if cfg.posemb != "learn":

@@ -22,9 +22,10 @@ each other kind) are never asked in training: `grid_questions` asks them of the 
 
 Balance, couples, wordings and caching: `vit.data.prompted`, as for `promptshapes`.
 
-Labels (for the ViT stage): multi-hot over the classes present, `CLASS_NAMES`. Where an item
-is comes only from the patch it lies on (its position embedding), never from a label, so a
-region word has to be bound to positions by the text stage.
+Labels (for the ViT stage): multi-hot over the classes present, `CLASS_NAMES`, and `where`,
+the class on each 4x4 block (`where_map`), for a per-patch readout (`train.patch_loss`): the
+patch features learn what lies on each patch, and the text stage binds region words to the
+patch positions (`text.head="placed"`).
 Photos come from `vit.data.real_sets.load_fashion_mnist` (Debian's `dataset-fashion-mnist`), or
 from `photos` given to `generate` (tests).
 """
@@ -197,6 +198,9 @@ class FashionScenes(PromptedSplit):
 
     scenes: np.ndarray  # [N, 4] int32: the class in each grid cell, -1 for none
     boxes: np.ndarray  # [N, 4, 4] int32: (y0, x0, y1, x1) of the photo in each cell
+    # [N, 16, 16] int8: the class whose photo covers the centre of each 4x4 block, -1 for none
+    # (what the per-patch readout learns, `train.patch_loss`)
+    where: np.ndarray
 
 
 def photos_of(split: str, data_dir=None) -> tuple[np.ndarray, np.ndarray]:
@@ -205,6 +209,22 @@ def photos_of(split: str, data_dir=None) -> tuple[np.ndarray, np.ndarray]:
 
     images, labels, _ = load_fashion_mnist(PHOTO_SPLIT[split], data_dir)
     return images, labels
+
+
+WHERE_CELL = 4  # pixels per side of a block of the `where` map
+_CENTRES = np.arange(WHERE_CELL // 2, IMAGE_SIZE, WHERE_CELL)
+
+
+def where_map(cells: np.ndarray, boxes: np.ndarray) -> np.ndarray:
+    """`[16, 16]` int8: the class of the photo (`cells`, `boxes` as `render` gives them) that
+    covers each 4x4 block's centre pixel, -1 where none does."""
+    out = np.full((len(_CENTRES), len(_CENTRES)), -1, np.int8)
+    for c, (y0, x0, y1, x1) in zip(cells, boxes, strict=True):
+        if c >= 0:
+            rows = (y0 <= _CENTRES) & (y1 > _CENTRES)
+            cols = (x0 <= _CENTRES) & (x1 > _CENTRES)
+            out[np.ix_(rows, cols)] = c
+    return out
 
 
 def grid_questions() -> list[dict]:
@@ -313,7 +333,7 @@ class FashionScenesDataset(PromptedDataset):
             cells[i] = c
             labels[c] = 1.0
         return {"images": np.repeat(canvas[..., None], 3, -1), "labels": labels,
-                "scenes": cells, "boxes": boxes}
+                "scenes": cells, "boxes": boxes, "where": where_map(cells, boxes)}
 
     def question_grid(self, data) -> tuple[list[dict], np.ndarray]:
         grid = grid_questions()

@@ -68,6 +68,8 @@ def _fields(element: dict, image: np.ndarray, tokenize: Tokenizer | None) -> dic
     """The element's image and label, plus its prompt as tokens and its answer when the task
     reads text (`tokenize` given). Other fields (strings, ids) stay behind: they do not batch."""
     out = {"image": image, "label": element["label"]}
+    if "where" in element:  # what lies on each part of the image (`train.patch_loss`)
+        out["where"] = element["where"]
     if tokenize is not None:
         tokens, mask = tokenize([element["prompt"]])
         out.update(text=tokens[0], text_mask=mask[0], answer=np.int32(element["answer"]))

@@ -275,7 +275,8 @@ class PromptedSource:
     """Random access over a split's (image, prompt) examples, as grain expects.
 
     `source[i]` is `{"image": uint8 [H, W, 3], "label": float32 multi-hot over `class_names`,
-    "prompt": str, "answer": int32, "image_id": int32}`; examples 2i and 2i+1 share image i.
+    "prompt": str, "answer": int32, "image_id": int32}`, and `"where"` when the split says
+    where things lie (`FashionScenes.where`); examples 2i and 2i+1 share image i.
     `prompts` lists the distinct prompt strings the split asks, sorted. `labels` (the recipe's
     `data.labels`) picks one of the dataset's `label_kinds`.
     """
@@ -321,6 +322,9 @@ class PromptedSource:
         if not -n <= i < n:
             raise IndexError(f"{self.name}:{self.split} has {n} examples, no index {i}")
         i %= n
-        return {"image": self.data.images[i // 2], "label": self.labels[i // 2],
-                "prompt": self.data.prompts[i], "answer": self.data.answers[i],
-                "image_id": np.int32(i // 2)}
+        out = {"image": self.data.images[i // 2], "label": self.labels[i // 2],
+               "prompt": self.data.prompts[i], "answer": self.data.answers[i],
+               "image_id": np.int32(i // 2)}
+        if hasattr(self.data, "where"):  # what lies where, for a per-patch readout
+            out["where"] = self.data.where[i // 2]
+        return out

@@ -65,7 +65,7 @@ ATTENTION_IMPLS = ("auto", "pallas", "cudnn", "xla")
 POSEMB_RESIZES = ("linear", "bicubic", "bicubic_antialias")
 
 
-TEXT_HEADS = ("pooled", "patches")
+TEXT_HEADS = ("pooled", "patches", "placed")
 TEXT_SOURCES = ("bytes", "embeddings")
 
 
@@ -92,7 +92,8 @@ class TextConfig:
     similarity_dim: int = 0
     # "pooled": the prompt head scores the mean of the patches; "patches": it scores every
     # patch against the prompt and takes a soft maximum, so colour and shape must meet on one
-    # patch (composes unseen colour x shape pairs).
+    # patch (composes unseen colour x shape pairs); "placed": "patches" with a learned vector
+    # per patch position in the match, which a region word ("on the left") can select.
     head: str = "pooled"
 
     def __post_init__(self):
@@ -174,6 +175,10 @@ class ViTConfig:
     # before the patch embedding, which then covers patch_size / 2**len(stem) of their map; a
     # token still covers patch_size pixels. () for the plain linear patch embedding.
     stem: tuple[int, ...] = ()
+    # A per-patch readout (vit.models.vit: `patch_logits`): that many classes scored on each
+    # final patch token, trained against what lies on the patch (`train.patch_loss`), so a
+    # patch's features say what is on it rather than what the whole image holds. 0: none.
+    patch_classes: int = 0
     dtype: str = "float32"  # compute dtype; parameters stay float32
     remat: bool = False  # rematerialise each block in the backward pass
     attention_impl: str = "auto"  # auto | pallas | cudnn | xla
@@ -365,7 +370,7 @@ def _check_numbers(cfg: ViTConfig) -> None:
     if any(i < p for i, p in zip(cfg.image_size, cfg.patch_size, strict=True)):
         raise ConfigError(f"image_size {cfg.image_size} is smaller than patch_size "
                           f"{cfg.patch_size}; the image must hold at least one patch")
-    for name in ("num_classes", "num_registers"):
+    for name in ("num_classes", "num_registers", "patch_classes"):
         if getattr(cfg, name) < 0:
             raise ConfigError(f"{name}={getattr(cfg, name)}: must be 0 or more")
     if cfg.representation_size is not None and cfg.representation_size < 1:

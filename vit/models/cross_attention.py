@@ -117,6 +117,33 @@ class PatchPromptHead(PromptHead):
         return (t * soft_max).astype(jnp.float32)
 
 
+class PlacedPromptHead(PatchPromptHead):
+    """`PatchPromptHead` with a learned vector per patch position in the match:
+    `s_i = w . LN(p_i) + <U LN(p_i) + e_i, V LN(txt)> / sqrt(d)`.
+
+    The text then scores what lies on a patch and where the patch is, added: "a bag on the
+    left" is high only on a patch that holds a bag and lies on the left. Patch features
+    trained to say what is on them (`ViTConfig.patch_classes`) do not carry where they are,
+    so the position has to reach the head by itself. Parameter: `position [patches, width]`,
+    for the model's own grid."""
+
+    def __init__(self, width: int, cfg: ViTConfig, rngs: nnx.Rngs):
+        super().__init__(width, cfg, rngs)
+        n = cfg.grid[0] * cfg.grid[1]
+        self.position = nnx.Param(0.02 * jax.random.normal(rngs.params(), (n, width)))
+
+    def scores(self, patches: jax.Array, text_pooled: jax.Array) -> jax.Array:
+        if patches.shape[1] != self.position.shape[0]:
+            raise ValueError(f"the placed prompt head knows {self.position.shape[0]} patch "
+                             f"positions; these images have {patches.shape[1]} patches (give "
+                             "images of the model's own size)")
+        img = self.norm(patches).astype(jnp.float32)
+        txt = self.text(self.text_norm(text_pooled).astype(jnp.float32))
+        placed = self.image(img) + self.position[...][None]
+        match = jnp.einsum("bnd,bd->bn", placed, txt)
+        return self.out(img)[..., 0] + match / jnp.sqrt(img.shape[-1])
+
+
 class SimilarityHead(nnx.Module):
     """SigLIP-style image-text similarity: `exp(t) * cos(img, txt) + b`, trained with a sigmoid
     loss over every image-text pair of a batch; text written as prompts gives zero-shot labels."""

@@ -11,7 +11,7 @@ The parameter tree (a name is absent when its option is off):
   grid; registers carry no position), `norm_pre` (`pre_norm`), `rel_pos_bias/table`
   (`rel_pos_bias="shared"`), `blocks/{i}`, `norm` (`final_norm` without `fc_norm`),
   `fc_norm` (`final_norm` with `fc_norm`), `map_head`, `pre_logits`, `head`, `head_dist`
-  (`dist_token` with `dist_head`);
+  (`dist_token` with `dist_head`), `patch_head` (`patch_classes`);
 - a norm: LayerNorm `{scale, bias}`, RMSNorm `{scale}` (`norm_layer`);
 - `block_fn="block"`: `norm1`, `attn/{qkv, proj, q_norm, k_norm, norm, rel_pos_bias/table}`
   (`qk_norm`, `scale_attn_norm`, `rel_pos_bias="layer"`), `ls1/gamma`, `norm2`, `mlp`, `ls2`;
@@ -48,6 +48,7 @@ from vit.models.config import ViTConfig, variant_config
 from vit.models.cross_attention import (
     CrossAttentionBlock,
     PatchPromptHead,
+    PlacedPromptHead,
     PromptHead,
     SimilarityHead,
 )
@@ -137,13 +138,17 @@ class VisionTransformer(nnx.Module):
         self.rel_pos_bias = (RelativePositionBias(cfg.grid, cfg.num_heads)
                              if cfg.rel_pos_bias == "shared" else None)
         self.stem = make_stem(cfg, rngs)
+        # Zero-initialised as the head is; it reads each final patch token (`patch_logits`).
+        self.patch_head = (nnx.Linear(w, cfg.patch_classes, kernel_init=nnx.initializers.zeros,
+                                      dtype=self.dtype, rngs=rngs) if cfg.patch_classes else None)
         # Text conditioning lives in its own subtrees (built after, and apart from, the image
         # model's parameters), so a plain ViT checkpoint loads into a text model unchanged.
         if cfg.text is not None:
             self.text_path = TextPath(cfg, rngs)
             self.xattn = nnx.List([CrossAttentionBlock(cfg, rngs)
                                    for _ in cfg.text.xattn_layers(cfg.depth)])
-            head = PatchPromptHead if cfg.text.head == "patches" else PromptHead
+            head = {"pooled": PromptHead, "patches": PatchPromptHead,
+                    "placed": PlacedPromptHead}[cfg.text.head]
             self.prompt_head = head(cfg.width, cfg, rngs)
             self.similarity = (SimilarityHead(cfg.width, cfg.width, cfg.text.similarity_dim, rngs)
                                if cfg.text.similarity_dim else None)
@@ -320,8 +325,9 @@ class VisionTransformer(nnx.Module):
 
     def __call__(self, images: jax.Array, *, text: jax.Array | None = None,
                  text_mask: jax.Array | None = None, train: bool = False,
-                 rng: jax.Array | None = None) -> jax.Array:
-        """NHWC float images -> float32 logits `[batch, num_classes]`.
+                 rng: jax.Array | None = None, with_patches: bool = False):
+        """NHWC float images -> float32 logits `[batch, num_classes]`; with `with_patches`,
+        `(logits, patch_logits [batch, patches, patch_classes])` (`patch_logits`).
 
         On a text model, `model(images, text=tokens, text_mask=mask)` gives instead the
         prompt-match logit of each (image, prompt): `[batch]`, or `[batch, prompts]` for
@@ -330,8 +336,20 @@ class VisionTransformer(nnx.Module):
         """
         if text is not None:
             return self.prompt_logits(images, text, text_mask, train=train, rng=rng)
+        if with_patches:
+            tokens = self.features(images, train=train, rng=rng)
+            return (self.head_logits(self.pool(tokens, train=train, rng=rng)),
+                    self.patch_logits(tokens))
         tokens = self.features(images, train=train, rng=rng, head_tokens=self._head_tokens)
         return self.head_logits(self.pool(tokens, train=train, rng=rng))
+
+    def patch_logits(self, tokens: jax.Array) -> jax.Array:
+        """Final tokens -> `[batch, patches, patch_classes]` float32: the per-patch readout
+        (`patch_classes`), what the model says lies on each patch."""
+        if self.patch_head is None:
+            raise ValueError("this model has no per-patch readout; build it with "
+                             "patch_classes > 0")
+        return self.patch_head(tokens[:, self.num_prefix_tokens:]).astype(jnp.float32)
 
     # -- text conditioning -----------------------------------------------------------------
     def _flat_prompts(self, text, text_mask):
@@ -396,15 +414,15 @@ class VisionTransformer(nnx.Module):
         scored and soft-maximised. The forward pass and the explain tools both answer here."""
         if text_pooled is None:
             text_pooled = self.text_path.pooled(*encoded[:2])
-        if self.config.text.head == "patches":
+        if self.config.text.head != "pooled":
             return self.prompt_head(tokens[:, self.num_prefix_tokens:], text_pooled)
         return self.prompt_head(self.pool(tokens, train=train, rng=rng), text_pooled)
 
     def answer_readout(self, tokens, encoded) -> jax.Array | None:
         """`[n, tokens]`: how much each final token counts in `answer` when the head weighs
-        patches by their own scores (`text.head="patches"`); None when the readout is fixed
-        by the pooling (class token, patch mean, MAP weights)."""
-        if self.config.text.head != "patches":
+        patches by their own scores (`text.head` "patches" or "placed"); None when the readout
+        is fixed by the pooling (class token, patch mean, MAP weights)."""
+        if self.config.text.head == "pooled":
             return None
         weights = self.prompt_head.weights(tokens[:, self.num_prefix_tokens:],
                                            self.text_path.pooled(*encoded[:2]))

@@ -40,6 +40,38 @@ def prompt_xent(logits, batch) -> tuple[jax.Array, dict]:
     return loss, {"accuracy": ((logits > 0) == (answer > 0.5)).mean()}
 
 
+class WithPatchLoss:
+    """`loss_fn` on the image's logits plus `weight` times the per-patch readout's softmax
+    cross-entropy (`ViTConfig.patch_classes`, the last class "nothing") against what lies on
+    each patch: `batch["where"] [batch, H', W']` holds a class index (-1: nothing) per cell of
+    a grid that is `grid` times finer or equal, and each patch takes the cell at its centre.
+    The model is called `with_patches` (the step reads `reads_patches`)."""
+
+    reads_patches = True
+
+    def __init__(self, loss_fn: LossFn, weight: float, grid: tuple[int, int]):
+        self.loss_fn, self.weight, self.grid = loss_fn, weight, grid
+
+    def patch_labels(self, where: jax.Array, classes: int) -> jax.Array:
+        """`[batch, H', W']` -> `[batch, patches]` class indices, "nothing" the last."""
+        (gh, gw), (h, w) = self.grid, where.shape[1:3]
+        if h % gh or w % gw:
+            raise ValueError(f"where is {h}x{w} cells, not a multiple of the patch grid "
+                             f"{gh}x{gw}")
+        sh, sw = h // gh, w // gw
+        at = where[:, sh // 2::sh, sw // 2::sw].reshape(where.shape[0], -1).astype(jnp.int32)
+        return jnp.where(at < 0, classes - 1, at)
+
+    def __call__(self, outputs, batch) -> tuple[jax.Array, dict]:
+        logits, patch_logits = outputs
+        loss, metrics = self.loss_fn(logits, batch)
+        labels = self.patch_labels(batch["where"], patch_logits.shape[-1])
+        patch = optax.softmax_cross_entropy_with_integer_labels(patch_logits, labels).mean()
+        metrics = {**metrics, "patch_loss": patch,
+                   "patch_accuracy": (patch_logits.argmax(-1) == labels).mean()}
+        return loss + self.weight * patch, metrics
+
+
 LOSSES: dict[str, LossFn] = {"softmax_xent": softmax_xent, "sigmoid_xent": sigmoid_xent,
                              "prompt_xent": prompt_xent}
 # Losses whose batches carry prompts (`text`, `text_mask`, `answer`) for the model to read.

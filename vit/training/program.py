@@ -23,7 +23,7 @@ from vit.errors import ConfigError
 from vit.recipes.defaults import DEFAULTS
 from vit.training import parallel
 from vit.training.losses import DEFAULT as DEFAULT_LOSS
-from vit.training.losses import TEXT_LOSSES, get_loss
+from vit.training.losses import TEXT_LOSSES, WithPatchLoss, get_loss
 from vit.training.model import Model, build_model
 from vit.training.optim import make_optimizer
 from vit.training.placement import Placement
@@ -60,6 +60,16 @@ def build_program(config, num_classes: int, *, init: str | None = None,
     loss_fn = get_loss(loss_name)
     model, params = build_model(config, num_classes, init=init,
                                 resume_meta=resume.meta if resume else None)
+    if tc.get("patch_loss", 0.0) > 0 and loss_name not in TEXT_LOSSES:
+        if not model.config.patch_classes:
+            raise ConfigError(f"train.patch_loss={tc.patch_loss} trains a per-patch readout "
+                              "the model lacks; set model.patch_classes (the dataset's "
+                              "classes + 1 for nothing)")
+        if config.input.get("flip") or config.input.get("inception_crop"):
+            raise ConfigError("train.patch_loss reads where things lie in the image as the "
+                              "data gives it; set input.flip=False and "
+                              "input.inception_crop=False")
+        loss_fn = WithPatchLoss(loss_fn, tc.patch_loss, model.config.grid)
     tx, lr_fn = make_optimizer(config.optim, params, model.config.depth, tc.steps)
     place = Placement.of(mesh, params, tx, parallel.rules_from_config(config))
     ema = tc.ema_decay > 0

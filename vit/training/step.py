@@ -38,6 +38,7 @@ def make_train_step(graphdef, tx: optax.GradientTransformation, place: Placement
     the CPU takes XLA's memory-optimised schedule (`SCHEDULE`): less scratch memory.
     """
     batch_sharding = place.batch
+    patches = {"with_patches": True} if getattr(loss_fn, "reads_patches", False) else {}
 
     def objective(params, batch, key):
         params = device_mesh.gathered_for_use(params, place.mesh)
@@ -45,11 +46,13 @@ def make_train_step(graphdef, tx: optax.GradientTransformation, place: Placement
             params = jax.tree.map(lambda p, t: p if t else jax.lax.stop_gradient(p),
                                   params, trainable)
         # A batch with prompts trains the prompt head; one without, the classifier.
+        # `with_patches`: the per-patch readout too, for a loss that scores it.
         logits = nnx.merge(graphdef, params)(batch["image"], text=batch.get("text"),
                                              text_mask=batch.get("text_mask"), train=True,
-                                             rng=key)
+                                             rng=key, **patches)
         # Per-example outputs stay split like the batch.
-        logits = jax.lax.with_sharding_constraint(logits, batch_sharding)
+        logits = jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, batch_sharding),
+                              logits)
         return loss_fn(logits, batch)
 
     grad_fn = jax.value_and_grad(objective, has_aux=True)
