@@ -124,7 +124,7 @@ def test_encode_prompts_warns_once_per_unknown_prompt():
     assert [str(w.message) for w in caught] == unknown_word_notices(
         words, ["hello", "is there a belt?"])
     assert prompts.text.shape == (4, 48)
-    assert prompts.never_seen == ((), (), (), ("belt",))
+    assert prompts.never_seen == (("hello",), (), (), ("belt",))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         plain = encode_prompts(config, ["hello", "is there a belt?"])  # nothing known: silent
@@ -204,7 +204,7 @@ def test_cli_names_the_unknown_words_of_a_prompt(promptshapes_run, command, tmp_
         else:
             assert len(notices) == 1, err
             assert notices[0].startswith(f"vit {command}: warning: ")
-            assert unknown in notices[0] and 'answer such prompts "no"' in notices[0]
+            assert unknown in notices[0] and '"no" by rule' in notices[0]
 
 
 def test_predict_answers_a_never_seen_noun_no_by_rule(promptshapes_run, capsys):
@@ -212,9 +212,12 @@ def test_predict_answers_a_never_seen_noun_no_by_rule(promptshapes_run, capsys):
 
     ckpt, pics = promptshapes_run
     assert main(["predict", str(pics), "--checkpoint", str(ckpt), "--json",
-                 "--prompt", "is there a belt?", "--prompt", "is there a red square?"]) == 0
+                 "--prompt", "is there a belt?", "--prompt", "is there a red square?",
+                 "--prompt", "hello xyzzy"]) == 0
     out, err = capsys.readouterr()
-    belt, square = json.loads(out.splitlines()[0])["prompts"]
+    belt, square, hello = json.loads(out.splitlines()[0])["prompts"]
+    # a prompt with no word the model read: "no" by rule as well, every word named
+    assert hello["prob"] == 0.0 and hello["never_seen"] == ["hello", "xyzzy"]
     assert belt["prob"] == 0.0 and belt["never_seen"] == ["belt"]
     assert 0.0 < belt["model_prob"] < 1.0  # the model's own answer, kept beside the rule's
     assert "never_seen" not in square and 0.0 < square["prob"] < 1.0

@@ -10,8 +10,8 @@ carry on. Its three modes share that machinery and differ only in the forward an
 - multi-label (a head trained with `sigmoid_xent`): each label's own sigmoid, and every label
   at or above a threshold, `{"image", "labels": [{index, label, prob}], "probs": [...]}`;
 - prompts: the sigmoid of each prompt's match logit, `{"image", "prompts": [{text, prob}]}`
-  (a prompt naming a thing by a word the model never read: prob 0 by rule, with `never_seen`
-  and the model's own `model_prob`);
+  (a prompt naming a thing by a word the model never read, or with no word it read: prob 0 by
+  rule, with `never_seen` and the model's own `model_prob`);
   every prompt of an image goes in one forward pass (the model shares the image prefix);
 - zero-shot: names scored by the similarity head (sigmoid, as SigLIP), top-k as for classes.
 """
@@ -228,7 +228,8 @@ class Predictor:
 
     def _answer(self, index: int, prob: float) -> dict:
         """Prompt `index`'s answer: the model's, or "no" by rule (prob 0, `never_seen` naming
-        the words) when it names a thing by a word the model never read."""
+        the words) when it names a thing by a word the model never read or holds no word
+        the model read."""
         never_seen = self.prompts.ruled_no(index)
         if never_seen:
             return {"text": self.prompts.labels[index], "prob": 0.0,

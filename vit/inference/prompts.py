@@ -20,8 +20,9 @@ from vit.errors import CheckpointError, DataError
 class Prompts:
     """Texts ready for a text model: display `labels`, `text` (token ids `[P, T]`, or supplied
     embeddings `[P, T, D]`) and its left-aligned `mask [P, T]`. `never_seen` holds, for each
-    prompt, the words it names a thing by that the model never read (empty: none, or nothing
-    known of the model's training); such a prompt is answered "no" by rule."""
+    prompt, the words it names a thing by that the model never read, or every word of a prompt
+    with no word the model read (empty: none, or nothing known of the model's training); such
+    a prompt is answered "no" by rule."""
 
     labels: list[str]
     text: np.ndarray
@@ -89,7 +90,7 @@ def encode_prompts(config, texts: Sequence[str], *, labels: Sequence[str] | None
     for line in unknown_word_notices(words, texts):
         warnings.warn(line, UserWarning, stacklevel=2)
     tokens, mask = tokenize(texts, config.text.max_len)
-    never_seen = tuple(tuple(words.never_seen_named(t)) for t in texts) if words else ()
+    never_seen = tuple(tuple(ruled_no_words(words, t)) for t in texts) if words else ()
     return Prompts(list(labels) if labels is not None else texts, tokens, mask, never_seen)
 
 
@@ -175,13 +176,23 @@ def prompts_forward(merged, prompts: Prompts):
     return forward, (jnp.asarray(prompts.text), jnp.asarray(prompts.mask))
 
 
+def ruled_no_words(words, text: str) -> list[str]:
+    """The words that make `text` a question the model cannot know (`words`, a `PromptWords`):
+    the never-seen words it names a thing by, or all of its words when it holds none the
+    model read. [] for a question the model answers itself."""
+    from vit.data.prompt_words import knows_none
+
+    if knows_none(text, words.vocabulary):
+        return words.unknown(text)
+    return words.never_seen_named(text)
+
+
 def unknown_word_notices(words, texts: Sequence[str]) -> list[str]:
     """One line for each prompt with words the model never saw in its training prompts, naming
-    them (`words`, a `PromptWords`: what it read). A prompt with no known word at all is
-    answered "no" by a model trained on a prompt dataset (its rule for such prompts); one that
-    names a thing by a word never seen is answered "no" by rule (`Prompts.never_seen`); one
-    with other unknown words is answered from its known ones. Nothing for the null prompt "",
-    or without `words`."""
+    them (`words`, a `PromptWords`: what it read). A prompt with no known word at all, or one
+    that names a thing by a word never seen, is answered "no" by rule (`Prompts.never_seen`);
+    one with other unknown words is answered from its known ones. Nothing for the null prompt
+    "", or without `words`."""
     from vit.data.prompt_words import knows_none
 
     if not words:
@@ -194,8 +205,8 @@ def unknown_word_notices(words, texts: Sequence[str]) -> list[str]:
         named = ", ".join(repr(w) for w in unknown)
         never_seen = words.never_seen_named(text)
         if knows_none(text, words.vocabulary):
-            out.append(f"prompt {text!r} holds no word seen in training ({named}); the model "
-                       "was trained to answer such prompts \"no\"")
+            out.append(f"prompt {text!r} holds no word seen in training ({named}): the model "
+                       "cannot know what it asks, so the answer is \"no\" by rule")
         elif never_seen:
             out.append(f"prompt {text!r} asks about {', '.join(map(repr, never_seen))}, never "
                        "seen in training: the model cannot know it, so the answer is \"no\" by "
