@@ -18,10 +18,6 @@ FLOP_CONVENTION = ("attention forward = 4*B*H*Sq*Sk*D (QK^T and PV, unpadded len
                    "backward = 2.5x forward, so fwd_bwd = 3.5x forward.")
 
 
-def _error(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
-
-
 def _jax_pallas_mha(q, k, v, *, interpret):
     """jax's Pallas GPU `mha`: lengths padded to its 128 block, padding split off by segment."""
     from jax.experimental.pallas.ops.gpu import attention
@@ -37,12 +33,10 @@ def _jax_pallas_mha(q, k, v, *, interpret):
 def attention_impls(interpret: bool) -> dict:
     from vit.ops.flash_attention import flash_attention
 
-    impls = {
-        "pallas": flash_attention,
-        "cudnn": functools.partial(jax.nn.dot_product_attention, implementation="cudnn"),
-        "xla": functools.partial(jax.nn.dot_product_attention, implementation="xla"),
-        "jax_pallas_mha": functools.partial(_jax_pallas_mha, interpret=interpret),
-    }
+    impls = {"pallas": flash_attention,
+             "cudnn": functools.partial(jax.nn.dot_product_attention, implementation="cudnn"),
+             "xla": functools.partial(jax.nn.dot_product_attention, implementation="xla"),
+             "jax_pallas_mha": functools.partial(_jax_pallas_mha, interpret=interpret)}
     if jax.default_backend() != "gpu":
         del impls["cudnn"]  # NVIDIA only; on a GPU its failure is a failed row
     return impls
@@ -56,14 +50,15 @@ def _guarded(row: dict, measure, end: float) -> dict:
         return {**row, "status": "ok", **measure()}
     except Exception as exc:  # recorded, and the run goes on
         traceback.print_exc()
-        return {**row, "status": "failed", "error": _error(exc)}
+        first = (str(exc).splitlines() or [""])[0]
+        return {**row, "status": "failed", "error": f"{type(exc).__name__}: {first}"[:300]}
 
 
-def attention_bench(dry_run: bool, quick: bool, iters: int, end: float, rows: list,
-                    save) -> None:
+def attention_bench(dry_run: bool, quick: bool, end: float, rows: list, save) -> None:
     """Forward and forward+backward rows (ms, TFLOP/s) per attention function and shape, each
     appended to `rows` and `save()`d, so a run cut short keeps what it measured."""
     impls = attention_impls(interpret=jax.default_backend() == "cpu")
+    iters = 1 if dry_run else 10  # timed calls per repetition
     shapes = [(1, 50, 2, 64)] if dry_run else [
         (128, seq, heads, 64) for seq in ((577,) if quick else (577, 197)) for heads in (12, 16)]
     for batch, seq, heads, d in shapes:
@@ -88,33 +83,25 @@ def attention_bench(dry_run: bool, quick: bool, iters: int, end: float, rows: li
                 save()
 
 
-def status(result: dict) -> dict:
-    counts = {"ok": 0, "failed": 0, "skipped": 0}
-    for row in result["attention"]:
-        counts[row["status"]] += 1
-    return counts
-
-
 def exit_code(status: dict) -> int:
     return 1 if status["failed"] else 3 if status["skipped"] else 0
 
 
 def main(argv: list[str]) -> int:
-    parser = common.parser("attention", __doc__, str(common.ROOT / "benchmarks" / "gpu"))
-    parser.add_argument("--dry-run", action="store_true", help="tiny shapes, interpret mode")
-    parser.add_argument("--quick", action="store_true", help="the seq-577 rows only")
-    parser.add_argument("--iters", type=int, default=None, help="timed calls per repetition")
-    parser.add_argument("--budget-s", type=float, default=300, help="seconds to start rows in")
-    args = parser.parse_args(argv)
+    args = common.parser("attention", __doc__, str(common.ROOT / "benchmarks" / "gpu"),
+                         dry_run=(False, "tiny shapes, interpret mode"),
+                         quick=(False, "the seq-577 rows only"),
+                         budget_s=(300.0, "seconds to start rows in")).parse_args(argv)
     out = pathlib.Path(args.out) / "bench_attention.json"
     result = {"dry_run": args.dry_run, "quick": args.quick, "flop_convention": FLOP_CONVENTION,
               "budget_s": args.budget_s, "attention": []}
 
     def save():
-        result["status"] = status(result)
+        result["status"] = {s: sum(r["status"] == s for r in result["attention"])
+                            for s in ("ok", "failed", "skipped")}
         common.write_record("bench_attention", result, argv=argv, mode="attention", out=out)
 
-    attention_bench(args.dry_run, args.quick, args.iters or (1 if args.dry_run else 10),
-                    time.monotonic() + args.budget_s, result["attention"], save)
+    attention_bench(args.dry_run, args.quick, time.monotonic() + args.budget_s,
+                    result["attention"], save)
     print(f"rows: {result['status']}")
     return exit_code(result["status"])

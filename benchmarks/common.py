@@ -60,7 +60,7 @@ class Side:
 
     def __init__(self, target: str, kwargs: dict | None = None, *, env: dict | None = None,
                  pythonpath: str | None = None, settle_s: float = 0.0):
-        self.target, self.settle_s, self.count = target, settle_s, 0
+        self.target, self.settle_s = target, settle_s
         self.folder = Path(tempfile.mkdtemp(prefix="bench-side-"))
         (self.folder / "args.json").write_text(json.dumps(kwargs or {}))
         self.log = self.folder / "stderr.log"
@@ -70,21 +70,21 @@ class Side:
                  str(self.folder / "args.json"), str(self.folder)],
                 env=_side_env(env, pythonpath), cwd=ROOT, stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE, stderr=log, text=True)
-        self._result("ready")
+        self._result()
 
-    def _result(self, name: str) -> dict:
-        line, path = self.proc.stdout.readline(), self.folder / f"{name}.json"
-        if not line or not path.exists():
+    def _result(self) -> dict:
+        """What the process wrote for the line it answered with (none: it failed)."""
+        line = self.proc.stdout.readline().strip()
+        if not line or not (path := self.folder / f"{line}.json").exists():
             self.proc.wait()
             raise SideFailed(f"{self.target} failed:\n{self.log.read_text()[-3000:]}")
         return json.loads(path.read_text())
 
     def __call__(self, **request) -> dict:
         time.sleep(self.settle_s)
-        self.count += 1
-        self.proc.stdin.write(json.dumps({"name": f"run{self.count}", "request": request}) + "\n")
+        self.proc.stdin.write(json.dumps(request) + "\n")
         self.proc.stdin.flush()
-        return self._result(f"run{self.count}")
+        return self._result()
 
     def close(self) -> None:
         self.proc.stdin.close()
@@ -96,12 +96,11 @@ def run_cli(command: list[str], *, env: dict | None = None, capture: bool = Fals
             check: bool = True) -> dict:
     """`command` run from the repository root and timed to its exit (`vit` is this interpreter's,
     on the CPU unless the environment says otherwise); `check`: a failure raises `SideFailed`."""
-    argv = [*VIT, *command[1:]] if command[0] == "vit" else list(command)
-    full = {**os.environ, **(env or {})}
-    if command[0] == "vit":
-        full.setdefault("JAX_PLATFORMS", "cpu")
+    vit = command[0] == "vit"
+    full = {**({"JAX_PLATFORMS": "cpu"} if vit else {}), **os.environ, **(env or {})}
     start = time.perf_counter()
-    done = subprocess.run(argv, cwd=ROOT, env=full, text=True, capture_output=capture)
+    done = subprocess.run([*VIT, *command[1:]] if vit else command, cwd=ROOT, env=full,
+                          text=True, capture_output=capture)
     wall = time.perf_counter() - start
     if check and done.returncode:
         tail = f":\n{(done.stdout or '')[-2000:]}{(done.stderr or '')[-2000:]}" if capture else ""
@@ -111,13 +110,29 @@ def run_cli(command: list[str], *, env: dict | None = None, capture: bool = Fals
             **({"stdout": done.stdout, "stderr": done.stderr} if capture else {})}
 
 
-def parser(mode: str, doc: str, out: str | None = None,
-           add_help: bool = True) -> argparse.ArgumentParser:
+def parser(mode: str, doc: str, out: str | None = None, add_help: bool = True,
+           **options) -> argparse.ArgumentParser:
     """A mode's parser, described by `doc`'s first line, with `--out` (default `out`: a record
-    in benchmarks/records/ is named for its file)."""
+    in benchmarks/records/ is named for its file) and `options` (`add_options`)."""
     p = argparse.ArgumentParser(prog=f"python -m benchmarks {mode}",
                                 description=doc.splitlines()[0], add_help=add_help)
     p.add_argument("--out", default=out, help="where the record goes")
+    return add_options(p, options)
+
+
+def add_options(p: argparse.ArgumentParser, options: dict) -> argparse.ArgumentParser:
+    """`--name` for each `name` in `options`: add_argument's keywords, or its default (False: a
+    switch; []: repeatable; a list: one or more of its items' type; None: a string; else the
+    default's type), or (default, help)."""
+    for name, spec in options.items():
+        default, what = spec if isinstance(spec, tuple) else (spec, None)
+        kw = (default if isinstance(default, dict) else
+              {"action": "store_true"} if default is False else
+              {"action": "append", "default": []} if default == [] else
+              {"nargs": "+", "default": default, "type": type(default[0])}
+              if isinstance(default, list) else
+              {"default": default, "type": str if default is None else type(default)})
+        p.add_argument(f"--{name.replace('_', '-')}", help=what, **kw)
     return p
 
 
@@ -172,34 +187,13 @@ def our_forward(checkpoint: str | Path, dtype: str, example) -> Callable:
 
 def _wait(result: Any) -> Any:
     """`result` waited for, if JAX is loaded."""
-    if "jax" in sys.modules:
-        import jax
-
-        return jax.block_until_ready(result)
-    return result
+    return sys.modules["jax"].block_until_ready(result) if "jax" in sys.modules else result
 
 
-def _summary(times: list[float]) -> dict:
-    return {"median_s": statistics.median(times), "min_s": min(times), "times_s": times}
-
-
-def time_call(fn: Callable[[], Any], *, warmup: int = 1, repeats: int = 5,
-              number: int = 1) -> dict:
-    """`warmup` untimed calls, then `repeats` samples of `number` calls: seconds per call."""
-    for _ in range(warmup):
-        _wait(fn())
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        for _ in range(number):
-            out = fn()
-        _wait(out)
-        times.append((time.perf_counter() - start) / number)
-    return _summary(times)
-
-
-def interleave(fns: dict[str, Callable[[], Any]], *, rounds: int, warmup: int = 1) -> dict:
-    """Contestants timed one call each per round, the order rotated: {name: `time_call` dict}."""
+def interleave(fns: dict[str, Callable[[], Any]], *, rounds: int, warmup: int = 1,
+               number: int = 1) -> dict:
+    """Contestants timed `number` calls each per round, the order rotated: {name: seconds per
+    call, as "median_s", "min_s" and every round's "times_s"}."""
     names = list(fns)
     for name in names:
         for _ in range(warmup):
@@ -208,15 +202,21 @@ def interleave(fns: dict[str, Callable[[], Any]], *, rounds: int, warmup: int = 
     for i in range(rounds):
         for name in names[i % len(names):] + names[:i % len(names)]:
             start = time.perf_counter()
-            _wait(fns[name]())
-            times[name].append(time.perf_counter() - start)
-    return {name: _summary(t) for name, t in times.items()}
+            for _ in range(number):
+                out = fns[name]()
+            _wait(out)
+            times[name].append((time.perf_counter() - start) / number)
+    return {name: {"median_s": statistics.median(t), "min_s": min(t), "times_s": t}
+            for name, t in times.items()}
+
+
+def time_call(fn: Callable[[], Any], *, warmup: int = 1, repeats: int = 5,
+              number: int = 1) -> dict:
+    """`warmup` untimed calls, then `repeats` samples of `number` calls: seconds per call."""
+    return interleave({"": fn}, rounds=repeats, warmup=warmup, number=number)[""]
 
 
 # --------------------------------------------------------------------------------- records
-
-BF16_FEATURES = ("avx512_bf16", "amx_bf16", "avx_ne_convert", "bf16")
-
 
 def cpu() -> dict:
     """The CPU's model and matrix features from /proc/cpuinfo (empty elsewhere)."""
@@ -227,7 +227,8 @@ def cpu() -> dict:
     info = dict(map(str.strip, line.split(":", 1)) for line in first.splitlines() if ":" in line)
     flags = set(info.get("flags", info.get("Features", "")).split())
     return {"model_name": info.get("model name"),
-            "bfloat16_arithmetic": [f for f in BF16_FEATURES if f in flags]}
+            "bfloat16_arithmetic": [f for f in ("avx512_bf16", "amx_bf16", "avx_ne_convert", "bf16")
+                                    if f in flags]}
 
 
 def machine() -> dict:
@@ -284,12 +285,9 @@ def relative(value: Any, strict: bool = True) -> Any:
 
 def out_of(argv: list[str]) -> str | None:
     """The `--out` of a mode's arguments, if given."""
-    for i, arg in enumerate(argv):
-        if arg == "--out" and i + 1 < len(argv):
-            return argv[i + 1]
-        if arg.startswith("--out="):
-            return arg.removeprefix("--out=")
-    return None
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--out")
+    return p.parse_known_args(argv)[0].out
 
 
 def command(argv: list[str] | None, mode: str) -> str:
@@ -306,13 +304,9 @@ def is_record(path: str | Path | None) -> bool:
     return path is None or Path(path).resolve().is_relative_to(RECORDS)
 
 
-def record_path(name: str, root: Path = ROOT) -> Path:
-    return root / "benchmarks" / "records" / f"{name}.json"
-
-
 def read_record(name: str, root: Path = ROOT) -> dict:
     """benchmarks/records/NAME.json (below `root`) as written."""
-    return json.loads(record_path(name, root).read_text())
+    return json.loads((root / "benchmarks" / "records" / f"{name}.json").read_text())
 
 
 def write_record(name: str, figures: dict, *, argv: list[str] | None, mode: str | None = None,
@@ -327,7 +321,7 @@ def write_record(name: str, figures: dict, *, argv: list[str] | None, mode: str 
                      "command": command(argv, mode), "machine": machine(),
                      "versions": versions(),
                      **json.loads(json.dumps(figures, default=str))}, strict=is_record(out))
-    path = Path(out) if out else record_path(name)
+    path = Path(out) if out else RECORDS / f"{name}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     _write(path, json.dumps(full, indent=2) + "\n")
     print(f"wrote {path}", flush=True)
@@ -343,8 +337,8 @@ def _write(path: Path, text: str) -> None:
 
 def _contestant(argv: list[str]) -> None:
     """A contestant's process (`run_side`): `TARGET ARGS.json RESULT.json` writes `TARGET(**ARGS)`;
-    (`Side`) `--serve TARGET ARGS.json FOLDER` writes FOLDER/ready.json, then FOLDER/NAME.json
-    of `run(**request)` per stdin line, `run` being what `TARGET(**ARGS)` returned."""
+    (`Side`) `--serve TARGET ARGS.json FOLDER` writes and prints FOLDER/ready, then per stdin line
+    FOLDER/result of `run(**request)`, `run` being what `TARGET(**ARGS)` returned (`.json`)."""
     serve = argv[0] == "--serve"
     target, args_file, out = argv[1:] if serve else argv
     module, _, function = target.partition(":")
@@ -356,10 +350,8 @@ def _contestant(argv: list[str]) -> None:
     _write(Path(out) / "ready.json", json.dumps({"ready": True}))
     print("ready", flush=True)
     for line in sys.stdin:
-        message = json.loads(line)
-        _write(Path(out) / f"{message['name']}.json",
-               json.dumps(result(**message["request"]), default=float))
-        print(message["name"], flush=True)
+        _write(Path(out) / "result.json", json.dumps(result(**json.loads(line)), default=float))
+        print("result", flush=True)
 
 
 if __name__ == "__main__":

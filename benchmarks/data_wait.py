@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import statistics
 import tempfile
-import time
 from pathlib import Path
 
 from benchmarks import common
@@ -39,7 +38,8 @@ def train(recipe: str, workdir: Path, steps: int, sets: list[str]) -> dict:
             "data_wait_per_window": [round(r["data_wait"], 4) for r in rows],
             "data_wait_median_after_first": statistics.median(r["data_wait"] for r in later),
             "images_per_s_median_after_first": statistics.median(r["images_per_s"]
-                                                                 for r in later)}
+                                                                 for r in later),
+            "pipeline_alone_images_per_s": pipeline_rate(recipe, sets)}
 
 
 def pipeline_rate(recipe: str, sets: list[str], batches: int = 15) -> float:
@@ -53,27 +53,17 @@ def pipeline_rate(recipe: str, sets: list[str], batches: int = 15) -> float:
     it = train_iterator(src, preprocessing_of(cfg), augment_of(cfg),
                         batch_size=cfg.train.batch_size, seed=0,
                         num_classes=len(src.class_names), num_threads=cfg.data.num_threads)
-    next(it)
-    t = time.perf_counter()
-    for _ in range(batches):
-        next(it)
-    return batches * cfg.train.batch_size / (time.perf_counter() - t)
+    per_batch = common.time_call(lambda: next(it), repeats=1, number=batches)["median_s"]
+    return cfg.train.batch_size / per_batch
 
 
 def main(argv: list[str]) -> None:
-    parser = common.parser("data_wait", __doc__)
-    parser.add_argument("--digits-steps", type=int, default=300)
-    parser.add_argument("--folder-steps", type=int, default=60)
-    args = parser.parse_args(argv)
+    args = common.parser("data_wait", __doc__, digits_steps=300, folder_steps=60).parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        photos = make_photos(tmp / "photos")
-        folder_sets = [f"data.name={photos}", *FOLDER_SETS]
+        folder_sets = [f"data.name={make_photos(tmp / 'photos')}", *FOLDER_SETS]
         runs = {"digits": train("digits", tmp / "digits", args.digits_steps, []),
                 "folder": train("imagefolder", tmp / "folder", args.folder_steps, folder_sets)}
-        runs["digits"]["pipeline_alone_images_per_s"] = pipeline_rate("digits", [])
-        runs["folder"]["pipeline_alone_images_per_s"] = pipeline_rate("imagefolder",
-                                                                      folder_sets)
         runs["folder"]["overrides"] = ["data.name=<400 generated 320x240 JPEGs>", *FOLDER_SETS]
     common.write_record("data_wait", {"target": "data_wait <= 0.05", "runs": runs}, argv=argv,
                         out=args.out)
@@ -85,13 +75,12 @@ def table(r: dict) -> list[str]:
              T.pct(run["data_wait_median_after_first"]),
              T.num(run["images_per_s_median_after_first"], 1),
              T.num(run["pipeline_alone_images_per_s"], 0)] for name, run in r["runs"].items()]
-    load = (r.get("machine") or {}).get("load_average")
     return ["The share of `vit train`'s wall time spent waiting for the input pipeline, per "
             f"logging window (target: {r['target']}):", "",
             *T.table(["run", "recipe", "steps", "waiting, by window", "median after the first",
-                      "training img/s", "pipeline alone img/s"], rows),
-            *(["", f"Load average while measured: {load[0]:.1f} (the machine was shared)."]
-              if load else [])]
+                      "training img/s", "pipeline alone img/s"], rows), "",
+            f"Load average while measured: {r['machine']['load_average'][0]:.1f} (the machine "
+            "was shared)."]
 
 
 def targets(r: dict) -> list[tuple[str, str, bool]]:

@@ -1,17 +1,10 @@
 """Deletion and insertion AUC of every map method (and a random ranking) on the demo's digits
-model by substrate and step count, via `vit explain-eval --json` in-process."""
+model by substrate and step count, each a `vit explain-eval --json` command."""
 
 from __future__ import annotations
 
-import contextlib
-import io
-import json
-import os
-import time
-
 from benchmarks import common, tables
 
-ROOT = common.ROOT
 METHODS = ("attention", "rollout", "grad-rollout", "relevancy")
 # (metric, substrate, steps): the headline at 16 steps, every substrate, then coarser curves.
 RUNS = [(metric, substrate, 16) for substrate in ("mean", "zero", "blur")
@@ -19,35 +12,19 @@ RUNS = [(metric, substrate, 16) for substrate in ("mean", "zero", "blur")
 RUNS += [(metric, "mean", steps) for steps in (4, 8) for metric in ("deletion", "insertion")]
 
 
-def explain_eval(argv: list[str]) -> dict:
-    from vit.cli import main
-
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        code = main(argv)
-    if code != 0:
-        raise SystemExit(f"vit {' '.join(argv)} exited {code}")
-    return json.loads(out.getvalue().strip().splitlines()[-1])
-
-
 def main(argv: list[str]) -> None:
-    parser = common.parser("faithfulness", __doc__, str(common.record_path("faithfulness")))
-    args = parser.parse_args(argv)
-    os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    args.out = os.path.abspath(args.out)
-    os.chdir(ROOT)  # paths in the record and the commands are relative to the repository
+    args = common.parser("faithfulness", __doc__).parse_args(argv)
     made_by = common.read_record("demo")  # the model measured is the one that record names
-    checkpoint = made_by["workdir"]
+    checkpoint = made_by["workdir"]  # relative to the repository, where `run_cli` runs
     rows = []
     for metric, substrate, steps in RUNS:
-        cli = ["explain-eval", "--checkpoint", checkpoint, "--data", "digits", "--split",
-               "test", "--method", *METHODS, "--metric", metric, "--substrate", substrate,
-               "--steps", str(steps), "--json"]
-        start = time.time()
-        report = explain_eval(cli)
+        run = common.run_cli(["vit", "explain-eval", "--checkpoint", checkpoint, "--data",
+                              "digits", "--split", "test", "--method", *METHODS, "--metric",
+                              metric, "--substrate", substrate, "--steps", str(steps), "--json"],
+                             capture=True)
         rows.append({"metric": metric, "substrate": substrate, "steps": steps,
-                     "command": "vit " + " ".join(cli), "seconds": round(time.time() - start, 1),
-                     "results": report["results"]})
+                     "command": run["command"], "seconds": round(run["wall_s"], 1),
+                     "results": common.last_json(run["stdout"])["results"]})
     common.write_record("faithfulness", {
         "checkpoint": checkpoint, "model_record": "benchmarks/records/demo.json",
         "model_test_accuracy": made_by["test_accuracy"], "model_made_utc": made_by["date_utc"],
@@ -67,24 +44,23 @@ def table(r: dict) -> list[str]:
     rows = [[m, *auc_cells(dele[m]), *auc_cells(ins[m])] for m in METHODS]
     rows.append(["random", auc_cells(dele["random"])[0], "", auc_cells(ins["random"])[0], ""])
 
-    def pairs(metric_steps: int, sub: str, cell) -> list[str] | None:
-        d, i = runs.get(("deletion", sub, metric_steps)), runs.get(("insertion", sub, metric_steps))
-        return [cell(d[m], i[m]) for m in METHODS] if d and i else None
+    def pairs(steps: int, sub: str, cell) -> list[str]:
+        return [cell(runs["deletion", sub, steps][m], runs["insertion", sub, steps][m])
+                for m in METHODS]
 
-    by_substrate = [[f"`{sub}`", *cells] for sub in ("mean", "zero", "blur") if (cells := pairs(
-        16, sub, lambda d, i: f"{d['vs_random']['mean']:+.3f} / {i['vs_random']['mean']:+.3f}"))]
-    by_steps = [[steps, *cells] for steps in sorted({s for (_, sub, s) in runs if sub == "mean"})
-                if (cells := pairs(steps, "mean", lambda d, i: f"{d['auc']:.3f} / {i['auc']:.3f}"))]
-    model = (f"the digits model `{r['checkpoint']}` that the demo record of "
-             f"{r['model_made_utc'][:10]} made" if r.get("model_made_utc")
-             else f"the digits model `{r['checkpoint']}`")
-    return [f"{r['images']} test digits, {model} (test accuracy "
+    by_substrate = [[f"`{sub}`", *pairs(16, sub, lambda d, i: f"{d['vs_random']['mean']:+.3f} / "
+                                        f"{i['vs_random']['mean']:+.3f}")]
+                    for sub in ("mean", "zero", "blur")]
+    by_steps = [[steps, *pairs(steps, "mean", lambda d, i: f"{d['auc']:.3f} / {i['auc']:.3f}")]
+                for steps in sorted({s for (_, sub, s) in runs if sub == "mean"})]
+    return [f"{r['images']} test digits, the digits model `{r['checkpoint']}` that the demo "
+            f"record of {r['model_made_utc'][:10]} made (test accuracy "
             f"{r['model_test_accuracy']:.3f}), 16 steps, `mean` substrate; area under the curve "
             "with its 95% bootstrap interval, and the paired difference from the random ranking "
             "on the same images:", "",
             *tables.table(["method", "deletion AUC (lower is better)", "vs random",
                            "insertion AUC (higher is better)", "vs random"], rows), "",
             "Difference from random, deletion / insertion, by substrate (16 steps):", "",
-            *tables.table(["substrate", *METHODS], by_substrate),
-            *(["", "Deletion / insertion AUC by step count (`mean` substrate):", "",
-               *tables.table(["steps", *METHODS], by_steps)] if len(by_steps) > 1 else [])]
+            *tables.table(["substrate", *METHODS], by_substrate), "",
+            "Deletion / insertion AUC by step count (`mean` substrate):", "",
+            *tables.table(["steps", *METHODS], by_steps)]

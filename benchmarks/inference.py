@@ -35,22 +35,17 @@ def side_hf(checkpoint: str, dtype: str, batch: int, image_size: int, iters: int
 
 
 def run(kind: str, args, folder: str) -> float:
-    timing = common.run_side(
+    return BATCH / common.run_side(
         f"benchmarks.inference:{'side_hf' if kind.startswith('hf') else 'side_ours'}",
         {"checkpoint": os.path.join(folder, "model"), "batch": BATCH,
          "dtype": "bfloat16" if kind.endswith("bfloat16") else "float32",
          "image_size": IMAGE_SIZE, "iters": args.iters},
-        pythonpath=args.baseline if kind == "baseline" else None, cwd=folder)
-    return BATCH / timing["median_s"]
+        pythonpath=args.baseline if kind == "baseline" else None, cwd=folder)["median_s"]
 
 
 def main(argv: list[str]) -> None:
-    parser = common.parser("inference", __doc__)
-    parser.add_argument("--iters", type=int, default=8)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--baseline", default=None, metavar="DIR",
-                        help="also our float32 model from this copy of an earlier commit")
-    args = parser.parse_args(argv)
+    args = common.parser("inference", __doc__, iters=8, rounds=3, baseline=(
+        None, "also our float32 model from this copy of an earlier commit")).parse_args(argv)
     kinds = ["ours_float32", "ours_bfloat16", *(["baseline"] if args.baseline else []), "hf",
              "hf_bfloat16"]
     rounds = []

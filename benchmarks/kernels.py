@@ -14,6 +14,7 @@ import subprocess
 import sys
 import tempfile
 import warnings
+from unittest import mock
 
 import jax
 import jax.numpy as jnp
@@ -31,8 +32,7 @@ def triton_ir(head_dim: int, dtype, seq: int, kv_len: bool = False) -> dict[str,
 
     from vit.ops.flash_attention import flash_attention
 
-    captured = {}
-    original = lowering.lower_jaxpr_to_triton_module
+    captured, original = {}, lowering.lower_jaxpr_to_triton_module
 
     def capture(*args, **kwargs):
         result = original(*args, **kwargs)
@@ -50,26 +50,17 @@ def triton_ir(head_dim: int, dtype, seq: int, kv_len: bool = False) -> dict[str,
         out, vjp = jax.vjp(attention, q, k, v)
         return out, vjp(do)
 
-    lowering.lower_jaxpr_to_triton_module = capture
-    try:
-        with _target():
-            jax.jit(step).trace(spec, spec, spec, spec, lens).lower(
-                lowering_platforms=("cuda",))
-    finally:
-        lowering.lower_jaxpr_to_triton_module = original
-    missing = set(KERNELS) - set(captured)
-    if missing:
+    target = contextlib.nullcontext()
+    if jax.default_backend() != "gpu":  # lowered for an abstract H100 on any other host
+        from jax.sharding import AbstractDevice, AbstractMesh, use_abstract_mesh
+
+        device = AbstractDevice(device_kind=DEVICE_KIND, num_cores=None, platform="gpu")
+        target = use_abstract_mesh(AbstractMesh((1,), ("x",), abstract_device=device))
+    with mock.patch.object(lowering, "lower_jaxpr_to_triton_module", capture), target:
+        jax.jit(step).trace(spec, spec, spec, spec, lens).lower(lowering_platforms=("cuda",))
+    if missing := set(KERNELS) - set(captured):
         raise RuntimeError(f"kernels not lowered: {sorted(missing)}")
     return captured
-
-
-def _target():
-    if jax.default_backend() == "gpu":
-        return contextlib.nullcontext()
-    from jax.sharding import AbstractDevice, AbstractMesh, use_abstract_mesh
-
-    device = AbstractDevice(device_kind=DEVICE_KIND, num_cores=None, platform="gpu")
-    return use_abstract_mesh(AbstractMesh((1,), ("x",), abstract_device=device))
 
 
 def compile_resources(ir: str, warps: int, stages: int) -> dict:
@@ -87,19 +78,18 @@ def compile_resources(ir: str, warps: int, stages: int) -> dict:
         ptx = pathlib.Path(tmp, "kernel.ptx")
         ptx.write_text(kernel.asm["ptx"])
         report = _ptxas_report(ptx)
-    registers = int(re.search(r"Used (\d+) registers", report).group(1))
-    spills = int(re.search(r"(\d+) bytes spill stores", report).group(1))
-    return dict(registers=registers, spill_bytes=spills, shared_bytes=int(kernel.metadata.shared),
+    return dict(registers=int(re.search(r"Used (\d+) registers", report).group(1)),
+                spill_bytes=int(re.search(r"(\d+) bytes spill stores", report).group(1)),
+                shared_bytes=int(kernel.metadata.shared),
                 wgmma="wgmma.mma_async" in kernel.asm["ptx"])
 
 
 def _ptxas_report(ptx: pathlib.Path) -> str:
     import triton
 
-    tools = sorted(glob.glob(os.path.join(os.path.dirname(triton.__file__),
-                                          "backends", "nvidia", "bin", "ptxas*")))
     errors = []
-    for tool in tools:
+    for tool in sorted(glob.glob(os.path.join(os.path.dirname(triton.__file__),
+                                              "backends", "nvidia", "bin", "ptxas*"))):
         proc = subprocess.run([tool, "-v", f"-arch=sm_{CAPABILITY}a", str(ptx), "-o", os.devnull],
                               capture_output=True, text=True)
         if proc.returncode == 0:
@@ -161,12 +151,10 @@ def table(r: dict) -> list[str]:
 
 
 def main(argv: list[str]) -> int:
-    parser = common.parser("kernels", __doc__, str(common.RECORDS))
-    parser.add_argument("--head-dims", type=int, nargs="+", default=[32, 64, 128, 256])
-    parser.add_argument("--dtypes", nargs="+", default=["bfloat16", "float32"],
-                        choices=["bfloat16", "float16", "float32"])
-    parser.add_argument("--seqs", type=int, nargs="+", default=[197, 577, 1025, 50, 257])
-    args = parser.parse_args(argv)
+    args = common.parser("kernels", __doc__, str(common.RECORDS), head_dims=[32, 64, 128, 256],
+                         dtypes={"nargs": "+", "default": ["bfloat16", "float32"],
+                                 "choices": ["bfloat16", "float16", "float32"]},
+                         seqs=[197, 577, 1025, 50, 257]).parse_args(argv)
     try:
         import triton  # noqa: F401
     except ImportError:

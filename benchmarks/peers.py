@@ -3,6 +3,7 @@ a thread per core, each run in its own process (`common.run_side`)."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import time
 from pathlib import Path
@@ -21,12 +22,11 @@ def load(folder: str | Path, dtype: str = "float32", *, train: bool = False):
     return model.to(torch.bfloat16) if dtype == "bfloat16" else model
 
 
-def pixels(images: np.ndarray, dtype=None):
-    """NHWC float images as the NCHW tensor transformers takes."""
+def pixels(images: np.ndarray, dtype):
+    """NHWC float images as the NCHW tensor of `dtype` transformers takes."""
     import torch
 
-    x = torch.from_numpy(np.ascontiguousarray(images.transpose(0, 3, 1, 2)))
-    return x.to(dtype) if dtype is not None else x
+    return torch.from_numpy(np.ascontiguousarray(images.transpose(0, 3, 1, 2))).to(dtype)
 
 
 def probabilities(model, images: np.ndarray) -> np.ndarray:
@@ -38,11 +38,10 @@ def probabilities(model, images: np.ndarray) -> np.ndarray:
         return torch.softmax(logits.to(torch.float64), -1).numpy()
 
 
-def save_random(folder: str | Path, *, variant: str | None = None, image_size: int = 224,
-                processor: bool = False) -> None:
-    """A random `ViTForImageClassification` (seed 0) saved to `folder`: transformers' default
-    ViT-B/16, or `variant`'s layout with variance-preserving weights (matrices N(0, 1/fan_in),
-    vectors N(base, 0.3^2)); `processor`: its `ViTImageProcessor` too."""
+def save_random(folder: str | Path, *, variant: str | None = None, image_size: int = 224) -> None:
+    """A random `ViTForImageClassification` (seed 0) and its `ViTImageProcessor` saved to
+    `folder`: transformers' default ViT-B/16, or `variant`'s layout with variance-preserving
+    weights (matrices N(0, 1/fan_in), vectors N(base, 0.3^2))."""
     import torch
     import transformers
 
@@ -66,8 +65,7 @@ def save_random(folder: str | Path, *, variant: str | None = None, image_size: i
                     base = 1.0 if ("layernorm" in name and name.endswith("weight")) else 0.0
                     p.copy_(base + 0.3 * torch.randn_like(p))
     model.save_pretrained(folder)
-    if processor:
-        transformers.ViTImageProcessor().save_pretrained(folder)
+    transformers.ViTImageProcessor().save_pretrained(folder)
 
 
 def adamw(model, *, lr: float, b1: float, b2: float, weight_decay: float):
@@ -112,8 +110,7 @@ def train_classifier(*, dataset: str, steps: int, batch: int, lr: float, warmup:
 
     torch.set_num_threads(os.cpu_count())
     torch.manual_seed(0)
-    train_x, train_y, _ = LOADERS[dataset]("train")
-    test_x, test_y, _ = LOADERS[dataset]("test")
+    (train_x, train_y, _), (test_x, test_y, _) = (LOADERS[dataset](s) for s in ("train", "test"))
     model = (load(init, train=True) if init else
              ViTForImageClassification(ViTConfig.from_json_file(config_file)).train())
     opt = adamw(model, lr=lr, b1=0.9, b2=0.999, weight_decay=weight_decay)
@@ -133,14 +130,9 @@ def train_classifier(*, dataset: str, steps: int, batch: int, lr: float, warmup:
         range(len(train_y)), batch_size=batch, shuffle=True, drop_last=True,
         num_workers=workers, collate_fn=collate, persistent_workers=workers > 0)
     t1 = time.perf_counter()
-    step = 0
-    while step < steps:
-        for x, y in loader:
-            update(model, opt, x, y, label_smoothing=label_smoothing, clip=clip)
-            sched.step()
-            step += 1
-            if step == steps:
-                break
+    for x, y in itertools.islice(itertools.chain.from_iterable(itertools.repeat(loader)), steps):
+        update(model, opt, x, y, label_smoothing=label_smoothing, clip=clip)
+        sched.step()
     t2 = time.perf_counter()
     model.eval()
     with torch.no_grad():

@@ -64,12 +64,8 @@ def start_up(model: Path, image: Path, cache: Path, rounds: int) -> dict:
 
 
 def main(argv: list[str]) -> None:
-    parser = common.parser("predict", __doc__)
-    parser.add_argument("--images", type=int, default=64)
-    parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--start-up-rounds", type=int, default=3)
-    args = parser.parse_args(argv)
+    args = common.parser("predict", __doc__, images=64, batch_size=16, repeats=3,
+                         start_up_rounds=3).parse_args(argv)
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     import torch
     import transformers
@@ -80,7 +76,7 @@ def main(argv: list[str]) -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        peers.save_random(tmp / "model", processor=True)
+        peers.save_random(tmp / "model")
         files = list_images([make_images(tmp / "images", args.images)])
         fns = {}
         for dtype in ("float32", "bfloat16"):
@@ -94,37 +90,27 @@ def main(argv: list[str]) -> None:
                                            batch_size=args.batch_size)
         timed = common.interleave(fns, rounds=args.repeats)
         times = {k: v["times_s"] for k, v in timed.items()}
-        best = {k: v["min_s"] for k, v in timed.items()}
         startup = start_up(tmp / "model", files[0], tmp / "cache", args.start_up_rounds)
     n = len(files)
-    result = {
+    path = common.write_record("predict", {
         "torch_threads": torch.get_num_threads(),
         "task": f"top-5 classification of {n} JPEGs (180-480 px) with random-weight ViT-B/16 "
                 f"at 224 px, batch {args.batch_size}, after one warm-up pass, "
                 f"{args.repeats} interleaved rounds of one pass each",
-        "images_per_s": {k: n / s for k, s in best.items()},
+        "images_per_s": {k: n / v["min_s"] for k, v in timed.items()},
         "ratio_median_of_rounds": {
             k: statistics.median(t / o for t, o in zip(times["transformers"], v, strict=True))
             for k, v in times.items() if k != "transformers"},
-        "pass_seconds": times,
-    }
-    path = common.write_record("predict", result, argv=argv, out=args.out)
+        "pass_seconds": times}, argv=argv, out=args.out)
     common.write_record("predict_startup", {"start_up_one_image": startup}, argv=argv,
                         mode="predict", out=path.with_name("predict_startup.json"))
 
 
 def table(r: dict) -> list[str]:
-    num, lines = tables.num, []
-    if r["benchmark"] == "predict":
-        speed, median = r["images_per_s"], r["ratio_median_of_rounds"]
-        rows = [[f"`vit predict`, {d}", num(speed[f"vit_{d}"]), num(median[f"vit_{d}"])]
-                for d in ("float32", "bfloat16")]
-        rows.append(["transformers pipeline, float32", num(speed["transformers"]), "1.00"])
-        lines += [f"{r['task'][0].upper()}{r['task'][1:]}:", "",
-                  *tables.table(["", "images/s (best pass)",
-                                 "vs transformers (median of rounds)"], rows)]
-    start = r.get("start_up_one_image")
+    """`predict` (throughput) or `predict_startup`."""
+    num = tables.num
     if r["benchmark"] == "predict_startup":
+        start = r["start_up_one_image"]
         ready = start["vit_ready_lines"]
         rows = [[label, num(start[f"{key}_s"], 1), f"`{ready[key]}`" if key in ready else ""]
                 for key, label in (("vit_cold", "`vit predict`, cold (empty cache)"),
@@ -132,21 +118,24 @@ def table(r: dict) -> list[str]:
                                     "`vit predict`, JAX's compile cache only"),
                                    ("vit_warm", "`vit predict`, warm (prepared classifier)"),
                                    ("transformers", "transformers, first prediction"))]
-        lines += ["One image, process start to exit, median of "
-                  f"{len(start['rounds']['vit_cold_s'])} rounds (seconds):", "",
-                  *tables.table(["", "seconds", "`ready` line"], rows)]
-    return lines
+        return ["One image, process start to exit, median of "
+                f"{len(start['rounds']['vit_cold_s'])} rounds (seconds):", "",
+                *tables.table(["", "seconds", "`ready` line"], rows)]
+    speed, median = r["images_per_s"], r["ratio_median_of_rounds"]
+    rows = [[f"`vit predict`, {d}", num(speed[f"vit_{d}"]), num(median[f"vit_{d}"])]
+            for d in ("float32", "bfloat16")]
+    rows.append(["transformers pipeline, float32", num(speed["transformers"]), "1.00"])
+    return [f"{r['task'][0].upper()}{r['task'][1:]}:", "",
+            *tables.table(["", "images/s (best pass)", "vs transformers (median of rounds)"],
+                          rows)]
 
 
 def targets(r: dict) -> list[tuple[str, str, bool]]:
-    out = []
-    if r["benchmark"] == "predict":
-        for dtype, need in (("float32", 1.1), ("bfloat16", 1.5)):
-            ratio = r["ratio_median_of_rounds"][f"vit_{dtype}"]
-            out.append((f"`vit predict` in {dtype} at least {need:.2f}x the pipeline in "
-                        "float32", f"{ratio:.2f}x", ratio >= need))
-    start = r.get("start_up_one_image")
     if r["benchmark"] == "predict_startup":
-        out.append(("`vit predict` on one image: warm at least 2.00x faster than cold",
-                    f"{start['cold_over_warm']:.2f}x", start["cold_over_warm"] >= 2))
-    return out
+        gain = r["start_up_one_image"]["cold_over_warm"]
+        return [("`vit predict` on one image: warm at least 2.00x faster than cold",
+                 f"{gain:.2f}x", gain >= 2)]
+    ratio = {k.removeprefix("vit_"): v for k, v in r["ratio_median_of_rounds"].items()}
+    return [(f"`vit predict` in {dtype} at least {need:.2f}x the pipeline in float32",
+             f"{ratio[dtype]:.2f}x", ratio[dtype] >= need)
+            for dtype, need in (("float32", 1.1), ("bfloat16", 1.5))]

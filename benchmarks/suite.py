@@ -6,7 +6,6 @@ import re
 
 from benchmarks import common, tables
 
-COMMANDS = {"default": ["./scripts/test.sh"], "all": [".ci/run"]}
 COUNT = re.compile(r"(\d+) (passed|failed|skipped|deselected|errors?|xfailed|xpassed)")
 
 
@@ -26,10 +25,9 @@ def run(command: list[str]) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    parser = common.parser("suite", __doc__)
-    parser.add_argument("--all", action="store_true", help="also .ci/run, the slow tests too")
-    args = parser.parse_args(argv)
-    runs = [run(COMMANDS["default"]), *([run(COMMANDS["all"])] if args.all else [])]
+    args = common.parser("suite", __doc__,
+                         all=(False, "also .ci/run, the slow tests too")).parse_args(argv)
+    runs = [run(["./scripts/test.sh"]), *([run([".ci/run"])] if args.all else [])]
     common.write_record("suite", {"runs": runs}, argv=argv, out=args.out)
     return max(r["exit_code"] for r in runs)
 

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
-from benchmarks.common import ROOT, read_record
+from benchmarks.common import ROOT, add_options, read_record
 
 RECORDS = "benchmarks/records"
 BLOCK = re.compile(r"(<!-- (?P<kind>table|targets|contents)(?: (?P<name>[\w-]+))? -->\n)"
@@ -27,12 +27,9 @@ FIGURE = re.compile(
     r"steps/s|GFLOP/s|TFLOP/s|GFLOP)(?![\w/]))")
 # Facts written with a unit that are not measurements, by file: {figure: why it is not one}.
 NOT_MEASURED = {
-    "docs/attention.md": {
-        "1.69x": "padded attention work at 197 tokens, worked out from the tile sizes",
-        "1.23x": "padded attention work at 577 tokens, worked out from the tile sizes",
-        "1.48x": "padded attention work at 197 tokens, worked out from the tile sizes",
-        "1.17x": "padded attention work at 577 tokens, worked out from the tile sizes",
-    },
+    "docs/attention.md": dict.fromkeys(
+        ("1.69x", "1.23x", "1.48x", "1.17x"),
+        "padded attention work at 197 and 577 tokens, worked out from the tile sizes"),
     "docs/errors.md": {"64 MB": "the free-disk threshold below which the cache is skipped"},
     "docs/explain.md": {"95%": "the confidence level of the bootstrap interval"},
     "docs/training.md": {
@@ -61,12 +58,8 @@ def f3(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.3f}"
 
 
-def row(*cells) -> str:
-    return "| " + " | ".join(str(c) for c in cells) + " |"
-
-
 def table(header: list[str], rows: list[list]) -> list[str]:
-    return [row(*header), row(*["---"] * len(header)), *(row(*r) for r in rows)]
+    return ["| " + " | ".join(map(str, r)) + " |" for r in [header, ["---"] * len(header), *rows]]
 
 
 def cpu_name(record: dict) -> str | None:
@@ -135,17 +128,14 @@ def targets(recs: dict[str, dict], where: dict[str, str]) -> str:
     return "\n".join(table(["record", "target", "measured", ""], rows)) + "\n"
 
 
-def slug(title: str) -> str:
-    return re.sub(r"[^\w\- ]", "", title.strip().lower()).replace(" ", "-")
-
-
 def contents(text: str, recs: dict[str, dict]) -> str:
     lines, usual = [], usual_cpu(recs)
     for section in re.split(r"^## ", text, flags=re.MULTILINE)[1:]:
         title = section.splitlines()[0]
+        anchor = re.sub(r"[^\w\- ]", "", title.strip().lower()).replace(" ", "-")
         shown = [recs[n] for n in blocks(section) if n in recs]
         where = "; ".join(sorted({host(r, usual) for r in shown}))
-        lines.append(f"- [{title}](#{slug(title)})" + (f": {where}" if where else ""))
+        lines.append(f"- [{title}](#{anchor})" + (f": {where}" if where else ""))
     return "\n".join(lines) + "\n"
 
 
@@ -218,8 +208,7 @@ def unshown(root: Path = ROOT) -> list[str]:
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks tables",
                                      description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="change nothing; report")
-    args = parser.parse_args(argv)
+    args = add_options(parser, {"check": (False, "change nothing; report")}).parse_args(argv)
     problems, recs, where = unshown(), records(), placement()
     if args.check:
         problems += [f"{doc}: stale tables: run python -m benchmarks tables" for doc in stale()]
