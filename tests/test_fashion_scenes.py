@@ -177,6 +177,22 @@ def test_grid_shares_are_the_scene_answers():
                 assert shares[n, j] == q["group"]
 
 
+def test_training_batches_carry_where_each_photo_lies():
+    from vit.data import Augment, train_iterator
+    from vit.preprocess import Preprocessing
+
+    source = fs.FashionScenesSource("train", 8, photos=_photos())
+    pre = Preprocessing(size=(64, 64), mean=(0.5,) * 3, std=(0.5,) * 3)
+    batch = next(iter(train_iterator(source, pre, Augment(), batch_size=16, seed=0,
+                                     num_classes=10, num_threads=1)))
+    assert batch["where"].shape == (16, 16, 16)
+    # each image's map, whichever of its two examples the batch drew
+    maps = {source.data.images[i].tobytes(): source.data.where[i] for i in range(8)}
+    for image, where in zip(batch["image"], batch["where"], strict=True):
+        pixels = np.rint((image * 0.5 + 0.5) * 255).astype(np.uint8)
+        np.testing.assert_array_equal(where, maps[pixels.tobytes()])
+
+
 def test_vocabulary_and_longest_prompt():
     vocab = fs.vocabulary()
     d = _gen("train", 300, seed=9)
