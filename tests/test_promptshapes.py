@@ -112,6 +112,19 @@ def test_images_and_labels_match_pixels(split):
         assert background.mean() > 0.5 and image[background].max() < 40  # dark, plain
 
 
+def test_where_names_the_pair_drawn_in_each_cell():
+    d = ps.generate("train", SMALL, seed=3)
+    assert d.where.shape == (SMALL, 16, 16) and d.where.dtype == np.int8
+    for image, where in zip(d.images, d.where, strict=True):
+        for row in range(4):
+            for col in range(4):
+                cell = image[16 * row:16 * row + 16, 16 * col:16 * col + 16]
+                marks = np.unique(where[4 * row:4 * row + 4, 4 * col:4 * col + 4])
+                assert len(marks) == 1  # one value for the whole cell
+                drawn = _pixel_pairs(cell)
+                assert drawn == ([ps.PAIRS[marks[0]]] if marks[0] >= 0 else []), drawn
+
+
 def _named(prompt: str) -> tuple[str | None, str | None]:
     """(colour word, shape word) a question names, read from its words alone."""
     found = prompt.lower().replace("?", " ").split()
@@ -284,7 +297,8 @@ def test_source_format():
                                                                  for p in ps.HELDOUT_PAIRS)
     for i in (0, 1, 7, 2 * n - 1):
         x = src[i]
-        assert set(x) == {"image", "label", "prompt", "answer", "image_id"}
+        assert set(x) == {"image", "label", "prompt", "answer", "image_id", "where"}
+        np.testing.assert_array_equal(x["where"], d.where[i // 2])
         assert x["image_id"] == i // 2
         assert x["image"].shape == (64, 64, 3) and x["image"].dtype == np.uint8
         assert x["label"].shape == (24,) and x["label"].dtype == np.float32

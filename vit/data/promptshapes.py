@@ -34,11 +34,13 @@ Only numpy and pillow.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 from PIL import Image, ImageDraw
 
 import vit.data.prompt_words as prompt_words
-from vit.data.prompted import HELDOUT, PromptedDataset, PromptedSource
+from vit.data.prompted import HELDOUT, PromptedDataset, PromptedSource, PromptedSplit
 
 COLORS = ("red", "green", "blue", "yellow", "purple", "white")
 SHAPES = ("square", "circle", "triangle", "cross")
@@ -196,20 +198,35 @@ def _draw_shape(draw: ImageDraw.ImageDraw, shape: str, x0: int, y0: int, size: i
         raise AssertionError(shape)
 
 
-def _render(rng: np.random.Generator, scene: list[tuple[str, str]]) -> np.ndarray:
+@dataclasses.dataclass
+class PromptShapes(PromptedSplit):
+    """One split, materialised, with what lies in each cell."""
+
+    # [N, 16, 16] int8: the index in `PAIRS` of the shape in the cell each 4x4 block lies in,
+    # -1 for an empty cell (what the per-patch readout learns, `train.patch_loss`)
+    where: np.ndarray
+
+
+def _render(rng: np.random.Generator, scene: list[tuple[str, str]]
+            ) -> tuple[np.ndarray, np.ndarray]:
+    """The image, and its `PromptShapes.where` map."""
     # light grey noise on the background; shapes are drawn over it in their exact colour
     noise = rng.integers(0, NOISE, size=(IMAGE_SIZE, IMAGE_SIZE, 1), dtype=np.uint8)
     image = Image.fromarray(np.asarray(BACKGROUND, np.uint8) + noise)
     draw = ImageDraw.Draw(image)
     cells = rng.choice(_GRID * _GRID, size=len(scene), replace=False)
+    block = IMAGE_SIZE // _GRID // 4  # blocks of the where map per cell side
+    where = np.full((4 * _GRID, 4 * _GRID), -1, np.int8)
     for (colour, shape), cell in zip(scene, cells, strict=True):
         size = int(rng.integers(SHAPE_SIZES[0], SHAPE_SIZES[1] + 1))
         row, col = divmod(int(cell), _GRID)
+        where[row * block:(row + 1) * block, col * block:(col + 1) * block] = \
+            _PAIR_INDEX[(colour, shape)]
         # 1 px margin inside the cell on each side, so shapes in neighbouring cells never touch
         x0 = int(rng.integers(_CELL_STARTS[col] + 1, _CELL_ENDS[col] - size))
         y0 = int(rng.integers(_CELL_STARTS[row] + 1, _CELL_ENDS[row] - size))
         _draw_shape(draw, shape, x0, y0, size, RGB[colour])
-    return np.asarray(image)
+    return np.asarray(image), where
 
 
 def grid_questions() -> list[dict]:
@@ -268,6 +285,7 @@ class PromptShapesDataset(PromptedDataset):
     splits = SPLITS
     default_sizes = DEFAULT_SIZES
     label_kinds = {"pairs": CLASS_NAMES, "attributes": ATTRIBUTE_NAMES}
+    split_type = PromptShapes
     templates = {"pair": PAIR_TEMPLATES, "colour": COLOUR_TEMPLATES, "shape": SHAPE_TEMPLATES}
     eval_templates = {"pair": EVAL_TEMPLATES}
     field_words = {"c": COLORS + NEVER_COLORS, "s": SHAPES + NEVER_SHAPES}
@@ -324,10 +342,10 @@ class PromptShapesDataset(PromptedDataset):
         return "shape", _pick(rng, list(NEVER_SHAPES))
 
     def render(self, rng: np.random.Generator, scene, materials) -> dict[str, np.ndarray]:
-        image = _render(rng, scene)
+        image, where = _render(rng, scene)
         labels = np.zeros(len(PAIRS), np.float32)
         labels[[_PAIR_INDEX[x] for x in scene]] = 1.0
-        return {"images": image, "labels": labels}
+        return {"images": image, "labels": labels, "where": where}
 
     def question_grid(self, data) -> tuple[list[dict], np.ndarray]:
         """`grid_questions()`, and what each scene shares with each question ("present" for a
