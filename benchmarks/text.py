@@ -22,17 +22,19 @@ PAIRS = ["data.labels=pairs"]
 # The tune stage longer, over one more block.
 LONGER_TUNE = ["stages.tune.train.steps=300",
                "stages.tune.optim.trainable=(text_path|prompt_head)/.*|blocks/[123]/.*|norm/.*"]
-RECIPE = {"labels": "colours and shapes apart", "cross_attention": "closed",
-          "tune": "blocks 2-3, 100 steps"}
-# name -> how it differs from `RECIPE`, its --sets, and the variant whose ViT stage it starts
-# from (None: --init where it keeps the recipe's labels, else its own).
+NO_READOUT = ["model.patch_classes=0", "stages.vit.train.patch_loss=0.0"]
+RECIPE = {"labels": "colours and shapes apart", "readout": "per patch",
+          "cross_attention": "closed", "tune": "blocks 2-3, 100 steps"}
+# name -> how it differs from `RECIPE`, its --sets, and the ViT stage it starts from: "recipe"
+# (--init), None (its own) or another variant's.
 VARIANTS = {
-    "cross_attention_open": ({"cross_attention": "open"}, OPEN, None),
+    "no_patch_readout": ({"readout": "none"}, NO_READOUT, None),
+    "cross_attention_open": ({"cross_attention": "open"}, OPEN, "recipe"),
     "pair_labels": ({"labels": "colour x shape pairs"}, PAIRS, None),
     "pair_labels_cross_attention_open": (
         {"labels": "colour x shape pairs", "cross_attention": "open"}, PAIRS + OPEN,
         "pair_labels"),
-    "longer_tune": ({"tune": "blocks 1-3, 300 steps"}, LONGER_TUNE, None),
+    "longer_tune": ({"tune": "blocks 1-3, 300 steps"}, LONGER_TUNE, "recipe"),
 }
 
 
@@ -65,8 +67,8 @@ def ablation(config: Path, root: Path, init: str | None, extra: list[str]) -> di
     """Every `VARIANTS` entry trained and evaluated, `extra` --sets after its own."""
     out = {}
     for name, (change, sets, base) in VARIANTS.items():
-        start = (str(root / base / "stages" / "vit") if base else
-                 None if PAIRS[0] in sets else init)
+        start = init if base == "recipe" else str(root / base / "stages" / "vit") if base \
+            else None
         out[name] = {**RECIPE, **change, "sets": sets + extra, "init": start,
                      **train_and_eval(config, root / name, sets + extra, start)}
     return {"variants": out}
@@ -151,10 +153,11 @@ def yes_rates(q: dict, never: str, unknown_target: str) -> list[list]:
 
 def ablation_row(run: dict, where: str, q: dict) -> list[str]:
     h, s = q["heldout"], q["seen"]
-    return [run["labels"], run["cross_attention"], run["tune"], *map(f3, [
-        h["balanced_accuracy"], h["auc"], *(h["false_yes"][k] for k in (
-            "both_apart", "colour_only", "shape_only")), s["balanced_accuracy"],
-        s["false_yes"]["both_apart"], q["unknown"]["yes_rate"]]), where]
+    figures = [h["balanced_accuracy"], h["auc"], *(h["false_yes"][k] for k in (
+        "both_apart", "colour_only", "shape_only")), s["balanced_accuracy"],
+        s["false_yes"]["both_apart"], q["unknown"]["yes_rate"]]
+    return [run["labels"], run.get("readout", "none"), run["cross_attention"], run["tune"],
+            *map(f3, figures), where]
 
 
 def fashion_rows(r: dict) -> list[list]:
@@ -184,7 +187,8 @@ def table(r: dict, records: dict | None = None) -> list[str]:
         return [f"Held-out pairs, each of {recipe['eval']['questions']['images']} test scenes "
                 "asked every question (targets: held-out balanced accuracy at least 0.95, false "
                 "yes on hard negatives at most 0.10):", "",
-                *tables.table(["ViT-stage labels", "cross-attention", "tune stage",
+                *tables.table(["ViT-stage labels", "per-patch readout", "cross-attention",
+                               "tune stage",
                                "held-out pairs: balanced accuracy", "AUC",
                                "false yes, both apart (hard)", "colour only", "shape only",
                                "seen pairs", "seen pairs, hard false yes",

@@ -1,11 +1,14 @@
 """Text conditioning on `promptshapes`: "is there a red triangle?" about 64x64 scenes of 2-4
 coloured shapes, every prompt true in half its uses (see vit/data/promptshapes.py).
 
-What makes colour x shape pairs never asked in training answerable is two choices, each needed
-(docs/text.md keeps the ablation):
+What makes colour x shape pairs never asked in training answerable, and a red square beside a
+blue triangle no "red triangle" (docs/text.md keeps the ablation):
 - the ViT learns colours and shapes apart (`data.labels="attributes"`: a multi-hot over the
   colours and the shapes drawn), so a patch's features hold "red" and "triangle" as separate
   directions rather than one code per pair;
+- and it learns what lies on each patch: a per-patch readout (`model.patch_classes`, the 24
+  pairs and "nothing") trained against the shape drawn in each cell (`train.patch_loss`), so a
+  patch's features say what is on that patch, not what the scene holds somewhere;
 - the prompt meets the image only at the prompt head, which scores every patch against the
   pooled prompt and takes a soft maximum over patches (`text.head="patches"`). The pooled
   prompt is a mean over its tokens, so a pair's score is close to the sum of what each word
@@ -39,7 +42,7 @@ def get_config():
     c.data = dict(name="promptshapes", labels="attributes", val_split="test",
                   heldout_split="heldout", num_threads=1)
     c.model = dict(name="Ti/16", width=128, depth=4, mlp_dim=256, num_heads=4, patch_size=16,
-                   classifier="gap", class_token=False, attention_impl="xla",
+                   classifier="gap", class_token=False, attention_impl="xla", patch_classes=25,
                    text=dict(source="bytes", max_len=48, width=64, depth=1, num_heads=2,
                              mlp_dim=128, xattn_start=2, xattn_every=1, head="patches"))
     c.input = dict(image_size=64, mean=[0.5] * 3, std=[0.5] * 3, inception_crop=False,
@@ -49,7 +52,7 @@ def get_config():
                    eval_batch_size=250, loss="sigmoid_xent")
     c.stages = dict(
         vit=dict(order=0, text=False, skip_with_init=True,
-                 train=dict(steps=800, loss="sigmoid_xent")),
+                 train=dict(steps=800, loss="sigmoid_xent", patch_loss=1.0)),
         text=dict(order=1, train=dict(steps=900, loss="prompt_xent"),
                   optim=dict(lr=2e-3, warmup_steps=50, trainable=TEXT_PARTS)),
         tune=dict(order=2, train=dict(steps=100, loss="prompt_xent"),
