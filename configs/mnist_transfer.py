@@ -24,7 +24,7 @@ def get_config():
     c = ml_collections.ConfigDict()
     c.data = dict(name="mnist_5k", num_threads=1)
     c.model = dict(name="Ti/16", width=64, depth=6, mlp_dim=256, num_heads=4, patch_size=4,
-                   stem=[32, 64], classifier="gap", class_token=False, dropout=0.0, drop_path=0.0,
+                   stem=[48, 96], classifier="gap", class_token=False, dropout=0.0, drop_path=0.0,
                    attention_impl="xla", dtype="auto")
     # Digits are not flipped; a pixel's shift and a few degrees' turn are still the digit.
     c.input = dict(image_size=28, mean=[0.5] * 3, std=[0.5] * 3, inception_crop=False,
