@@ -4,12 +4,14 @@ asked "is there a sneaker?", "is there a bag on the left?", "is there a coat and
 validation its validation slice, test and held-out scenes only its test photos.
 
 The recipe is `promptshapes`' (configs/promptshapes.py), staged the same way:
-- `vit`: the ViT learns the scenes' own labels, a multi-hot sigmoid over the classes present
-  (no region: where an item is reaches the prompt head through its patch alone). Recognising
-  the photos is what limits every answer, so this stage takes most of the quarter hour the
-  recipe is given on a 2-core CPU;
-- `text`: the ViT frozen, the text encoder, gated cross-attention and the patch prompt head
-  learn to answer prompts; the gates get a 10x learning rate and no decay;
+- `vit`: the ViT learns the scenes' own labels, a multi-hot sigmoid over the classes present,
+  and what lies on each patch: a per-patch readout over the ten classes and "nothing"
+  (`model.patch_classes`, `train.patch_loss`, the scenes' `where` map). Recognising the photos
+  is what limits every answer, so this stage takes most of the quarter hour the recipe is
+  given on a 2-core CPU;
+- `text`: the ViT frozen, the text encoder, gated cross-attention and the placed prompt head
+  (`text.head="placed"`: what lies on each patch and where the patch lies, each scored
+  against the prompt) learn to answer prompts; the gates get a 10x learning rate and no decay;
 - `tune`: the top two blocks unfrozen as well, at a lower learning rate.
 
     vit train --config configs/fashion_scenes.py --workdir runs/fashion_text
@@ -30,9 +32,9 @@ def get_config():
     c.data = dict(name="fashion_scenes", val_split="validation", test_split="test",
                   heldout_split="heldout", num_threads=1)
     c.model = dict(name="Ti/16", width=128, depth=4, mlp_dim=256, num_heads=4, patch_size=16,
-                   classifier="gap", class_token=False, attention_impl="xla",
+                   classifier="gap", class_token=False, attention_impl="xla", patch_classes=11,
                    text=dict(source="bytes", max_len=48, width=64, depth=1, num_heads=2,
-                             mlp_dim=128, xattn_start=2, xattn_every=1, head="patches"))
+                             mlp_dim=128, xattn_start=2, xattn_every=1, head="placed"))
     c.input = dict(image_size=64, mean=[0.5] * 3, std=[0.5] * 3, inception_crop=False,
                    flip=False)
     c.optim = dict(name="adamw", lr=3e-3, weight_decay=0.05)
@@ -40,7 +42,8 @@ def get_config():
                    eval_batch_size=250, loss="sigmoid_xent")
     c.stages = dict(
         vit=dict(order=0, text=False, skip_with_init=True,
-                 train=dict(steps=5000, loss="sigmoid_xent")),
+                 train=dict(steps=8000, loss="sigmoid_xent", patch_loss=1.0,
+                            eval_every=2000, checkpoint_every=2000)),
         text=dict(order=1, train=dict(steps=1000, loss="prompt_xent"),
                   optim=dict(lr=2e-3, warmup_steps=50, trainable=TEXT_PARTS,
                              lr_mults=[[r"xattn/\d+/\w+_gate", 10.0]], no_decay=r".*_gate")),

@@ -33,6 +33,8 @@ CASES = {
                            text=dict(TEXT, source="embeddings", embed_dim=8, xattn_start=1)),
     # every patch scored against the prompt, soft maximum over patches
     "gap-patch-head": dict(classifier="gap", class_token=False, text=dict(TEXT, head="patches")),
+    # and each patch's place scored against the prompt as well
+    "gap-placed-head": dict(classifier="gap", class_token=False, text=dict(TEXT, head="placed")),
 }
 PROMPTS = ["is there a red é?", "blue"]  # ragged, and a two-byte character
 

@@ -82,6 +82,7 @@ def test_the_readout_scores_each_final_patch_token():
         tiny_model()(x, with_patches=True)
 
 
+@pytest.mark.slow
 def test_a_step_trains_the_readout_from_where_things_lie():
     program, batch = tiny_program("model.patch_classes=3", "train.patch_loss=1.0",
                                   "train.steps=100", "optim.lr=1e-2")

@@ -241,7 +241,8 @@ def test_patch_head_is_a_soft_maximum_of_per_patch_scores(kind):
     text_side = norm(txt, head.text_norm) @ np.asarray(head.text.kernel[...])
     match = np.einsum("bnd,de,be->bn", patches, np.asarray(head.image.kernel[...]), text_side)
     if kind == "placed":  # each patch position's own vector meets the text too
-        match = match + np.einsum("nd,bd->bn", np.asarray(head.position[...]), text_side)
+        place = norm(txt, head.text_norm) @ np.asarray(head.place.kernel[...])
+        match = match + np.einsum("nd,bd->bn", np.asarray(head.position[...]), place)
     s = (patches @ np.asarray(head.out.kernel[...]))[..., 0] + float(head.out.bias[0]) \
         + match / np.sqrt(patches.shape[-1])
     want = 0.5 * (np.log(np.exp(s / 0.5).sum(-1)) - np.log(s.shape[-1]))

@@ -118,30 +118,33 @@ class PatchPromptHead(PromptHead):
 
 
 class PlacedPromptHead(PatchPromptHead):
-    """`PatchPromptHead` with a learned vector per patch position in the match:
-    `s_i = w . LN(p_i) + <U LN(p_i) + e_i, V LN(txt)> / sqrt(d)`.
+    """`PatchPromptHead` plus a score for where each patch lies:
+    `s_i = w . LN(p_i) + <U LN(p_i), V LN(txt)> / sqrt(d) + <e_i, P LN(txt)> / sqrt(d)`,
+    with a learned vector `e_i` per patch position.
 
     The text then scores what lies on a patch and where the patch is, added: "a bag on the
-    left" is high only on a patch that holds a bag and lies on the left. Patch features
-    trained to say what is on them (`ViTConfig.patch_classes`) do not carry where they are,
-    so the position has to reach the head by itself. Parameter: `position [patches, width]`,
-    for the model's own grid."""
+    left" is high only on a patch that holds a bag and lies on the left. The place gets its own
+    text projection `P`: a region word is a small part of the pooled prompt, and sharing `V`
+    with what the patch holds leaves it too small to move the answer. `e_i` start at unit scale
+    so the place term has gradients of the content term's size from the first step.
+    Parameters: `position [patches, width]` (the model's own grid), `place [width, width]`."""
 
     def __init__(self, width: int, cfg: ViTConfig, rngs: nnx.Rngs):
         super().__init__(width, cfg, rngs)
         n = cfg.grid[0] * cfg.grid[1]
-        self.position = nnx.Param(0.02 * jax.random.normal(rngs.params(), (n, width)))
+        self.position = nnx.Param(jax.random.normal(rngs.params(), (n, width)))
+        self.place = nnx.Linear(width, width, use_bias=False, dtype=jnp.float32,
+                                kernel_init=nnx.initializers.xavier_uniform(), rngs=rngs)
 
     def scores(self, patches: jax.Array, text_pooled: jax.Array) -> jax.Array:
         if patches.shape[1] != self.position.shape[0]:
             raise ValueError(f"the placed prompt head knows {self.position.shape[0]} patch "
                              f"positions; these images have {patches.shape[1]} patches (give "
                              "images of the model's own size)")
-        img = self.norm(patches).astype(jnp.float32)
-        txt = self.text(self.text_norm(text_pooled).astype(jnp.float32))
-        placed = self.image(img) + self.position[...][None]
-        match = jnp.einsum("bnd,bd->bn", placed, txt)
-        return self.out(img)[..., 0] + match / jnp.sqrt(img.shape[-1])
+        content = super().scores(patches, text_pooled)
+        place = self.place(self.text_norm(text_pooled).astype(jnp.float32))
+        where = jnp.einsum("nd,bd->bn", self.position[...], place)
+        return content + where / jnp.sqrt(patches.shape[-1])
 
 
 class SimilarityHead(nnx.Module):
