@@ -156,7 +156,7 @@ def ablation_row(run: dict, where: str, q: dict) -> list[str]:
     figures = [h["balanced_accuracy"], h["auc"], *(h["false_yes"][k] for k in (
         "both_apart", "colour_only", "shape_only")), s["balanced_accuracy"],
         s["false_yes"]["both_apart"], q["unknown"]["yes_rate"]]
-    return [run["labels"], run.get("readout", "none"), run["cross_attention"], run["tune"],
+    return [run["labels"], run["readout"], run["cross_attention"], run["tune"],
             *map(f3, figures), where]
 
 

@@ -97,7 +97,7 @@ SPELT_OUT = {
                   val_split="test", test_split="test", heldout_split="heldout", strict=False,
                   num_threads=1),
         model=dict(name="Ti/16", width=128, depth=4, mlp_dim=256, num_heads=4, patch_size=16,
-                   classifier="gap", class_token=False, attention_impl="xla",
+                   classifier="gap", class_token=False, attention_impl="xla", patch_classes=25,
                    text=dict(source="bytes", max_len=48, width=64, depth=1, num_heads=2,
                              mlp_dim=128, xattn_start=2, xattn_every=1, head="patches")),
         input=dict(image_size=64, resample="bilinear", crop_pct=None, mean=[0.5, 0.5, 0.5],
@@ -112,7 +112,7 @@ SPELT_OUT = {
         parallel=dict(data=-1, fsdp=1, rules=[[".*", "auto"]]),
         stages=dict(
             vit=dict(order=0, text=False, skip_with_init=True,
-                     train=dict(steps=800, loss="sigmoid_xent")),
+                     train=dict(steps=800, loss="sigmoid_xent", patch_loss=1.0)),
             text=dict(order=1, train=dict(steps=900, loss="prompt_xent"),
                       optim=dict(lr=0.002, warmup_steps=50, trainable=TEXT_PARTS)),
             tune=dict(order=2, train=dict(steps=100, loss="prompt_xent"),
@@ -157,7 +157,7 @@ def _fallbacks() -> dict:
             # Features newer than the spelt-out recipes: off where they change the training,
             # and TensorBoard files beside metrics.jsonl, which change nothing trained.
             "input.randaugment": "", "input.random_erasing": 0.0,
-            "train.early_stop_patience": 0, "train.tensorboard": True,
+            "train.early_stop_patience": 0, "train.tensorboard": True, "train.patch_loss": 0.0,
             # The CPU step's split, a constant of the step before it was a key.
             "train.micro_tokens": 1536}
 

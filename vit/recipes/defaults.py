@@ -158,9 +158,8 @@ DEFAULTS: dict[str, Key] = {
     "train.loss": Key("softmax_xent", "softmax_xent (one label), sigmoid_xent (multi-hot) or "
                                       "prompt_xent (answers to prompts)",
                       choices=("softmax_xent", "sigmoid_xent", "prompt_xent")),
-    "train.patch_loss": Key(0.0, "weight of the per-patch readout's cross-entropy against "
-                                 "what lies on each patch (model.patch_classes; datasets "
-                                 "that say where things are), added to train.loss",
+    "train.patch_loss": Key(0.0, "weight of the per-patch readout's loss (model.patch_classes) "
+                                 "against what lies on each patch",
                             range=Range(0)),
 
     "parallel.data": Key(-1, "the mesh's data axis (-1: the devices fsdp leaves)"),
