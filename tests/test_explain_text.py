@@ -139,7 +139,7 @@ def reference(model, x, text=None, mask=None):
         if i in xlayers:
             r_sq = r_sq + np.swapaxes(np_bar(r_ss), 1, 2) @ next(cross) @ np_bar(r_qq)
     prefix = cfg.num_prefix_tokens
-    if cfg.text.head == "patches":  # the soft maximum's weights: softmax(scores / temperature)
+    if cfg.text.head != "pooled":  # the soft maximum's weights: softmax(scores / temperature)
         txt, kv_len, _ = model.encode_text(text, mask)
         head = model.prompt_head
         s = np.asarray(head.scores(tokens[:, prefix:], model.text_path.pooled(txt, kv_len)),
