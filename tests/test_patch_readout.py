@@ -107,6 +107,21 @@ def test_a_patch_loss_needs_a_readout_and_images_as_they_lie():
         tiny_program("model.patch_classes=3", "train.patch_loss=1.0", "input.flip=True")
 
 
+def test_a_patch_loss_beside_prompts_is_refused_before_any_stage(tmp_path):
+    from pathlib import Path
+
+    from vit.recipes.load import load_config
+    from vit.recipes.model_fields import model_field_types
+    from vit.training.stages import train_stages
+
+    recipe = Path(__file__).parents[1] / "configs" / "promptshapes.py"
+    config = load_config(recipe, ["train.patch_loss=1.0"], model_field_types=model_field_types)
+    with pytest.raises(ConfigError, match="stages.text.train.patch_loss=1.0 with "
+                                          "stages.text.train.loss=prompt_xent"):
+        train_stages(config, tmp_path / "run")
+    assert not (tmp_path / "run").exists()  # refused before the first stage made anything
+
+
 def test_the_placed_head_refuses_another_grid():
     from tests.builders import tiny_text_model
 

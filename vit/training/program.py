@@ -60,7 +60,8 @@ def build_program(config, num_classes: int, *, init: str | None = None,
     loss_fn = get_loss(loss_name)
     model, params = build_model(config, num_classes, init=init,
                                 resume_meta=resume.meta if resume else None)
-    if tc.get("patch_loss", 0.0) > 0 and loss_name not in TEXT_LOSSES:
+    check_patch_loss(config)
+    if tc.get("patch_loss", 0.0) > 0:
         if not model.config.patch_classes:
             raise ConfigError(f"train.patch_loss={tc.patch_loss} trains a per-patch readout "
                               "the model lacks; set model.patch_classes (the dataset's "
@@ -83,6 +84,16 @@ def build_program(config, num_classes: int, *, init: str | None = None,
     return TrainProgram(config=config, mesh=mesh, model=model, tx=tx, lr_fn=lr_fn,
                         place=place, loss_name=loss_name, loss_fn=loss_fn,
                         micro_batches=splits, step_fn=step_fn, state=state)
+
+
+def check_patch_loss(config, where: str = "train") -> None:
+    """Refuses `train.patch_loss` beside a loss on prompts: a step that answers prompts never
+    reads the per-patch readout, so the weight would do nothing."""
+    tc = config.train
+    if tc.get("patch_loss", 0.0) > 0 and tc.get("loss", DEFAULT_LOSS) in TEXT_LOSSES:
+        raise ConfigError(f"{where}.patch_loss={tc.patch_loss} with {where}.loss={tc.loss}: a "
+                          "step on prompts never reads the per-patch readout; set patch_loss "
+                          "where the ViT learns its labels (a stage without prompts)")
 
 
 def micro_batches(config, model_config, mesh) -> int:

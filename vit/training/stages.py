@@ -28,6 +28,7 @@ from vit.training import workdir as workdirs
 from vit.training.early_stop import REASON as STOPPED_EARLY
 from vit.training.from_recipe import model_fields
 from vit.training.loop import train, train_claimed
+from vit.training.program import check_patch_loss
 
 SECTIONS = ("train", "optim", "input")
 STAGE_KEYS = {"order", "text", "skip_with_init", *SECTIONS}
@@ -61,8 +62,9 @@ def train_stages(config, workdir: str | Path, *, init: str | None = None,
     """Runs the stages in order (see the module); `sources` (as `vit.training.loop.train` takes
     them) feed every stage."""
     stages = stage_configs(config)
-    for _, cfg in stages:  # a mistake in a later stage's model fails now, not after stage 0
+    for name, cfg in stages:  # a mistake in a later stage fails now, not after stage 0
         variant_config(cfg.model.name, image_size=cfg.input.image_size, **model_fields(cfg))
+        check_patch_loss(cfg, f"stages.{name}.train")
     workdir = Path(workdir)
     with workdirs.claim(workdir, primary=parallel.is_primary(),
                         agree=parallel.allgather_json) as claim:
