@@ -35,7 +35,8 @@ def test_where_says_which_photo_covers_each_block_centre():
 
 
 @pytest.mark.parametrize("grid,shape", [((4, 4), (16, 16)), ((2, 2), (16, 16)),
-                                        ((16, 16), (16, 16)), ((4, 2), (12, 8))])
+                                        ((16, 16), (16, 16)), ((4, 2), (12, 8)),
+                                        ((3, 5), (16, 16)), ((32, 32), (16, 16))])
 def test_each_patch_takes_the_label_at_its_centre(grid, shape):
     where = np.random.default_rng(1).integers(-1, 10, (3, *shape)).astype(np.int8)
     labels = np.asarray(WithPatchLoss(sigmoid_xent, 1.0, grid).patch_labels(where, 11))
@@ -45,8 +46,6 @@ def test_each_patch_takes_the_label_at_its_centre(grid, shape):
             for j in range(gw):
                 cell = where[b, math.floor((i + 0.5) * h / gh), math.floor((j + 0.5) * w / gw)]
                 assert labels[b, i * gw + j] == (10 if cell < 0 else cell)
-    with pytest.raises(ValueError, match="not a multiple of the patch grid"):
-        WithPatchLoss(sigmoid_xent, 1.0, (3, 3)).patch_labels(where, 11)
 
 
 def test_the_patch_loss_adds_each_patches_cross_entropy():
@@ -120,6 +119,19 @@ def test_a_patch_loss_beside_prompts_is_refused_before_any_stage(tmp_path):
                                           "stages.text.train.loss=prompt_xent"):
         train_stages(config, tmp_path / "run")
     assert not (tmp_path / "run").exists()  # refused before the first stage made anything
+
+
+def test_a_patch_loss_on_data_that_does_not_say_where_is_one_line(tmp_path, capsys):
+    from vit.cli import main
+
+    run = tmp_path / "run"
+    assert main(["train", "--config", "digits", "--workdir", str(run), "--set",
+                 "train.patch_loss=1.0", "--set", "model.patch_classes=3", "--set",
+                 "train.steps=2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("vit train: error: train.patch_loss=1.0: digits does not say")
+    assert "set train.patch_loss=0" in err[-1] and "Traceback" not in "\n".join(err)
+    assert not run.exists()
 
 
 def test_the_placed_head_refuses_another_grid():

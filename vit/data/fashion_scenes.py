@@ -38,7 +38,7 @@ import itertools
 import numpy as np
 
 import vit.data.prompt_words as prompt_words
-from vit.data.prompted import PromptedDataset, PromptedSource, PromptedSplit
+from vit.data.prompted import WHERE_CELL, PromptedDataset, PromptedSource, PromptedSplit
 from vit.errors import DataError
 
 # Fashion-MNIST's classes in its label order, as one word each ("T-shirt/top" is read as its
@@ -211,7 +211,6 @@ def photos_of(split: str, data_dir=None) -> tuple[np.ndarray, np.ndarray]:
     return images, labels
 
 
-WHERE_CELL = 4  # pixels per side of a block of the `where` map
 _CENTRES = np.arange(WHERE_CELL // 2, IMAGE_SIZE, WHERE_CELL)
 
 

@@ -37,6 +37,9 @@ HELDOUT = "heldout"  # the split that asks only what the others never ask
 DROP_MARK, RECASE = 0.3, 0.2  # per couple, in training: questions without "?", in another case
 CASES = ("upper", "capitalize", "title")
 UNKNOWN = 0.5  # per question that is "no" by rule: a prompt of unknown words instead
+# A split's `where` map (what lies on each part of its images, for a per-patch readout) has one
+# cell per this many pixels a side.
+WHERE_CELL = 4
 
 
 class SplitError(DataError, ValueError):

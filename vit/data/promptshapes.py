@@ -40,7 +40,13 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 import vit.data.prompt_words as prompt_words
-from vit.data.prompted import HELDOUT, PromptedDataset, PromptedSource, PromptedSplit
+from vit.data.prompted import (
+    HELDOUT,
+    WHERE_CELL,
+    PromptedDataset,
+    PromptedSource,
+    PromptedSplit,
+)
 
 COLORS = ("red", "green", "blue", "yellow", "purple", "white")
 SHAPES = ("square", "circle", "triangle", "cross")
@@ -215,8 +221,8 @@ def _render(rng: np.random.Generator, scene: list[tuple[str, str]]
     image = Image.fromarray(np.asarray(BACKGROUND, np.uint8) + noise)
     draw = ImageDraw.Draw(image)
     cells = rng.choice(_GRID * _GRID, size=len(scene), replace=False)
-    block = IMAGE_SIZE // _GRID // 4  # blocks of the where map per cell side
-    where = np.full((4 * _GRID, 4 * _GRID), -1, np.int8)
+    block = IMAGE_SIZE // _GRID // WHERE_CELL  # cells of the where map per grid cell side
+    where = np.full((block * _GRID, block * _GRID), -1, np.int8)
     for (colour, shape), cell in zip(scene, cells, strict=True):
         size = int(rng.integers(SHAPE_SIZES[0], SHAPE_SIZES[1] + 1))
         row, col = divmod(int(cell), _GRID)

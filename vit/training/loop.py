@@ -204,6 +204,10 @@ def _open_sources(config, loss_name: str, sources: dict | None = None):
     if getattr(train_src, "multi_label", False) and loss_name == "softmax_xent":
         raise ConfigError(f"{data.name} has multi-hot labels; set train.loss=sigmoid_xent (or "
                           "prompt_xent to train a text model on its prompts)")
+    if config.train.get("patch_loss", 0.0) > 0 and "where" not in train_src[0]:
+        raise ConfigError(f"train.patch_loss={config.train.patch_loss}: {data.name} does not say "
+                          "what lies where in its images (promptshapes and fashion_scenes do); "
+                          "set train.patch_loss=0")
     if len(class_names) < 2 and loss_name == "softmax_xent":  # the loss is 0 from the first step
         raise ConfigError(f"{data.name} has one class ({', '.join(class_names)}); a classifier "
                           "needs at least two: add a folder per class")

@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from vit.errors import ConfigError
@@ -44,7 +45,7 @@ class WithPatchLoss:
     """`loss_fn` on the image's logits plus `weight` times the per-patch readout's softmax
     cross-entropy (`ViTConfig.patch_classes`, the last class "nothing") against what lies on
     each patch: `batch["where"] [batch, H', W']` holds a class index (-1: nothing) per cell of
-    a grid that is `grid` times finer or equal, and each patch takes the cell at its centre.
+    a grid over the image, and each patch takes the cell under its centre.
     The model is called `with_patches` (the step reads `reads_patches`)."""
 
     reads_patches = True
@@ -53,13 +54,12 @@ class WithPatchLoss:
         self.loss_fn, self.weight, self.grid = loss_fn, weight, grid
 
     def patch_labels(self, where: jax.Array, classes: int) -> jax.Array:
-        """`[batch, H', W']` -> `[batch, patches]` class indices, "nothing" the last."""
+        """`[batch, H', W']` -> `[batch, patches]` class indices, "nothing" the last: each
+        patch takes the cell under its centre, whatever the two grids' sizes."""
         (gh, gw), (h, w) = self.grid, where.shape[1:3]
-        if h % gh or w % gw:
-            raise ValueError(f"where is {h}x{w} cells, not a multiple of the patch grid "
-                             f"{gh}x{gw}")
-        sh, sw = h // gh, w // gw
-        at = where[:, sh // 2::sh, sw // 2::sw].reshape(where.shape[0], -1).astype(jnp.int32)
+        rows = ((np.arange(gh) + 0.5) * h / gh).astype(np.int32)
+        cols = ((np.arange(gw) + 0.5) * w / gw).astype(np.int32)
+        at = where[:, rows][:, :, cols].reshape(where.shape[0], -1).astype(jnp.int32)
         return jnp.where(at < 0, classes - 1, at)
 
     def __call__(self, outputs, batch) -> tuple[jax.Array, dict]:
