@@ -10,9 +10,11 @@ The recipe is `promptshapes`' (configs/promptshapes.py), staged the same way:
   is what limits every answer, so the ViT is a hybrid (`model.stem`: two 3x3 convolutions of
   stride 2, as fashion_mnist's) and this stage takes most of the quarter hour the recipe is
   given on a 2-core CPU;
-- `text`: the ViT frozen, the text encoder, gated cross-attention and the placed prompt head
-  (`text.head="placed"`: what lies on each patch and where the patch lies, each scored
-  against the prompt) learn to answer prompts; the gates get a 10x learning rate and no decay;
+- `text`: the ViT frozen, the text encoder, gated cross-attention and the prompt head learn to
+  answer prompts; the gates get a 10x learning rate and no decay. The head is
+  `text.head="things"`: for each thing the prompt names, what lies on each patch and where
+  the patch lies are scored against that thing's words, and every named thing must be found
+  ("a coat and a sandal" needs both);
 - `tune`: the top two blocks unfrozen as well, at a lower learning rate.
 
     vit train --config configs/fashion_scenes.py --workdir runs/fashion_text
@@ -36,7 +38,7 @@ def get_config():
                    classifier="gap", class_token=False, attention_impl="xla", patch_classes=11,
                    stem=[32, 64],
                    text=dict(source="bytes", max_len=48, width=64, depth=1, num_heads=2,
-                             mlp_dim=128, xattn_start=2, xattn_every=1, head="placed"))
+                             mlp_dim=128, xattn_start=2, xattn_every=1, head="things"))
     c.input = dict(image_size=64, mean=[0.5] * 3, std=[0.5] * 3, inception_crop=False,
                    flip=False)
     c.optim = dict(name="adamw", lr=3e-3, weight_decay=0.05)

@@ -35,6 +35,8 @@ CASES = {
     "gap-patch-head": dict(classifier="gap", class_token=False, text=dict(TEXT, head="patches")),
     # and each patch's place scored against the prompt as well
     "gap-placed-head": dict(classifier="gap", class_token=False, text=dict(TEXT, head="placed")),
+    # and once per thing the prompt names, with a soft minimum over the things
+    "gap-things-head": dict(classifier="gap", class_token=False, text=dict(TEXT, head="things")),
 }
 PROMPTS = ["is there a red é?", "blue"]  # ragged, and a two-byte character
 
@@ -97,8 +99,8 @@ def grad_times_attention(model, x, text, mask):
             txt, kv_len, _ = model.encode_text(text, mask)
         recorded["pool"][0] = jnp.zeros(txt.shape[:2], jnp.float32)
         scale = 1.0 if eps is None else 1.0 + eps["pool"][0][..., None]
-        pooled = model.text_path.pooled(txt * scale, kv_len)
-        logits = model.answer(tokens, (txt, kv_len, None), text_pooled=pooled)
+        pooled = model.text_path.head_text(txt * scale, kv_len)
+        logits = model.answer(tokens, (txt, kv_len, None), head_text=pooled)
         return logits.sum(), (logits, tokens, recorded)
 
     _, (_, _, shapes) = jax.eval_shape(lambda: forward(None))
@@ -139,7 +141,7 @@ def reference(model, x, text=None, mask=None):
         if i in xlayers:
             r_sq = r_sq + np.swapaxes(np_bar(r_ss), 1, 2) @ next(cross) @ np_bar(r_qq)
     prefix = cfg.num_prefix_tokens
-    if cfg.text.head != "pooled":  # the soft maximum's weights: softmax(scores / temperature)
+    if cfg.text.head in ("patches", "placed"):  # the soft maximum's weights
         txt, kv_len, _ = model.encode_text(text, mask)
         head = model.prompt_head
         s = np.asarray(head.scores(tokens[:, prefix:], model.text_path.pooled(txt, kv_len)),
@@ -147,6 +149,19 @@ def reference(model, x, text=None, mask=None):
         readout = np.zeros((b, n))
         readout[:, prefix:] = np.exp(s - s.max(-1, keepdims=True))
         readout /= readout.sum(-1, keepdims=True)
+    elif cfg.text.head == "things":  # each thing's soft-minimum weight x its soft maximum's
+        txt, kv_len, _ = model.encode_text(text, mask)
+        head = model.prompt_head
+        t, u = (np.exp(float(p[...])) for p in (head.log_temperature, head.log_min_temperature))
+        s = np.asarray(head.thing_scores(tokens[:, prefix:],
+                                         model.text_path.head_text(txt, kv_len)), np.float64)
+        per_patch = np.exp(s / t - (s / t).max(-1, keepdims=True))
+        per_patch /= per_patch.sum(-1, keepdims=True)
+        found = t * np.log(np.exp(s / t).sum(-1))
+        per_thing = np.exp(-found / u - (-found / u).max(-1, keepdims=True))
+        per_thing /= per_thing.sum(-1, keepdims=True)
+        readout = np.zeros((b, n))
+        readout[:, prefix:] = np.einsum("bk,bkn->bn", per_thing, per_patch)
     elif cfg.classifier == "token":
         readout = np.eye(n)[None, 0].repeat(b, 0)
     elif cfg.classifier == "gap":

@@ -215,7 +215,7 @@ def _patch_model(head="patches"):
                              text=TextConfig(**{**TEXT.__dict__, "head": head}))
     for block in model.xattn:  # open the gates: the prompt must change the patches
         block.attn_gate[...] = jnp.float32(0.7)
-    if head == "placed":  # positions as large as the patches' own terms, so they count
+    if head in ("placed", "things"):  # positions as large as the patches' terms: they count
         model.prompt_head.position[...] = jax.random.normal(jax.random.key(3),
                                                             model.prompt_head.position.shape)
     return model
@@ -254,9 +254,60 @@ def test_patch_head_is_a_soft_maximum_of_per_patch_scores(kind):
                                s.max(-1) - 0.01 * np.log(s.shape[-1]), rtol=1e-3, atol=1e-3)
 
 
+def _layer_norm(v, ln):  # LayerNorm in numpy
+    v = (v - v.mean(-1, keepdims=True)) / np.sqrt(v.var(-1, keepdims=True) + ln.epsilon)
+    return v * np.asarray(ln.scale[...]) + np.asarray(ln.bias[...])
+
+
 @pytest.mark.slow
-def test_patch_head_answers_every_prompt_as_one_at_a_time():
-    model = _patch_model()
+def test_things_head_needs_every_named_thing_found():
+    """text.head="things": per thing k, its text is the mean of the real tokens plus their
+    softmax(q_k . LN(T_j) / sqrt(d)) pooling; each thing gets the placed head's soft maximum
+    over patches, and the answer is their soft minimum; all in numpy from the parameters."""
+    model = _patch_model("things")
+    head, path = model.prompt_head, model.text_path
+    head.log_temperature[...] = jnp.float32(np.log(0.5))
+    head.log_min_temperature[...] = jnp.float32(np.log(0.3))
+    x = _images(2)
+    tokens, mask = tokenize(["is there a red triangle and a blue cross?", "a blue cross"], 48)
+    encoded = model.encode_text(tokens, mask)
+    final = np.asarray(model.features(x, encoded_text=encoded), np.float64)
+    txt, kv_len = np.asarray(encoded[0], np.float64), np.asarray(encoded[1])
+    things = []
+    for b in range(2):
+        real = txt[b, :kv_len[b]]
+        logits = _layer_norm(real, path.things_norm) @ np.asarray(path.things[...]).T
+        w = np.exp(logits / np.sqrt(real.shape[-1]) - (logits / np.sqrt(real.shape[-1])).max(0))
+        w = w / w.sum(0)
+        things.append(real.mean(0) + w.T @ real)  # [K, width]
+    things = np.stack(things)
+    assert things.shape == (2, 2, final.shape[-1]) and not np.allclose(things[:, 0], things[:, 1])
+    patches = _layer_norm(final[:, model.num_prefix_tokens:], head.norm)
+    t_norm = _layer_norm(things, head.text_norm)
+    match = np.einsum("bnd,de,bke->bkn", patches, np.asarray(head.image.kernel[...]),
+                      t_norm @ np.asarray(head.text.kernel[...]))
+    match += np.einsum("nd,bkd->bkn", np.asarray(head.position[...]),
+                       t_norm @ np.asarray(head.place.kernel[...]))
+    s = (patches @ np.asarray(head.out.kernel[...]))[:, None, :, 0] \
+        + float(head.out.bias[0]) + match / np.sqrt(patches.shape[-1])
+    found = 0.5 * (np.log(np.exp(s / 0.5).sum(-1)) - np.log(s.shape[-1]))  # [b, K]
+    want = -0.3 * (np.log(np.exp(-found / 0.3).sum(-1)) - np.log(2))
+    got = np.asarray(model(x, text=tokens, text_mask=mask))
+    np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-4)
+    assert np.all(got <= found.max(-1) + 1e-4)  # the weaker thing holds the answer down
+    # The explain readout: d answer / d score per patch, summed over the things.
+    per_thing = np.exp(-found / 0.3) / np.exp(-found / 0.3).sum(-1, keepdims=True)
+    per_patch = np.exp(s / 0.5) / np.exp(s / 0.5).sum(-1, keepdims=True)
+    readout = np.asarray(model.answer_readout(model.features(x, encoded_text=encoded),
+                                              encoded))[:, model.num_prefix_tokens:]
+    np.testing.assert_allclose(readout, np.einsum("bk,bkn->bn", per_thing, per_patch),
+                               rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["patches", "things"])
+def test_patch_head_answers_every_prompt_as_one_at_a_time(kind):
+    model = _patch_model(kind)
     x = _images(2)
     tokens, mask = tokenize(["is there a red triangle?", "", "is there a blue cross?"], 48)
     every = np.asarray(model.answer_prompts(x, tokens, mask))

@@ -226,17 +226,21 @@ def _read_step(step_dir: Path, source: str) -> LoadedCheckpoint:
     except (ConfigError, DataError, TypeError, ValueError) as err:
         raise CheckpointError(f"{step_dir}: checkpoint metadata does not describe a model "
                               f"({err}); the checkpoint is damaged: {DAMAGED_FIX}") from None
+    # A run that keeps an EMA of its weights was validated (and its best step chosen) on the
+    # EMA: that is the model its steps hold.
+    item = (orbax_format.EMA_PARAMS if (step_dir / orbax_format.EMA_PARAMS).is_dir()
+            else orbax_format.PARAMS)
     try:
-        params = _restore_params(step_dir / orbax_format.PARAMS)
+        params = _restore_params(step_dir / item)
     except _DamagedParams as err:
         raise CheckpointError(f"{step_dir}: checkpoint is incomplete or damaged: the parameters "
-                              f"in {orbax_format.PARAMS}/ cannot be read ({err}); {DAMAGED_FIX}"
-                              ) from None
+                              f"in {item}/ cannot be read ({err}); {DAMAGED_FIX}") from None
     _check_every_array(params, config, step_dir)
     warning = zero_head_warning(params)
     return LoadedCheckpoint(
         config=config, params=params, preprocessing=preprocessing, labels=meta.get("labels"),
-        source=source, warnings=[warning] if warning else [], family="vit")
+        source=source + (", its EMA weights" if item == orbax_format.EMA_PARAMS else ""),
+        warnings=[warning] if warning else [], family="vit")
 
 
 def _check_every_array(params: dict, config: ViTConfig, step_dir: Path) -> None:

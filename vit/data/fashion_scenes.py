@@ -25,7 +25,7 @@ Balance, couples, wordings and caching: `vit.data.prompted`, as for `promptshape
 Labels (for the ViT stage): multi-hot over the classes present, `CLASS_NAMES`, and `where`,
 the class on each 4x4 block (`where_map`), for a per-patch readout (`train.patch_loss`): the
 patch features learn what lies on each patch, and the text stage binds region words to the
-patch positions (`text.head="placed"`).
+patch positions (`text.head="placed"` or "things").
 Photos come from `vit.data.real_sets.load_fashion_mnist` (Debian's `dataset-fashion-mnist`), or
 from `photos` given to `generate` (tests).
 """

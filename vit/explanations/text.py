@@ -72,10 +72,10 @@ def _prompt_forward(model, images, text, mask, text_hook, image_hook, cross_hook
     encoded = model.encode_text(text, mask, text_hook=text_hook)
     txt, kv_len = encoded[:2]
     scaled = txt * (1.0 + pool_delta[..., None]).astype(txt.dtype)
-    text_pooled = model.text_path.pooled(scaled, kv_len)
+    head_text = model.text_path.head_text(scaled, kv_len)
     tokens = model.features(images, encoded_text=encoded, probs_hook=image_hook,
                             xattn_hook=cross_hook)
-    return (model.answer(tokens, encoded, text_pooled=text_pooled), tokens,
+    return (model.answer(tokens, encoded, head_text=head_text), tokens,
             model.answer_readout(tokens, encoded))
 
 

@@ -65,7 +65,7 @@ ATTENTION_IMPLS = ("auto", "pallas", "cudnn", "xla")
 POSEMB_RESIZES = ("linear", "bicubic", "bicubic_antialias")
 
 
-TEXT_HEADS = ("pooled", "patches", "placed")
+TEXT_HEADS = ("pooled", "patches", "placed", "things")
 TEXT_SOURCES = ("bytes", "embeddings")
 
 
@@ -93,7 +93,9 @@ class TextConfig:
     # "pooled": the prompt head scores the mean of the patches; "patches": it scores every
     # patch against the prompt and takes a soft maximum, so colour and shape must meet on one
     # patch (composes unseen colour x shape pairs); "placed": "patches" with a learned vector
-    # per patch position in the match, which a region word ("on the left") can select.
+    # per patch position in the match, which a region word ("on the left") can select;
+    # "things": "placed" once per thing the prompt names, all of which must be found ("a bag
+    # and a shirt").
     head: str = "pooled"
 
     def __post_init__(self):

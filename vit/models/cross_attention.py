@@ -147,6 +147,48 @@ class PlacedPromptHead(PatchPromptHead):
         return content + where / jnp.sqrt(patches.shape[-1])
 
 
+class ThingsPromptHead(PlacedPromptHead):
+    """`PlacedPromptHead` once per thing the prompt names, then a soft minimum over the things:
+    `answer = -u * (logsumexp(-f_k / u) - log K)`, `f_k` the placed head's soft maximum over
+    patches for the text of thing `k` (`TextPath.head_text`: `[batch, K, width]`) and `u` a
+    learned temperature.
+
+    "a bag and a shirt" must then find the bag on some patch *and* the shirt on some patch; a
+    single query scored per patch finds either one and says yes when only one is there. For a
+    prompt naming one thing the `K` texts read the same words and the soft minimum is their
+    common score."""
+
+    def __init__(self, width: int, cfg: ViTConfig, rngs: nnx.Rngs):
+        super().__init__(width, cfg, rngs)
+        self.log_min_temperature = nnx.Param(jnp.zeros((), jnp.float32))
+
+    def thing_scores(self, patches: jax.Array, things: jax.Array) -> jax.Array:
+        """`[batch, patches, width]`, `[batch, K, width]` -> `[batch, K, patches]`."""
+        return jax.vmap(lambda t: PlacedPromptHead.scores(self, patches, t), in_axes=1,
+                        out_axes=1)(things)
+
+    def _found(self, patches: jax.Array, things: jax.Array):
+        """Each thing's per-patch scores and its soft maximum over the patches."""
+        s = self.thing_scores(patches, things)
+        t = jnp.exp(self.log_temperature[...])
+        return s, t * (jax.nn.logsumexp(s / t, axis=-1) - jnp.log(s.shape[-1]))
+
+    def weights(self, patches: jax.Array, things: jax.Array) -> jax.Array:
+        """`d answer / d score` of each patch, summed over the things: each thing's weight in
+        the soft minimum times its soft-maximum weights over the patches (sums to 1)."""
+        s, found = self._found(patches, things)
+        u = jnp.exp(self.log_min_temperature[...])
+        per_thing = jax.nn.softmax(-found / u, axis=-1)
+        per_patch = jax.nn.softmax(s / jnp.exp(self.log_temperature[...]), axis=-1)
+        return jnp.einsum("bk,bkn->bn", per_thing, per_patch)
+
+    def __call__(self, patches: jax.Array, things: jax.Array) -> jax.Array:
+        _, found = self._found(patches, things)
+        u = jnp.exp(self.log_min_temperature[...])
+        soft_min = -u * (jax.nn.logsumexp(-found / u, axis=-1) - jnp.log(found.shape[-1]))
+        return soft_min.astype(jnp.float32)
+
+
 class SimilarityHead(nnx.Module):
     """SigLIP-style image-text similarity: `exp(t) * cos(img, txt) + b`, trained with a sigmoid
     loss over every image-text pair of a batch; text written as prompts gives zero-shot labels."""

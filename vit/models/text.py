@@ -163,6 +163,10 @@ class ByteTextEncoder(nnx.Module):
         return self.norm(x)
 
 
+# Things a prompt of the "things" head may name ("a bag and a shirt": two).
+THINGS = 2
+
+
 class TextPath(nnx.Module):
     """Text (token ids or supplied embeddings) -> `[batch, 1 + len, width]` tokens for
     cross-attention, the learned null token first, and their `kv_len` (always >= 1)."""
@@ -181,6 +185,12 @@ class TextPath(nnx.Module):
                                kernel_init=nnx.initializers.xavier_uniform(), rngs=rngs)
         self.null = nnx.Param(0.02 * jax.random.normal(rngs.params(), (1, 1, cfg.width)))
         self.dtype = jnp.dtype(cfg.dtype)
+        # The things head's queries: one per thing a prompt may name, each picking its words.
+        if t.head == "things":
+            self.things_norm = layer_norm(cfg.width, cfg, rngs)
+            self.things = nnx.Param(jax.random.normal(rngs.params(), (THINGS, cfg.width)))
+        else:
+            self.things_norm = self.things = None
 
     def __call__(self, text: jax.Array, mask: jax.Array, keys: Keys, probs_hook=None
                  ) -> tuple[jax.Array, jax.Array]:
@@ -204,3 +214,18 @@ class TextPath(nnx.Module):
         real = (jnp.arange(tokens.shape[1])[None, :] < kv_len[:, None])[..., None]
         total = jnp.sum(jnp.where(real, tokens.astype(jnp.float32), 0.0), axis=1)
         return total / kv_len[:, None].astype(jnp.float32)
+
+    def head_text(self, tokens: jax.Array, kv_len: jax.Array) -> jax.Array:
+        """What the prompt head reads of the text: the mean (`pooled`), or for `text.head`
+        "things" `[batch, THINGS, width]`: the mean plus, per thing, an attention pooling of the
+        real tokens under that thing's query (`softmax_j(q_k . LN(T_j) / sqrt(d)) T_j`), so a
+        thing's text leans on the words that name it."""
+        mean = self.pooled(tokens, kv_len)
+        if self.things is None:
+            return mean
+        x = tokens.astype(jnp.float32)
+        keys = self.things_norm(x).astype(jnp.float32)
+        logits = jnp.einsum("kd,bjd->bkj", self.things[...], keys) / jnp.sqrt(x.shape[-1])
+        real = jnp.arange(x.shape[1])[None, None, :] < kv_len[:, None, None]
+        weights = jax.nn.softmax(jnp.where(real, logits, -jnp.inf), axis=-1)
+        return mean[:, None, :] + jnp.einsum("bkj,bjd->bkd", weights, x)

@@ -51,6 +51,7 @@ from vit.models.cross_attention import (
     PlacedPromptHead,
     PromptHead,
     SimilarityHead,
+    ThingsPromptHead,
 )
 from vit.models.norms import make_norm
 from vit.models.relpos import RelativePositionBias
@@ -148,7 +149,7 @@ class VisionTransformer(nnx.Module):
             self.xattn = nnx.List([CrossAttentionBlock(cfg, rngs)
                                    for _ in cfg.text.xattn_layers(cfg.depth)])
             head = {"pooled": PromptHead, "patches": PatchPromptHead,
-                    "placed": PlacedPromptHead}[cfg.text.head]
+                    "placed": PlacedPromptHead, "things": ThingsPromptHead}[cfg.text.head]
             self.prompt_head = head(cfg.width, cfg, rngs)
             self.similarity = (SimilarityHead(cfg.width, cfg.width, cfg.text.similarity_dim, rngs)
                                if cfg.text.similarity_dim else None)
@@ -402,30 +403,33 @@ class VisionTransformer(nnx.Module):
         keys = _keys_for(train, rng, self.config)
         txt, kv_len, _ = self.encode_text(text, text_mask, keys)
         b, p = images.shape[0], txt.shape[0]
-        text_pooled = jnp.tile(self.text_path.pooled(txt, kv_len), (b, 1))
+        head_text = self.text_path.head_text(txt, kv_len)
+        head_text = jnp.tile(head_text, (b,) + (1,) * (head_text.ndim - 1))
         encoded = (jnp.tile(txt, (b, 1, 1)), jnp.tile(kv_len, b), p)  # image-major, as features
         tokens = self.features(images, encoded_text=encoded, train=train, rng=rng)
-        logits = self.answer(tokens, encoded, train=train, rng=rng, text_pooled=text_pooled)
+        logits = self.answer(tokens, encoded, train=train, rng=rng, head_text=head_text)
         return logits.reshape(b, p)
 
-    def answer(self, tokens, encoded, *, train=False, rng=None, text_pooled=None):
+    def answer(self, tokens, encoded, *, train=False, rng=None, head_text=None):
         """Text-conditioned final tokens and the `encode_text` output -> `[n]` prompt logits,
         by the prompt head the config names (`text.head`): the pooled image, or every patch
-        scored and soft-maximised. The forward pass and the explain tools both answer here."""
-        if text_pooled is None:
-            text_pooled = self.text_path.pooled(*encoded[:2])
+        scored and soft-maximised (per named thing, for "things"). `head_text` is what the head
+        reads of the text (default `TextPath.head_text` of `encoded`). The forward pass and the
+        explain tools both answer here."""
+        if head_text is None:
+            head_text = self.text_path.head_text(*encoded[:2])
         if self.config.text.head != "pooled":
-            return self.prompt_head(tokens[:, self.num_prefix_tokens:], text_pooled)
-        return self.prompt_head(self.pool(tokens, train=train, rng=rng), text_pooled)
+            return self.prompt_head(tokens[:, self.num_prefix_tokens:], head_text)
+        return self.prompt_head(self.pool(tokens, train=train, rng=rng), head_text)
 
     def answer_readout(self, tokens, encoded) -> jax.Array | None:
         """`[n, tokens]`: how much each final token counts in `answer` when the head weighs
-        patches by their own scores (`text.head` "patches" or "placed"); None when the readout
-        is fixed by the pooling (class token, patch mean, MAP weights)."""
+        patches by their own scores (`text.head` "patches", "placed" or "things"); None when
+        the readout is fixed by the pooling (class token, patch mean, MAP weights)."""
         if self.config.text.head == "pooled":
             return None
         weights = self.prompt_head.weights(tokens[:, self.num_prefix_tokens:],
-                                           self.text_path.pooled(*encoded[:2]))
+                                           self.text_path.head_text(*encoded[:2]))
         return jnp.pad(weights, ((0, 0), (self.num_prefix_tokens, 0)))
 
     def image_embedding(self, images: jax.Array) -> jax.Array:
