@@ -38,6 +38,16 @@ VARIANTS = {
 }
 
 
+# fashion_scenes' recipe and what its ablation changes, from the recipe's own ViT stage.
+FASHION_RECIPE = {"head": "things: each named thing found on a patch, a soft minimum"}
+FASHION_VARIANTS = {
+    "placed_head": ({"head": "placed: one score per patch, a soft maximum"},
+                    ["model.text.head=placed"], "recipe"),
+}
+ABLATIONS = {"promptshapes": (RECIPE, VARIANTS), "fashion_scenes": (FASHION_RECIPE,
+                                                                    FASHION_VARIANTS)}
+
+
 def recipe_path(config: str) -> Path:
     """`--config`: a recipe's path, or its name in configs/ ("fashion_scenes")."""
     path = Path(config)
@@ -64,14 +74,16 @@ def train_and_eval(config: Path, workdir: Path, sets: list[str], init: str | Non
 
 
 def ablation(config: Path, root: Path, init: str | None, extra: list[str]) -> dict:
-    """Every `VARIANTS` entry trained and evaluated, `extra` --sets after its own."""
+    """Every variant of the recipe's `ABLATIONS` entry trained and evaluated, `extra` --sets
+    after its own."""
+    recipe, variants = ABLATIONS[config.stem]
     out = {}
-    for name, (change, sets, base) in VARIANTS.items():
+    for name, (change, sets, base) in variants.items():
         start = init if base == "recipe" else str(root / base / "stages" / "vit") if base \
             else None
-        out[name] = {**RECIPE, **change, "sets": sets + extra, "init": start,
+        out[name] = {**recipe, **change, "sets": sets + extra, "init": start,
                      **train_and_eval(config, root / name, sets + extra, start)}
-    return {"variants": out}
+    return {"recipe": config.stem, "variants": out}
 
 
 POINTING_PROMPTS = {"seen_class_questions": "a present item's class question",
@@ -116,7 +128,8 @@ def parser() -> argparse.ArgumentParser:
     return common.parser(
         "text", __doc__, config=("promptshapes", "a path or a name in configs/"),
         record=(None, "the record's name (default: the recipe's)"),
-        ablation=(False, "train VARIANTS instead"), init=(None, "a ViT stage to start from"),
+        ablation=(False, "train the recipe's ABLATIONS instead"),
+        init=(None, "a ViT stage to start from"),
         set=([], "a recipe setting KEY=VALUE"))
 
 
@@ -126,8 +139,8 @@ def main(argv: list[str]) -> None:
     name = args.record or (f"{config.stem}_ablation" if args.ablation else config.stem)
     workdir = common.ROOT / "runs" / f"bench_{name}"
     if args.ablation:
-        if config.stem != "promptshapes":
-            raise SystemExit(f"--ablation varies promptshapes' recipe, not {config.stem}'s")
+        if config.stem not in ABLATIONS:
+            raise SystemExit(f"--ablation varies {' or '.join(ABLATIONS)}, not {config.stem}")
         result = ablation(config, workdir, args.init, args.set)
     else:
         result = train_and_eval(config, workdir, args.set, args.init)
@@ -176,8 +189,30 @@ def fashion_rows(r: dict) -> list[list]:
                    for k, v in r["pointing"].items()]
 
 
+def fashion_ablation_row(run: dict, where: str, q: dict) -> list[str]:
+    s, h = q["seen"], q["heldout"]
+    figures = [s["balanced_accuracy"], s["by_kind"]["both"]["balanced_accuracy"],
+               s["false_yes"]["one_only"], s["false_yes"]["elsewhere"], h["balanced_accuracy"],
+               q["wording"]["balanced_accuracy"], q["never"]["yes_rate"]]
+    return [run["head"], *map(f3, figures), where]
+
+
 def table(r: dict, records: dict | None = None) -> list[str]:
-    """promptshapes, fashion_scenes, or the ablation (beside the recipe's own record)."""
+    """promptshapes, fashion_scenes, or an ablation (beside the recipe's own record)."""
+    if r.get("recipe") == "fashion_scenes":
+        recipe = (records or {})["fashion_scenes"]
+        rows = [fashion_ablation_row(FASHION_RECIPE, "the recipe, `fashion_scenes.json`",
+                                     recipe["eval"]["questions"])]
+        rows += [fashion_ablation_row(v, f"`{name}`", v["eval"]["questions"])
+                 for name, v in r["variants"].items()]
+        return [f"Each of {recipe['eval']['questions']['images']} test scenes asked every "
+                "question; every row from the recipe's ViT stage:", "",
+                *tables.table(["prompt head", "seen: balanced accuracy", "seen: both",
+                               "one only said yes", "elsewhere said yes",
+                               "held-out pairs", "held-out wordings",
+                               "never-placed yes-rate", "run"], rows), "",
+                f"The recipe's row: `{tables.RECORDS}/fashion_scenes.json` "
+                f"({tables.host(recipe)}), made by `{recipe['command']}`."]
     if "variants" in r:
         recipe = (records or {})["promptshapes"]
         rows = [ablation_row(RECIPE, "the recipe, `promptshapes.json`",

@@ -299,6 +299,21 @@ def test_the_text_records_tables():
                 f"{held['false_yes']['both_apart']:.3f} |") in page, where
         assert f"| {q['unknown']['yes_rate']:.3f} | {where} |" in page, where
 
+    from benchmarks.text import FASHION_RECIPE, FASHION_VARIANTS
+
+    recipe = record("fashion_scenes")["eval"]["questions"]
+    ablation = record("fashion_scenes_ablation")["variants"]
+    assert list(ablation) == list(FASHION_VARIANTS)
+    rows = [(FASHION_RECIPE, recipe, "the recipe, `fashion_scenes.json`")]
+    rows += [(v, v["eval"]["questions"], f"`{name}`") for name, v in ablation.items()]
+    assert len({r["head"] for r, _, _ in rows}) == len(rows)  # each row changes the head
+    for run, q, where in rows:
+        s = q["seen"]
+        assert (f"| {run['head']} | {s['balanced_accuracy']:.3f} | "
+                f"{s['by_kind']['both']['balanced_accuracy']:.3f} | "
+                f"{s['false_yes']['one_only']:.3f} |") in page, where
+        assert f"| {q['never']['yes_rate']:.3f} | {where} |" in page, where
+
 
 def test_a_compared_record_refreshes_the_table_that_shows_it(tree):
     """The ablation's table is the ablation record's, with a row read from the recipe's record:
@@ -332,7 +347,7 @@ def test_the_text_records_commands_remake_them():
         assert (args.record or (f"{recipe}_ablation" if args.ablation else recipe)) == path.stem
         runs = r["variants"] if args.ablation else {path.stem: r}
         if args.ablation:
-            assert list(runs) == list(text.VARIANTS), path.name
+            assert list(runs) == list(text.ABLATIONS[recipe][1]), path.name
         for run in runs.values():
             assert run["eval"]["data"] == recipe, path.name
     assert seen >= 3

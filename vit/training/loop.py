@@ -34,7 +34,7 @@ from vit.checkpoints import orbax_format
 from vit.checkpoints.orbax_io import quiet_event_loops
 from vit.data import open_source, train_iterator
 from vit.errors import ConfigError, OutOfMemory, OutOfSpace, is_out_of_memory
-from vit.inference.evaluate import INPUTS, evaluate_task, make_logits_fn, sharded_eval_batches
+from vit.inference.evaluate import evaluate_task, make_logits_fn, sharded_eval_batches
 from vit.step_folders import finished_steps
 from vit.training import parallel
 from vit.training import workdir as workdirs
@@ -253,35 +253,6 @@ class _Run:
         self.ended_at = time.perf_counter()  # when the last step ended: the exit's start
         if primary:  # matplotlib loads while the step compiles, not at the end of the run
             threading.Thread(target=_load_matplotlib, name="vit-matplotlib", daemon=True).start()
-        if self.val_src is not None:
-            self._compile_validation_ahead()
-
-    def _compile_validation_ahead(self) -> None:
-        """Compiles the validation forward in the background, beside the training step's
-        compile (which keeps one core busy), so the first validation only runs. The shapes come
-        from the first validation batch; the arrays' own, read now, before a step donates them.
-        A failure here is left to the first validation, which compiles again and reports it."""
-        params = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype,
-                                                             sharding=a.sharding),
-                              self.evaluated_params())
-
-        def compile_ahead():
-            try:
-                batch = next(self._validation_batches())
-                batch = device_mesh.to_global(batch, self.mesh)
-                inputs = {k: batch[k] for k in INPUTS if k in batch}
-                self.logits_fn.lower(params, inputs).compile()  # jax keeps it for the call
-            except Exception:  # noqa: BLE001 - reported by the validation that needs it
-                pass
-
-        threading.Thread(target=compile_ahead, name="vit-compile-validation",
-                         daemon=True).start()
-
-    def _validation_batches(self):
-        return sharded_eval_batches(self.val_src, self.model.preprocessing,
-                                    batch_size=self.eval_batch_size,
-                                    num_threads=self.config.data.num_threads,
-                                    tokenize=self.tokenizer)
 
     def steps(self, start: int, end: int) -> tuple[dict, int, str | None]:
         """Trains from `start` to `end`, validating and saving when due; returns the last
@@ -408,7 +379,10 @@ class _Run:
         self.pending.clear()
 
     def validate(self, step: int) -> float:
-        batches = self._validation_batches()
+        batches = sharded_eval_batches(self.val_src, self.model.preprocessing,
+                                       batch_size=self.eval_batch_size,
+                                       num_threads=self.config.data.num_threads,
+                                       tokenize=self.tokenizer)
         # The first validation compiles its forward at train.eval_batch_size (in the step's
         # cache pieces, if any): a run whose training steps fit can still fail here.
         with self._fits_memory(first=not self.validated, what=VALIDATION):
