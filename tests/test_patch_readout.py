@@ -134,10 +134,11 @@ def test_a_patch_loss_on_data_that_does_not_say_where_is_one_line(tmp_path, caps
     assert not run.exists()
 
 
-def test_the_placed_head_refuses_another_grid():
+@pytest.mark.parametrize("head", ["placed", "things"])
+def test_the_placed_heads_refuse_another_grid(head):
     from tests.builders import tiny_text_model
 
-    model = tiny_text_model(text={"head": "placed"}, dynamic_image_size=True)
+    model = tiny_text_model(text={"head": head}, dynamic_image_size=True)
     tokens, mask = (jnp.zeros((1, 24), jnp.int32), jnp.zeros((1, 24), bool))
     model(jnp.zeros((1, 16, 16, 3)), text=tokens, text_mask=mask)  # its own grid answers
     with pytest.raises(ValueError, match="knows 16 patch positions"):

@@ -136,6 +136,7 @@ def test_checkpoint_layout_and_retention(straight_run):
     assert meta["model_config"]["num_classes"] == 10
 
 
+@pytest.mark.slow
 def test_a_run_keeping_an_ema_is_validated_and_read_as_its_ema(tmp_path):
     """train.ema_decay > 0: the validation record scores the EMA weights, not the raw ones,
     and a reader of the step gets the EMA arrays. 30 steps at a high rate, so the two differ."""
