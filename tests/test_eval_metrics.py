@@ -146,6 +146,34 @@ def test_multilabel_precision_recall_f1_match_sklearn_and_the_old_keys_stay():
     assert {"accuracy", "label_accuracy", "loss", "num_examples"} <= set(res)
 
 
+@pytest.mark.parametrize("task", ["softmax_xent", "sigmoid_xent", "prompt_xent"])
+def test_the_loss_is_optax_mean_over_the_real_rows(task):
+    """Each task's loss, the mean over the rows that are not padding, against optax's losses
+    (large logits too, where a naive formula overflows)."""
+    import optax
+
+    from vit.inference.evaluate import evaluate_task
+
+    rng = np.random.RandomState(3)
+    n, c = 50, 4
+    logits = (rng.randn(n, c) * 30).astype(np.float32)
+    mask = (np.arange(n) < 43).astype(np.float32)  # the last rows padding
+    if task == "softmax_xent":
+        label = rng.randint(0, c, n)
+        want = optax.softmax_cross_entropy_with_integer_labels(logits, label)
+    elif task == "sigmoid_xent":
+        label = (rng.rand(n, c) < 0.5).astype(np.float32)
+        want = optax.sigmoid_binary_cross_entropy(logits, label).sum(-1)
+    else:
+        logits, label = logits[:, 0], (rng.rand(n) < 0.5).astype(np.float32)
+        want = optax.sigmoid_binary_cross_entropy(logits, label)
+    batch = {"image": logits, "label": label, "answer": label, "mask": mask}
+    res = evaluate_task(task, lambda params, inputs: inputs["image"], None, [batch], c,
+                        device_mesh.make_mesh(1))
+    assert res["num_examples"] == 43
+    assert res["loss"] == pytest.approx(float(np.asarray(want)[:43].mean()), rel=1e-5)
+
+
 def test_vit_eval_scores_a_sigmoid_trained_workdir_label_by_label(make_tiny, tmp_path, capsys):
     """A workdir recording train.loss=sigmoid_xent on multi-hot promptshapes: the labels are
     scored one by one (a softmax confusion matrix of multi-hot labels has no meaning)."""
