@@ -24,7 +24,7 @@ LONGER_TUNE = ["stages.tune.train.steps=300",
                "stages.tune.optim.trainable=(text_path|prompt_head)/.*|blocks/[123]/.*|norm/.*"]
 NO_READOUT = ["model.patch_classes=0", "stages.vit.train.patch_loss=0.0"]
 RECIPE = {"labels": "colours and shapes apart", "readout": "per patch",
-          "cross_attention": "closed", "tune": "blocks 2-3, 100 steps"}
+          "cross_attention": "closed", "tune": "blocks 2-3, 100 steps", "head": "things"}
 # name -> how it differs from `RECIPE`, its --sets, and the ViT stage it starts from: "recipe"
 # (--init), None (its own) or another variant's.
 VARIANTS = {
@@ -35,6 +35,7 @@ VARIANTS = {
         {"labels": "colour x shape pairs", "cross_attention": "open"}, PAIRS + OPEN,
         "pair_labels"),
     "longer_tune": ({"tune": "blocks 1-3, 300 steps"}, LONGER_TUNE, "recipe"),
+    "patch_head": ({"head": "patches"}, ["model.text.head=patches"], "recipe"),
 }
 
 
@@ -170,7 +171,7 @@ def ablation_row(run: dict, where: str, q: dict) -> list[str]:
         "both_apart", "colour_only", "shape_only")), s["balanced_accuracy"],
         s["false_yes"]["both_apart"], q["unknown"]["yes_rate"]]
     return [run["labels"], run["readout"], run["cross_attention"], run["tune"],
-            *map(f3, figures), where]
+            run.get("head", "patches"), *map(f3, figures), where]
 
 
 def fashion_rows(r: dict) -> list[list]:
@@ -223,7 +224,7 @@ def table(r: dict, records: dict | None = None) -> list[str]:
                 "asked every question (targets: held-out balanced accuracy at least 0.95, false "
                 "yes on hard negatives at most 0.10):", "",
                 *tables.table(["ViT-stage labels", "per-patch readout", "cross-attention",
-                               "tune stage",
+                               "tune stage", "prompt head",
                                "held-out pairs: balanced accuracy", "AUC",
                                "false yes, both apart (hard)", "colour only", "shape only",
                                "seen pairs", "seen pairs, hard false yes",

@@ -10,9 +10,10 @@ blue triangle no "red triangle" (docs/text.md keeps the ablation):
   pairs and "nothing") trained against the shape drawn in each cell (`train.patch_loss`), so a
   patch's features say what is on that patch, not what the scene holds somewhere;
 - the prompt meets the image only at the prompt head, which scores every patch against the
-  pooled prompt and takes a soft maximum over patches (`text.head="patches"`). The pooled
-  prompt is a mean over its tokens, so a pair's score is close to the sum of what each word
-  scores on the patch: "red triangle" needs red and triangle on one patch, for any pair.
+  prompt and takes a soft maximum over patches, for each thing the prompt names
+  (`text.head="things"`; one thing here). What a thing's words score on a patch is close to
+  the sum of what each word scores there, so "red triangle" needs red and triangle on one
+  patch, for any pair; and a prompt of no known word finds nothing anywhere.
   The gated cross-attention blocks are built but stay closed (their gates at 0, not
   trained): opened, they let the prompt reshape the patch features jointly, which fits the
   pairs seen in training and not the others.
@@ -44,7 +45,7 @@ def get_config():
     c.model = dict(name="Ti/16", width=128, depth=4, mlp_dim=256, num_heads=4, patch_size=16,
                    classifier="gap", class_token=False, attention_impl="xla", patch_classes=25,
                    text=dict(source="bytes", max_len=48, width=64, depth=1, num_heads=2,
-                             mlp_dim=128, xattn_start=2, xattn_every=1, head="patches"))
+                             mlp_dim=128, xattn_start=2, xattn_every=1, head="things"))
     c.input = dict(image_size=64, mean=[0.5] * 3, std=[0.5] * 3, inception_crop=False,
                    flip=False)
     c.optim = dict(name="adamw", lr=3e-3, weight_decay=0.05)

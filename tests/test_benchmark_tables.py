@@ -289,12 +289,13 @@ def test_the_text_records_tables():
     assert list(ablation) == list(VARIANTS)
     rows = [(RECIPE, recipe, "the recipe, `promptshapes.json`")]
     rows += [(v, v["eval"]["questions"], f"`{name}`") for name, v in ablation.items()]
-    cells = {(r["labels"], r["readout"], r["cross_attention"], r["tune"]) for r, _, _ in rows}
+    cells = {(r["labels"], r["readout"], r["cross_attention"], r["tune"], r["head"])
+             for r, _, _ in rows}
     assert len(cells) == len(rows)  # each row changes something
     for run, q, where in rows:
         held = q["heldout"]
         assert (f"| {run['labels']} | {run['readout']} | {run['cross_attention']} | "
-                f"{run['tune']} | "
+                f"{run['tune']} | {run['head']} | "
                 f"{held['balanced_accuracy']:.3f} | {held['auc']:.3f} | "
                 f"{held['false_yes']['both_apart']:.3f} |") in page, where
         assert f"| {q['unknown']['yes_rate']:.3f} | {where} |" in page, where
@@ -325,7 +326,8 @@ def test_a_compared_record_refreshes_the_table_that_shows_it(tree):
     page = tables.regenerate((tree / "docs" / "text.md").read_text(), tables.records(tree))
     ablation = tables.blocks(page)["promptshapes_ablation"]
     assert re.search(r"^\| colours and shapes apart \| per patch \| closed \| "
-                     r"blocks 2-3, 100 steps \| [\d.]+ \| 0\.432 \|", ablation, re.MULTILINE)
+                     r"blocks 2-3, 100 steps \| things \| [\d.]+ \| 0\.432 \|", ablation,
+                     re.MULTILINE)
 
 
 def test_the_text_records_commands_remake_them():

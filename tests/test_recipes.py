@@ -88,7 +88,7 @@ SPELT_OUT = {
                    eval_batch_size=256),
         parallel=dict(data=-1, fsdp=1, rules=[[".*", "auto"]]),
     ),
-    # Since spelt out: longer prompts (max_len 48), the patch head, 900 text and 100 gentler
+    # Since spelt out: longer prompts (max_len 48), the things head, 900 text and 100 gentler
     # tune steps, colour and shape labels, the cross-attention closed; the values below are the
     # recipe's today.
     "promptshapes": dict(
@@ -99,7 +99,7 @@ SPELT_OUT = {
         model=dict(name="Ti/16", width=128, depth=4, mlp_dim=256, num_heads=4, patch_size=16,
                    classifier="gap", class_token=False, attention_impl="xla", patch_classes=25,
                    text=dict(source="bytes", max_len=48, width=64, depth=1, num_heads=2,
-                             mlp_dim=128, xattn_start=2, xattn_every=1, head="patches")),
+                             mlp_dim=128, xattn_start=2, xattn_every=1, head="things")),
         input=dict(image_size=64, resample="bilinear", crop_pct=None, mean=[0.5, 0.5, 0.5],
                    std=[0.5, 0.5, 0.5], inception_crop=False, flip=False, shift=0.0, rotate=0.0,
                    scale=0.0, mixup=0.0, cutmix=0.0, label_smoothing=0.0),

@@ -14,7 +14,8 @@ and `R^sq = 0`, and are updated with `Abar = E_h[(grad A * A)^+]`:
   unchanged since text never attends to the image.
 
 The text reaches the answer by a second route: the prompt head reads the pooled text (the
-mean of the encoded text tokens, null included) beside the image. That pooling is treated as
+mean of the encoded text tokens, null included; for the things head also their attention
+poolings, `TextPath.head_text`) beside the image. That pooling is treated as
 one more attention layer, the answer attending to the text tokens, under the same rule:
 `h_j = (grad a_j * a_j)^+`, the positive part of gradient x input of the logit with respect
 to token j's term `a_j T_j` of the pooled text (`T_j` the encoded token the head reads, `a_j`
