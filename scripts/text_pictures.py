@@ -15,7 +15,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from vit.checkpoints import load_checkpoint  # noqa: E402
 from vit.data import open_source  # noqa: E402
-from vit.data.fashion_scenes import _CELL_REGIONS, CLASSES  # noqa: E402
+from vit.data.fashion_scenes import CLASSES, REGIONS, question_text, truth  # noqa: E402
 from vit.explanations import explain_prompt  # noqa: E402
 from vit.models.text import tokenize  # noqa: E402
 
@@ -44,10 +44,10 @@ def answers_picture(loaded, model, source, path):
         cells = source.data.scenes[i]
         present = [CLASSES[c] for c in cells if c >= 0]
         absent = [c for c in CLASSES if c not in present]
-        cell = next(k for k, c in enumerate(cells) if c >= 0)
-        prompts = [f"is there a {absent[0]}?",
-                   f"is there a {CLASSES[cells[cell]]} on the {_CELL_REGIONS[cell][0]}?",
-                   f"is there a {present[-1]} and a {absent[1]}?"]
+        region = next(r for r in REGIONS if truth(cells, "region", (present[0], r)))
+        prompts = [question_text("class", absent[0]),
+                   question_text("region", (present[0], region)),
+                   question_text("both", (present[-1], absent[1]))]
         image = scene_image(source, i)
         probs = yes_probs(loaded, model, image, prompts)
         ax.imshow(image)
