@@ -252,3 +252,65 @@ def _fits(photos: np.ndarray, crop: np.ndarray) -> np.ndarray:
     bright = crop >= fs.NOISE
     return ((photos[:, bright] == crop[bright]).all(1)
             & (photos[:, ~bright] <= crop[~bright]).all(1))
+
+
+def _find_photo(image: np.ndarray, cell: int, photo: np.ndarray):
+    """Where in `cell` of `image` the `photo` lies as it is or mirrored: (y0, x0) or None."""
+    row, col = divmod(cell, 2)
+    for y0 in range(row * 32, row * 32 + 5):
+        for x0 in range(col * 32, col * 32 + 5):
+            crop = image[y0:y0 + 28, x0:x0 + 28]
+            if (crop == photo).all() or (crop == photo[:, ::-1]).all():
+                return y0, x0
+    return None
+
+
+def test_scene_jitter_moves_each_photo_inside_its_cell_and_the_where_map_follows():
+    from vit.data import Augment, train_iterator
+    from vit.preprocess import Preprocessing
+
+    source = fs.FashionScenesSource("train", 8, photos=_photos())
+    d = source.data
+    originals = [{i: d.images[n, y0:y1, x0:x1, 0] for i, (y0, x0, y1, x1) in enumerate(d.boxes[n])
+                  if d.scenes[n, i] >= 0} for n in range(d.num_images)]
+    pre = Preprocessing(size=(64, 64), mean=(0.5,) * 3, std=(0.5,) * 3)
+    it = train_iterator(source, pre, Augment(scene_jitter=True), batch_size=16, seed=0,
+                        num_classes=10, num_threads=1)
+    places, mirrored = Counter(), 0
+    for _ in range(4):  # four epochs of the 16 examples
+        batch = next(it)
+        for image, where, label in zip(batch["image"], batch["where"], batch["label"],
+                                       strict=True):
+            pixels = np.rint((image[..., 0] * 0.5 + 0.5) * 255).astype(np.uint8)
+            found = None
+            for n, photos in enumerate(originals):
+                at = {i: _find_photo(pixels, i, p) for i, p in photos.items()}
+                if all(v is not None for v in at.values()):
+                    found = n, at
+            assert found is not None, "a photo left its cell or was cut"
+            n, at = found
+            np.testing.assert_array_equal(label, d.labels[n])
+            covered = np.zeros((64, 64), bool)
+            expected = np.full((16, 16), -1)
+            for i, (y0, x0) in at.items():
+                covered[y0:y0 + 28, x0:x0 + 28] = True
+                mirrored += not (pixels[y0:y0 + 28, x0:x0 + 28] == originals[n][i]).all()
+                for by in range(16):
+                    for bx in range(16):
+                        if y0 <= 4 * by + 2 < y0 + 28 and x0 <= 4 * bx + 2 < x0 + 28:
+                            expected[by, bx] = d.scenes[n, i]
+            assert pixels[~covered].max() < fs.NOISE  # where a photo was is noise again
+            np.testing.assert_array_equal(where, expected)
+            places[(n, tuple(sorted(at.items())))] += 1
+    assert len(places) > 40 and mirrored > 20  # new places and mirror images every epoch
+
+
+def test_scene_jitter_refused_where_the_data_does_not_say_where_things_lie():
+    from vit.data import Augment, train_iterator
+    from vit.data.sources import digits
+    from vit.errors import ConfigError
+    from vit.preprocess import Preprocessing
+
+    with pytest.raises(ConfigError, match="input.scene_jitter"):
+        train_iterator(digits("train"), Preprocessing(size=(8, 8)), Augment(scene_jitter=True),
+                       batch_size=4, seed=0, num_classes=10, num_threads=1)

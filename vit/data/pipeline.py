@@ -42,6 +42,7 @@ class Augment:
     label_smoothing: float = 0.0
     randaugment: str = ""  # 'N,M' (vit.data.randaugment); '' = off
     random_erasing: float = 0.0  # the chance of a noise box on each image; 0 = off
+    scene_jitter: bool = False  # the source's own `jitter` (fashion_scenes: photos moved)
 
     def __post_init__(self):
         RA.parse(self.randaugment)  # a bad spec is one line here, before any training step
@@ -84,11 +85,14 @@ ERASE = "_erase"
 class TrainTransform(grain.transforms.RandomMap):
     """Per example: crop (or resize), flip, RandAugment, and the random-erasing draw."""
 
-    def __init__(self, pre: Preprocessing, aug: Augment, tokenize: Tokenizer | None = None):
-        self.pre, self.aug, self.tokenize = pre, aug, tokenize
+    def __init__(self, pre: Preprocessing, aug: Augment, tokenize: Tokenizer | None = None,
+                 jitter: Callable | None = None):
+        self.pre, self.aug, self.tokenize, self.jitter = pre, aug, tokenize, jitter
         self.randaug = aug.rand_augment(pre)
 
     def random_map(self, element: dict, rng: np.random.Generator) -> dict:
+        if self.jitter is not None:  # the scene rearranged first: the crop sees the new one
+            element = self.jitter(element, rng)
         image, pre, aug = element["image"], self.pre, self.aug
         if aug.inception_crop:
             image = T.inception_crop(image, rng, pre.size, aug.crop_area, resample=pre.resample)
@@ -252,18 +256,23 @@ def train_iterator(source, pre: Preprocessing, aug: Augment, *, batch_size: int,
     (the digits recipe) are read a batch at a time (`EpochBatches`, `ReadArrays`); the rest go
     example by example through grain's shuffle and `TrainTransform`.
     """
+    jitter = getattr(source, "jitter", None) if aug.scene_jitter else None
+    if aug.scene_jitter and jitter is None:
+        raise ConfigError(f"input.scene_jitter: {getattr(source, 'name', 'this dataset')} does "
+                          "not say where the things in its images lie (fashion_scenes does); "
+                          "set it to false")
     indices = np.arange(len(source))[shard_index::shard_count]
     if not len(indices):
         raise DataError(f"{getattr(source, 'name', 'the dataset')}: no training examples for "
                         f"host {shard_index} of {shard_count}; add images")
-    if _no_example_work(source, pre, aug, tokenize):
+    if _no_example_work(source, pre, aug, tokenize) and jitter is None:
         ds = grain.MapDataset.source(EpochBatches(indices, batch_size, seed)).seed(seed)
         ds = ds.map(ReadArrays(source))
     else:
         if isinstance(source, FolderSource):  # JPEGs decoded no larger than the crops need
             source = source.decoding_at_least(decode_side(pre, aug))
         ds = shard_of(grain.MapDataset.source(source).seed(seed), shard_index, shard_count)
-        ds = (ds.shuffle().repeat(None).random_map(TrainTransform(pre, aug, tokenize))
+        ds = (ds.shuffle().repeat(None).random_map(TrainTransform(pre, aug, tokenize, jitter))
               .batch(batch_size, drop_remainder=True))
     ds = ds.random_map(BatchTransform(pre, num_classes, aug))
     it = iter(ds.to_iter_dataset(read_options(num_threads, batch_size, pre.size)))
