@@ -156,7 +156,7 @@ def _fallbacks() -> dict:
             "input.crop_area": list(Augment().crop_area),
             # Features newer than the spelt-out recipes: off where they change the training,
             # and TensorBoard files beside metrics.jsonl, which change nothing trained.
-            "input.randaugment": "", "input.random_erasing": 0.0,
+            "input.randaugment": "", "input.random_erasing": 0.0, "input.scene_jitter": False,
             "train.early_stop_patience": 0, "train.tensorboard": True, "train.patch_loss": 0.0,
             # The CPU step's split, a constant of the step before it was a key.
             "train.micro_tokens": 1536}

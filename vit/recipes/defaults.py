@@ -119,8 +119,7 @@ DEFAULTS: dict[str, Key] = {
     "input.random_erasing": Key(0.0, "the chance of erasing a random box of each training "
                                      "image (0: off; 0.25 is usual)", range=Range(0, 1)),
     "input.scene_jitter": Key(False, "fashion_scenes: each photo moved inside its cell and "
-                                     "mirrored at random, every epoch (the answers and the "
-                                     "where map follow)"),
+                                     "mirrored at random, every epoch"),
 
     "optim.name": Key("sgd", "sgd (with momentum) or adamw", choices=("sgd", "adamw")),
     "optim.lr": Key(0.01, "the peak learning rate", range=AT_LEAST_0),
