@@ -39,11 +39,18 @@ VARIANTS = {
 }
 
 
-# fashion_scenes' recipe and what its ablation changes, from the recipe's own ViT stage.
-FASHION_RECIPE = {"head": "things: each named thing found on a patch, a soft minimum"}
+# fashion_scenes' recipe and what its ablation changes, from the recipe's own ViT stage or
+# (scene_jitter) from one of its own.
+FASHION_RECIPE = {"head": "things: each named thing found on a patch, a soft minimum",
+                  "scene_jitter": "on", "tune": "blocks 1-3, 300 steps"}
 FASHION_VARIANTS = {
     "placed_head": ({"head": "placed: one score per patch, a soft maximum"},
                     ["model.text.head=placed"], "recipe"),
+    "short_tune": ({"tune": "blocks 2-3, 150 steps"},
+                   ["stages.tune.train.steps=150",
+                    f"stages.tune.optim.trainable={OPEN_TEXT_PARTS}|blocks/[23]/.*|norm/.*"],
+                   "recipe"),
+    "no_scene_jitter": ({"scene_jitter": "off"}, ["input.scene_jitter=false"], None),
 }
 ABLATIONS = {"promptshapes": (RECIPE, VARIANTS), "fashion_scenes": (FASHION_RECIPE,
                                                                     FASHION_VARIANTS)}
@@ -195,7 +202,7 @@ def fashion_ablation_row(run: dict, where: str, q: dict) -> list[str]:
     figures = [s["balanced_accuracy"], s["by_kind"]["both"]["balanced_accuracy"],
                s["false_yes"]["one_only"], s["false_yes"]["elsewhere"], h["balanced_accuracy"],
                q["wording"]["balanced_accuracy"], q["never"]["yes_rate"]]
-    return [run["head"], *map(f3, figures), where]
+    return [run["head"], run["scene_jitter"], run["tune"], *map(f3, figures), where]
 
 
 def table(r: dict, records: dict | None = None) -> list[str]:
@@ -207,8 +214,10 @@ def table(r: dict, records: dict | None = None) -> list[str]:
         rows += [fashion_ablation_row(v, f"`{name}`", v["eval"]["questions"])
                  for name, v in r["variants"].items()]
         return [f"Each of {recipe['eval']['questions']['images']} test scenes asked every "
-                "question; every row from the recipe's ViT stage:", "",
-                *tables.table(["prompt head", "seen: balanced accuracy", "seen: both",
+                "question; every row but `no_scene_jitter` (its own) from the recipe's ViT "
+                "stage:", "",
+                *tables.table(["prompt head", "scene jitter", "tune stage",
+                               "seen: balanced accuracy", "seen: both",
                                "one only said yes", "elsewhere said yes",
                                "held-out pairs", "held-out wordings",
                                "never-placed yes-rate", "run"], rows), "",

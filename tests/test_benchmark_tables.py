@@ -268,7 +268,7 @@ def text_page() -> str:
 
 
 def test_the_text_records_tables():
-    """fashion_scenes' groups and pointing, and the ablation's two rows, read back by pattern."""
+    """fashion_scenes' groups and pointing, and the ablations' rows, read back by pattern."""
     page = text_page()
     fashion = record("fashion_scenes")
     questions = fashion["eval"]["questions"]
@@ -307,10 +307,12 @@ def test_the_text_records_tables():
     assert list(ablation) == list(FASHION_VARIANTS)
     rows = [(FASHION_RECIPE, recipe, "the recipe, `fashion_scenes.json`")]
     rows += [(v, v["eval"]["questions"], f"`{name}`") for name, v in ablation.items()]
-    assert len({r["head"] for r, _, _ in rows}) == len(rows)  # each row changes the head
+    cells = {(r["head"], r["scene_jitter"], r["tune"]) for r, _, _ in rows}
+    assert len(cells) == len(rows)  # each row changes something
     for run, q, where in rows:
         s = q["seen"]
-        assert (f"| {run['head']} | {s['balanced_accuracy']:.3f} | "
+        assert (f"| {run['head']} | {run['scene_jitter']} | {run['tune']} | "
+                f"{s['balanced_accuracy']:.3f} | "
                 f"{s['by_kind']['both']['balanced_accuracy']:.3f} | "
                 f"{s['false_yes']['one_only']:.3f} |") in page, where
         assert f"| {q['never']['yes_rate']:.3f} | {where} |" in page, where
