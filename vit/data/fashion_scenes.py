@@ -228,12 +228,12 @@ def where_map(cells: np.ndarray, boxes: np.ndarray) -> np.ndarray:
 
 
 def move_photos(image: np.ndarray, cells: np.ndarray, boxes: np.ndarray,
-                rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     """A rendered scene with each photo (and the noise under it) moved to a fresh place inside
     its own cell and mirrored left-right half the time, the place it left filled with fresh
     noise: the training augmentation `input.scene_jitter`. Every question keeps its answer
     (a photo never leaves its cell) and a photo is seen anew every epoch, so the ViT stage
-    cannot memorise its scenes. -> (image [64, 64, 3] uint8, boxes, where map)."""
+    cannot memorise its scenes. -> (image [64, 64, 3] uint8, where map)."""
     canvas = image[..., 0].copy()
     present = [i for i in range(len(cells)) if cells[i] >= 0]
     photos = [canvas[y0:y1, x0:x1].copy() for y0, x0, y1, x1 in boxes[present]]
@@ -246,7 +246,7 @@ def move_photos(image: np.ndarray, cells: np.ndarray, boxes: np.ndarray,
         x0 = col * CELL + int(rng.integers(0, CELL - PHOTO + 1))
         canvas[y0:y0 + PHOTO, x0:x0 + PHOTO] = photo[:, ::-1] if rng.random() < 0.5 else photo
         moved[i] = (y0, x0, y0 + PHOTO, x0 + PHOTO)
-    return np.repeat(canvas[..., None], 3, -1), moved, where_map(cells, moved)
+    return np.repeat(canvas[..., None], 3, -1), where_map(cells, moved)
 
 
 def grid_questions() -> list[dict]:
@@ -391,6 +391,6 @@ class FashionScenesSource(PromptedSource):
     def jitter(self, element: dict, rng: np.random.Generator) -> dict:
         """`element` (one of this source's) with its photos moved (`move_photos`)."""
         i = int(element["image_id"])
-        image, _, where = move_photos(element["image"], self.data.scenes[i],
-                                      self.data.boxes[i], rng)
+        image, where = move_photos(element["image"], self.data.scenes[i], self.data.boxes[i],
+                                   rng)
         return {**element, "image": image, "where": where}

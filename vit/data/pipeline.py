@@ -265,7 +265,7 @@ def train_iterator(source, pre: Preprocessing, aug: Augment, *, batch_size: int,
     if not len(indices):
         raise DataError(f"{getattr(source, 'name', 'the dataset')}: no training examples for "
                         f"host {shard_index} of {shard_count}; add images")
-    if _no_example_work(source, pre, aug, tokenize) and jitter is None:
+    if _no_example_work(source, pre, aug, tokenize):  # never a source with `jitter`
         ds = grain.MapDataset.source(EpochBatches(indices, batch_size, seed)).seed(seed)
         ds = ds.map(ReadArrays(source))
     else:
