@@ -4,8 +4,11 @@ multi-label heads; answer accuracy for prompt heads."""
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import math
-from collections.abc import Iterable, Iterator
+import threading
+from collections.abc import Callable, Iterable, Iterator
 
 import jax
 import numpy as np
@@ -45,6 +48,45 @@ def make_logits_fn(graphdef, mesh, params_sharding=None, dtype=None, pieces: int
                    **jit_options(inference_options(dtype)))
 
 
+def model_inputs(batch: dict) -> dict:
+    """What of a batch the model reads (`INPUTS`)."""
+    return {k: batch[k] for k in INPUTS if k in batch}
+
+
+class CompiledAhead:
+    """A jitted function whose compile for one call begins now, in a thread: a training run
+    compiles its evaluation forward while it compiles and runs its steps (XLA compiles on
+    one core), and its first validation waits only for what is left. `make_args` gives that
+    call's arguments (abstract ones suffice). jax keeps the executable it compiled, and a call
+    of `jitted` with the same shapes, dtypes and shardings runs it; any other call compiles as
+    usual, and so does every call if the compile ahead failed (the failure is then raised
+    where the caller handles it)."""
+
+    def __init__(self, jitted, make_args: Callable[[], tuple]):
+        self._jitted = jitted
+        self._thread = threading.Thread(target=self._compile, args=(make_args,),
+                                        name="vit-compile-ahead", daemon=True)
+        self._thread.start()
+
+    def _compile(self, make_args) -> None:
+        with contextlib.suppress(Exception):  # the first call compiles, and fails, in the caller
+            self._jitted.lower(*make_args()).compile()
+
+    def __call__(self, *args):
+        self._thread.join()  # a call meanwhile would compile the same program a second time
+        return self._jitted(*args)
+
+    def wait(self) -> None:
+        """Returns once the compile has ended: a process should not exit inside XLA."""
+        self._thread.join()
+
+
+@functools.cache
+def _gather(mesh):
+    """Arrays replicated to every process: one program per mesh, compiled once."""
+    return jax.jit(lambda x: x, out_shardings=device_mesh.replicated(mesh))
+
+
 def sharded_eval_batches(source, pre, *, batch_size: int, num_threads: int = 2,
                          tokenize=None) -> Iterator[dict]:
     """This process's shard of `source` in padded batches of `batch_size` (its share of the
@@ -69,11 +111,11 @@ def _outputs(logits_fn, params, batches: Iterable[dict], mesh):
     """(logits, batch) of each global batch (every process's rows) without the padding rows.
     Every process gets the same arrays, so every process computes the same figures. One batch
     is in flight while the host reads back the one before and prepares the next."""
-    gather = jax.jit(lambda x: x, out_shardings=device_mesh.replicated(mesh))
+    gather = _gather(mesh)
 
     def dispatched(batch):
         batch = device_mesh.to_global(batch, mesh)
-        logits = logits_fn(params, {k: batch[k] for k in INPUTS if k in batch})
+        logits = logits_fn(params, model_inputs(batch))
         # The labels, answers and mask of every process; the inputs stay where they are.
         return logits, gather({k: v for k, v in batch.items() if k not in INPUTS})
 

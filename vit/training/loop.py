@@ -34,7 +34,13 @@ from vit.checkpoints import orbax_format
 from vit.checkpoints.orbax_io import quiet_event_loops
 from vit.data import open_source, train_iterator
 from vit.errors import ConfigError, OutOfMemory, OutOfSpace, is_out_of_memory
-from vit.inference.evaluate import evaluate_task, make_logits_fn, sharded_eval_batches
+from vit.inference.evaluate import (
+    CompiledAhead,
+    evaluate_task,
+    make_logits_fn,
+    model_inputs,
+    sharded_eval_batches,
+)
 from vit.step_folders import finished_steps
 from vit.training import parallel
 from vit.training import workdir as workdirs
@@ -50,6 +56,7 @@ from vit.training.from_recipe import augment_of
 from vit.training.iterator_records import iterator_states
 from vit.training.losses import DEFAULT as DEFAULT_LOSS
 from vit.training.metrics import MetricsLog, TrainMeter, plot_curves
+from vit.training.placement import abstract
 from vit.training.program import Resume, TrainProgram, build_program, eval_pieces
 from vit.training.progress import progress
 from vit.training.resume import check_resume
@@ -176,6 +183,8 @@ def _train(config, workdir: Path, ckpts: TrainCheckpoints, claim: workdirs.Claim
         last, step, stopped_by = run.steps(start, end)
     finally:  # batches made ahead are dropped: the interpreter's exit would wait for them all
         iterator.close()
+        if isinstance(run.logits_fn, CompiledAhead):  # no exit inside XLA's compile
+            run.logits_fn.wait()
     if (step >= steps or stopped_by == STOPPED_EARLY) and primary:
         with_tb = tc.get("tensorboard", True)  # a 0.1.0 workdir's config lacks the key
         tb = f", TensorBoard events in {workdir / TB_FOLDER}" if with_tb else ""
@@ -254,6 +263,20 @@ class _Run:
         if primary:  # matplotlib loads while the step compiles, not at the end of the run
             threading.Thread(target=_load_matplotlib, name="vit-matplotlib", daemon=True).start()
 
+    def _compile_validation_ahead(self) -> None:
+        """The validation forward compiles in a thread while the first steps run: XLA
+        compiles on one core, and beside the step's own compile the two slow each other."""
+        if self.val_src is not None and not isinstance(self.logits_fn, CompiledAhead):
+            params = abstract(self.evaluated_params(), self.program.place.params)
+            self.logits_fn = CompiledAhead(self.logits_fn, lambda: (params, model_inputs(
+                device_mesh.to_global(next(self._validation_batches()), self.mesh))))
+
+    def _validation_batches(self):
+        return sharded_eval_batches(self.val_src, self.model.preprocessing,
+                                    batch_size=self.eval_batch_size,
+                                    num_threads=self.config.data.num_threads,
+                                    tokenize=self.tokenizer)
+
     def steps(self, start: int, end: int) -> tuple[dict, int, str | None]:
         """Trains from `start` to `end`, validating and saving when due; returns the last
         train metrics, the step reached and what stopped it: the signal, `STOPPED_EARLY`
@@ -273,6 +296,7 @@ class _Run:
                     if program.compiled is None:  # where a program that cannot fit fails
                         program.compile(batch)
                         clock.note(step + 1, compile_s=round(program.compile_s, 6))
+                        self._compile_validation_ahead()
                     called = time.perf_counter()
                     metrics = program(batch)
                     clock.steps.started(metrics, called)
@@ -379,10 +403,7 @@ class _Run:
         self.pending.clear()
 
     def validate(self, step: int) -> float:
-        batches = sharded_eval_batches(self.val_src, self.model.preprocessing,
-                                       batch_size=self.eval_batch_size,
-                                       num_threads=self.config.data.num_threads,
-                                       tokenize=self.tokenizer)
+        batches = self._validation_batches()
         # The first validation compiles its forward at train.eval_batch_size (in the step's
         # cache pieces, if any): a run whose training steps fit can still fail here.
         with self._fits_memory(first=not self.validated, what=VALIDATION):

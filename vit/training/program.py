@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any
 
+import jax
 import numpy as np
 
 from vit import device_mesh
@@ -81,7 +82,9 @@ def build_program(config, num_classes: int, *, init: str | None = None,
     step_fn = make_train_step(model.graphdef, tx, place, accum_steps=splits,
                               compute_dtype=model.config.dtype, ema_decay=tc.ema_decay,
                               loss_fn=loss_fn)
-    return TrainProgram(config=config, mesh=mesh, model=model, tx=tx, lr_fn=lr_fn,
+    # Jitted: the first log's learning rate is one compile, where the schedule's operations
+    # run eagerly would compile a program each.
+    return TrainProgram(config=config, mesh=mesh, model=model, tx=tx, lr_fn=jax.jit(lr_fn),
                         place=place, loss_name=loss_name, loss_fn=loss_fn,
                         micro_batches=splits, step_fn=step_fn, state=state)
 
