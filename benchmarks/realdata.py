@@ -137,6 +137,12 @@ def peer(args) -> dict:
     from vit.recipes.load import load_config
     from vit.recipes.model_fields import model_field_types
 
+    from vit.data.real_sets import load_fashion_mnist, mnist_5k_file
+
+    # Both datasets found before the first run (a one-line DataError naming the install),
+    # not after the quarter hour the scratch runs take.
+    load_fashion_mnist("test")
+    mnist_5k_file()
     fashion_sets = peer_sets(args.scratch_steps, warmup=True, batch=128)
     tune_sets = peer_sets(args.tune_steps, warmup=False, batch=64)
     scratch_cfg = load_config("fashion_mnist", fashion_sets, model_field_types=model_field_types)
