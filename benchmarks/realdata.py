@@ -243,11 +243,16 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def table(r: dict) -> list[str]:
+def kind_of(r: dict) -> str:
+    """The benchmark a record is of, its name less a host suffix (`fashion_mnist_amd_bf16`)."""
     name = r["benchmark"]
-    return (peer_table if name.startswith("realdata_peer") else
-            {"fashion_mnist": fashion_table, "mnist_transfer": transfer_table,
-             "dry_run": dry_run_table}[name])(r)
+    return next(k for k in ("realdata_peer", "fashion_mnist", "mnist_transfer", "dry_run")
+                if name.startswith(k))
+
+
+def table(r: dict) -> list[str]:
+    return {"realdata_peer": peer_table, "fashion_mnist": fashion_table,
+            "mnist_transfer": transfer_table, "dry_run": dry_run_table}[kind_of(r)](r)
 
 
 def fashion_table(r: dict) -> list[str]:
@@ -337,16 +342,16 @@ def peer_table(r: dict) -> list[str]:
 
 
 def targets(r: dict) -> list[tuple[str, str, bool]]:
-    if r["benchmark"] == "fashion_mnist":
+    if kind_of(r) == "fashion_mnist":
         within = r.get("reached_within_15_min") or {}
         return [("test accuracy at least 0.910 within 15 minutes of training on 2 cores",
                  f"{r['test_accuracy']:.3f} test after {r['wall_s'] / 60:.0f} minutes; "
                  f"{within.get('validation_accuracy', 0):.3f} validation at 15 minutes",
                  r["test_accuracy"] >= 0.91 and r["wall_s"] <= 900)]
-    if r["benchmark"] == "mnist_transfer":
+    if kind_of(r) == "mnist_transfer":
         gain = r["pretrained_gain_points"]
         return [("the pretrained start beats scratch", f"{gain:+.1f} points", gain > 0)]
-    if not r["benchmark"].startswith("realdata_peer"):
+    if kind_of(r) != "realdata_peer":
         return []
     out = []
     for phase, runs in r["summary"].items():
