@@ -266,10 +266,14 @@ class _Run:
     def _compile_validation_ahead(self) -> None:
         """The validation forward compiles in a thread while the first steps run: XLA
         compiles on one core, and beside the step's own compile the two slow each other."""
-        if self.val_src is not None and not isinstance(self.logits_fn, CompiledAhead):
+        if self.val_src is not None:
             params = abstract(self.evaluated_params(), self.program.place.params)
             self.logits_fn = CompiledAhead(self.logits_fn, lambda: (params, model_inputs(
-                device_mesh.to_global(next(self._validation_batches()), self.mesh))))
+                device_mesh.to_global(self._first_validation_batch(), self.mesh))))
+
+    def _first_validation_batch(self) -> dict:
+        with contextlib.closing(self._validation_batches()) as batches:  # its readers stop
+            return next(batches)
 
     def _validation_batches(self):
         return sharded_eval_batches(self.val_src, self.model.preprocessing,
