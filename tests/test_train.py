@@ -372,7 +372,7 @@ def test_the_recipe_decides_the_micro_batches_a_step_runs():
 
     config = tiny_recipe("input.image_size=32", "model.patch_size=16", "train.batch_size=64",
                          "train.accum_steps=4", "train.micro_tokens=32")
-    model, _ = build_model(config, 10)
+    model, _, _ = build_model(config, 10)
     mesh = parallel.mesh_from_config(config)
     assert model.config.num_tokens == 4 and jax.devices()[0].platform == "cpu"
     assert micro_batches(config, model.config, mesh) == 4 * 2

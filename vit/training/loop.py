@@ -160,31 +160,14 @@ def _train(config, workdir: Path, ckpts: TrainCheckpoints, claim: workdirs.Claim
                 "best_val_accuracy": (ckpts.read_best() or {}).get(METRIC, -1.0)}
     program = build_program(config, num_classes, init=init, mesh=mesh,
                             resume=Resume(ckpts, start, resume_meta) if start else None)
-    model, tokenizer = program.model, program.tokenizer
-    iterator = train_iterator(train_src, model.preprocessing, augment,
-                              batch_size=host_batch, seed=config.seed, num_classes=num_classes,
-                              shard_index=jax.process_index(),
-                              shard_count=jax.process_count(),
-                              num_threads=config.data.num_threads, tokenize=tokenizer)
-    if program.state.iterator_state is not None:
-        iterator.set_state(program.state.iterator_state)
-    run = _Run(config, workdir, ckpts, program, clock, iterator=iterator,
-               sources=(train_src, val_src), tokenizer=tokenizer,
-               logits_fn=make_logits_fn(model.graphdef, mesh, program.place.params,
-                                         model.config.dtype,
-                                         eval_pieces(config, model.config, mesh,
-                                                     eval_host_batch)),
-               eval_batch_size=eval_host_batch, start=start, primary=primary, early=early)
-    if claim is not None:  # the run writes from here on: an unmarked workdir becomes ours
-        claim.adopt()
     end = steps if stop_after is None else min(steps, start + stop_after)
-    clock.started_up(start + 1)  # the step it leads to: a restart from `start` drops it
     try:
-        last, step, stopped_by = run.steps(start, end)
-    finally:  # batches made ahead are dropped: the interpreter's exit would wait for them all
-        iterator.close()
-        if isinstance(run.logits_fn, CompiledAhead):  # no exit inside XLA's compile
-            run.logits_fn.wait()
+        last, step, stopped_by, run = _steps(
+            config, workdir, ckpts, claim, clock, program, sources=(train_src, val_src),
+            augment=augment, start=start, end=end, host_batch=host_batch,
+            eval_host_batch=eval_host_batch, early=early, primary=primary)
+    finally:  # a new state may still be building: no exit inside XLA's compile
+        program.wait()
     if (step >= steps or stopped_by == STOPPED_EARLY) and primary:
         with_tb = tc.get("tensorboard", True)  # a 0.1.0 workdir's config lacks the key
         tb = f", TensorBoard events in {workdir / TB_FOLDER}" if with_tb else ""
@@ -194,6 +177,39 @@ def _train(config, workdir: Path, ckpts: TrainCheckpoints, claim: workdirs.Claim
     clock.write(run.log)
     return {**last, **{f"val_{k}": v for k, v in run.last_val.items()},
             "stopped_by": stopped_by, "best_val_accuracy": run.saver.best_accuracy}
+
+
+def _steps(config, workdir: Path, ckpts: TrainCheckpoints, claim: workdirs.Claim | None,
+           clock: RunClock, program: TrainProgram, *, sources: tuple, augment, start: int,
+           end: int, host_batch: int, eval_host_batch: int, early: EarlyStop, primary: bool):
+    """`program`'s steps from `start` to `end` over the recipe's data: (last train metrics,
+    the step reached, what stopped it, the `_Run`)."""
+    train_src, val_src = sources
+    num_classes = len(train_src.class_names)
+    model, tokenizer = program.model, program.tokenizer
+    iterator = train_iterator(train_src, model.preprocessing, augment,
+                              batch_size=host_batch, seed=config.seed, num_classes=num_classes,
+                              shard_index=jax.process_index(),
+                              shard_count=jax.process_count(),
+                              num_threads=config.data.num_threads, tokenize=tokenizer)
+    if start and program.state.iterator_state is not None:  # a resumed run's data position
+        iterator.set_state(program.state.iterator_state)
+    run = _Run(config, workdir, ckpts, program, clock, iterator=iterator,
+               sources=sources, tokenizer=tokenizer,
+               logits_fn=make_logits_fn(model.graphdef, program.mesh, program.place.params,
+                                         model.config.dtype,
+                                         eval_pieces(config, model.config, program.mesh,
+                                                     eval_host_batch)),
+               eval_batch_size=eval_host_batch, start=start, primary=primary, early=early)
+    if claim is not None:  # the run writes from here on: an unmarked workdir becomes ours
+        claim.adopt()
+    clock.started_up(start + 1)  # the step it leads to: a restart from `start` drops it
+    try:
+        return (*run.steps(start, end), run)
+    finally:  # batches made ahead are dropped: the interpreter's exit would wait for them all
+        iterator.close()
+        if isinstance(run.logits_fn, CompiledAhead):  # no exit inside XLA's compile
+            run.logits_fn.wait()
 
 
 def _open_sources(config, loss_name: str, sources: dict | None = None):
@@ -299,7 +315,10 @@ class _Run:
                     batch = program.put(host_batch)
                     if program.compiled is None:  # where a program that cannot fit fails
                         program.compile(batch)
-                        clock.note(step + 1, compile_s=round(program.compile_s, 6))
+                        waited = time.perf_counter()
+                        program.wait()  # a new state, built beside the compile
+                        clock.note(step + 1, compile_s=round(
+                            program.compile_s + time.perf_counter() - waited, 6))
                         self._compile_validation_ahead()
                     called = time.perf_counter()
                     metrics = program(batch)

@@ -9,6 +9,7 @@ edit, naming the key).
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,13 +35,19 @@ def fresh_params(model_config: ViTConfig, seed: int):
     draw of each layer on its own), the same draws as `VisionTransformer(...)` eagerly up to
     float32 rounding."""
     graphdef, _ = abstract_params(model_config)
+    return graphdef, draw_params(model_config, seed)()
+
+
+def draw_params(model_config: ViTConfig, seed: int):
+    """The jitted program of a new model's initialisers (`fresh_params`' draws): its compile
+    and run are the part of a fresh model that costs, so the caller chooses when."""
 
     @jax.jit
     def init():
         model = VisionTransformer(model_config, rngs=nnx.Rngs(seed))
         return nnx.to_pure_dict(nnx.state(model, nnx.Param))
 
-    return graphdef, init()
+    return init
 
 
 def abstract_params(model_config: ViTConfig):
@@ -87,27 +94,35 @@ class Model:
 
 
 def build_model(config, num_classes: int, *, resume_meta: dict | None = None,
-                init: str | None = None) -> tuple[Model, Any]:
-    """(model, params). On resume (`resume_meta`, a checkpoint's meta) the params are
-    placeholders for `restore_state` to fill; otherwise host arrays for `new_state`. `init`
-    (`--init`) wins over the recipe's own `init` key."""
+                init: str | None = None) -> tuple[Model, Any, Callable[[], Any]]:
+    """(model, its params as shape/dtype placeholders, a function that makes the params).
+
+    On resume (`resume_meta`, a checkpoint's meta) the function gives the placeholders, for
+    `restore_state` to fill. From `init` (`--init`, which wins over the recipe's own `init`
+    key) the checkpoint is read here, so one that does not fit is refused before anything
+    runs, and the function gives its host arrays. Fresh params are drawn when the function is
+    called: the step needs only the placeholders to compile, so the two can run side by side."""
     if resume_meta is not None:  # the saved dtype continues, whatever `auto` would choose
         model_config = ViTConfig.from_dict(resume_meta["model_config"])
         pre = Preprocessing.from_dict(resume_meta["preprocessing"])
-        graphdef, params = abstract_params(model_config)
+        graphdef, shapes = abstract_params(model_config)
+        make_params = lambda: shapes  # noqa: E731
     elif init or config.get("init"):
         _announce(dtype_line(config))
         model_config, params, pre = start_from_init(init or config.init, config, num_classes,
                                                     "--init" if init else "init")
         graphdef, _ = abstract_params(model_config)
+        shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), params)
+        make_params = lambda: params  # noqa: E731
     else:
         _announce(dtype_line(config))
         model_config = variant_config(config.model.name, num_classes=num_classes,
                                       image_size=config.input.image_size, **model_fields(config))
         pre = preprocessing_of(config)
-        graphdef, params = fresh_params(model_config, config.seed)
+        graphdef, shapes = abstract_params(model_config)
+        make_params = draw_params(model_config, config.seed)
     _note_dtype(model_config.dtype)
-    return Model(model_config, pre, graphdef), params
+    return Model(model_config, pre, graphdef), shapes, make_params
 
 
 def _note_dtype(dtype: str) -> None:

@@ -45,9 +45,12 @@ class Placement:
 
 def abstract(tree, sharding):
     """`tree` as shape/dtype placeholders carrying `sharding` (one, or a tree like `tree`):
-    what a restore fills in."""
+    what a restore fills in, or what a program compiles for (weak types kept, so the program
+    takes the arrays themselves)."""
+    def one(x, s):
+        return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s,
+                                    weak_type=getattr(x, "weak_type", False))
+
     if not isinstance(sharding, jax.sharding.Sharding):
-        return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                            tree, sharding)
-    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding),
-                        tree)
+        return jax.tree.map(one, tree, sharding)
+    return jax.tree.map(lambda x: one(x, sharding), tree)

@@ -11,9 +11,12 @@ further on one CPU device by `train.micro_tokens`), the loss (`train.loss`), the
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import threading
 import time
-from dataclasses import dataclass, replace
+from concurrent.futures import Future
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import jax
@@ -27,7 +30,7 @@ from vit.training.losses import DEFAULT as DEFAULT_LOSS
 from vit.training.losses import TEXT_LOSSES, WithPatchLoss, get_loss
 from vit.training.model import Model, build_model
 from vit.training.optim import make_optimizer
-from vit.training.placement import Placement
+from vit.training.placement import Placement, abstract
 from vit.training.state import TrainState, new_state, restore_state
 from vit.training.step import make_train_step
 
@@ -59,8 +62,8 @@ def build_program(config, num_classes: int, *, init: str | None = None,
     mesh = parallel.mesh_from_config(config) if mesh is None else mesh
     loss_name = tc.get("loss", DEFAULT_LOSS)
     loss_fn = get_loss(loss_name)
-    model, params = build_model(config, num_classes, init=init,
-                                resume_meta=resume.meta if resume else None)
+    model, shapes, make_params = build_model(config, num_classes, init=init,
+                                             resume_meta=resume.meta if resume else None)
     check_patch_loss(config)
     if tc.get("patch_loss", 0.0) > 0:
         if not model.config.patch_classes:
@@ -72,12 +75,16 @@ def build_program(config, num_classes: int, *, init: str | None = None,
                               "data gives it; set input.flip=False and "
                               "input.inception_crop=False")
         loss_fn = WithPatchLoss(loss_fn, tc.patch_loss, model.config.grid)
-    tx, lr_fn = make_optimizer(config.optim, params, model.config.depth, tc.steps)
-    place = Placement.of(mesh, params, tx, parallel.rules_from_config(config))
+    tx, lr_fn = make_optimizer(config.optim, shapes, model.config.depth, tc.steps)
+    place = Placement.of(mesh, shapes, tx, parallel.rules_from_config(config))
     ema = tc.ema_decay > 0
-    state = (restore_state(resume.ckpts, resume.step, params, tx, place, ema=ema,
+    # A resumed state is read now: a checkpoint that does not fit is refused before anything
+    # is written. A new one (the initialisers' compile and run, the optimiser state's) is
+    # built in a thread while the caller opens the data and compiles the step: XLA compiles
+    # on one core.
+    state = (restore_state(resume.ckpts, resume.step, shapes, tx, place, ema=ema,
                            config=config, meta=resume.meta) if resume
-             else new_state(params, tx, place, ema=ema))
+             else _in_thread(lambda: new_state(make_params(), tx, place, ema=ema)))
     splits = micro_batches(config, model.config, mesh)
     step_fn = make_train_step(model.graphdef, tx, place, accum_steps=splits,
                               compute_dtype=model.config.dtype, ema_decay=tc.ema_decay,
@@ -86,7 +93,21 @@ def build_program(config, num_classes: int, *, init: str | None = None,
     # run eagerly would compile a program each.
     return TrainProgram(config=config, mesh=mesh, model=model, tx=tx, lr_fn=jax.jit(lr_fn),
                         place=place, loss_name=loss_name, loss_fn=loss_fn,
-                        micro_batches=splits, step_fn=step_fn, state=state)
+                        micro_batches=splits, step_fn=step_fn, shapes=shapes, built=state)
+
+
+def _in_thread(fn) -> Future:
+    """`fn()` running in a thread from now on; the future holds its value, or its error."""
+    future = Future()
+
+    def run():
+        try:
+            future.set_result(fn())
+        except BaseException as err:  # raised again where the result is asked for
+            future.set_exception(err)
+
+    threading.Thread(target=run, name="vit-state-ahead", daemon=True).start()
+    return future
 
 
 def check_patch_loss(config, where: str = "train") -> None:
@@ -152,9 +173,26 @@ class TrainProgram:
     loss_fn: Any
     micro_batches: int  # `micro_batches(...)`: one update from their mean gradient
     step_fn: Any  # the jitted step (`vit.training.step.make_train_step`)
-    state: TrainState
+    shapes: Any  # the params as shape/dtype placeholders: what the step compiles for
+    built: TrainState | Future  # the state, or the future of one still being built
     compiled: Any = None  # the step compiled for the batch `compile` was given
     compile_s: float | None = None
+    _lock: Any = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    @property
+    def state(self) -> TrainState:
+        """The training state, once built (a new one is built in a thread: this waits)."""
+        with self._lock:
+            if isinstance(self.built, Future):
+                self.built = self.built.result()
+            return self.built
+
+    def wait(self) -> None:
+        """Returns once the state is built, whether or not that failed: a process should not
+        exit inside XLA. The failure is raised where the state is asked for."""
+        if isinstance(self.built, Future):
+            with contextlib.suppress(BaseException):
+                self.built.exception()
 
     @property
     def tokenizer(self):
@@ -166,11 +204,22 @@ class TrainProgram:
         s = self.state
         return s.params, s.opt_state, s.ema, batch, self.config.seed, s.step
 
+    def abstract_args(self, batch: dict) -> tuple:
+        """The step's arguments for `batch`, the state's as shape/sharding placeholders: what
+        it compiles for without waiting for the state to be built."""
+        if not isinstance(self.built, Future):
+            return self.args(batch)
+        place, ema = self.place, self.config.train.ema_decay > 0
+        params = abstract(self.shapes, place.params)
+        opt_state = abstract(jax.eval_shape(self.tx.init, self.shapes), place.opt_state)
+        return (params, opt_state, abstract(self.shapes, place.ema) if ema else None, batch,
+                self.config.seed, 0)
+
     def compile(self, batch: dict):
         """Compiles the step for `batch`'s shapes (a global batch, as `put` makes it);
         returns the compiled step, its seconds in `compile_s`."""
         start = time.perf_counter()
-        self.compiled = self.step_fn.lower(*self.args(batch)).compile()
+        self.compiled = self.step_fn.lower(*self.abstract_args(batch)).compile()
         self.compile_s = time.perf_counter() - start
         return self.compiled
 

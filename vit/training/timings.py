@@ -10,7 +10,8 @@ the moment it describes:
 - `startup_s`: from the call to the program built (data opened, model, optimiser, state,
   pipeline), with `process_start_s`, the process's age at the call (the interpreter, the
   imports and the recipe before it: a command's whole start-up is the two together);
-- `compile_s`: the step compiled for the first batch;
+- `compile_s`: the step compiled for the first batch (a new training state is built beside
+  it, and what is left of that counts here);
 - `step_s`: each step's own time, a list for the steps a training record covers (its last is
   the record's step): from the later of its call and the previous step's end to its own end;
 - `evaluation_s`: a validation; `checkpoint_s`: what a save held the loop (the writing goes on
