@@ -147,7 +147,9 @@ def peer(args) -> dict:
     from vit.recipes.model_fields import model_field_types
 
     check_peer_datasets()  # before the quarter hour the scratch runs take, not after
-    fashion_sets = peer_sets(args.scratch_steps, warmup=True, batch=128)
+    # The learning rate the peer records were made with, for this batch of 128, whatever the
+    # recipe's own batch and rate.
+    fashion_sets = [*peer_sets(args.scratch_steps, warmup=True, batch=128), "optim.lr=0.002"]
     tune_sets = peer_sets(args.tune_steps, warmup=False, batch=64)
     scratch_cfg = load_config("fashion_mnist", fashion_sets, model_field_types=model_field_types)
     tune_cfg = load_config("mnist_transfer", tune_sets, model_field_types=model_field_types)
