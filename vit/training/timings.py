@@ -7,9 +7,10 @@ to (start-up and compile: the first step of the call, so a run that starts again
 step before it sets them aside with the steps after it) and `at_s`, the seconds from the call to
 the moment it describes:
 
-- `startup_s`: from the call to the program built (data opened, model, optimiser, state,
-  pipeline), with `process_start_s`, the process's age at the call (the interpreter, the
-  imports and the recipe before it: a command's whole start-up is the two together);
+- `startup_s`: from the call to the program built (data opened, model, optimiser, a resumed
+  state, pipeline; a new state is built in a thread from there on), with `process_start_s`,
+  the process's age at the call (the interpreter, the imports and the recipe before it: a
+  command's whole start-up is the two together);
 - `compile_s`: the step compiled for the first batch (a new training state is built beside
   it, and what is left of that counts here);
 - `step_s`: each step's own time, a list for the steps a training record covers (its last is
