@@ -13,10 +13,9 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import threading
 import time
-from concurrent.futures import Future
-from dataclasses import dataclass, field, replace
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, replace
 from typing import Any
 
 import jax
@@ -98,15 +97,9 @@ def build_program(config, num_classes: int, *, init: str | None = None,
 
 def _in_thread(fn) -> Future:
     """`fn()` running in a thread from now on; the future holds its value, or its error."""
-    future = Future()
-
-    def run():
-        try:
-            future.set_result(fn())
-        except BaseException as err:  # raised again where the result is asked for
-            future.set_exception(err)
-
-    threading.Thread(target=run, name="vit-state-ahead", daemon=True).start()
+    pool = ThreadPoolExecutor(1, thread_name_prefix="vit-state-ahead")
+    future = pool.submit(fn)
+    pool.shutdown(wait=False)  # the thread ends once `fn` has run
     return future
 
 
@@ -177,15 +170,13 @@ class TrainProgram:
     built: TrainState | Future  # the state, or the future of one still being built
     compiled: Any = None  # the step compiled for the batch `compile` was given
     compile_s: float | None = None
-    _lock: Any = field(default_factory=threading.Lock, repr=False, compare=False)
 
     @property
     def state(self) -> TrainState:
         """The training state, once built (a new one is built in a thread: this waits)."""
-        with self._lock:
-            if isinstance(self.built, Future):
-                self.built = self.built.result()
-            return self.built
+        if isinstance(self.built, Future):
+            self.built = self.built.result()
+        return self.built
 
     def wait(self) -> None:
         """Returns once the state is built, whether or not that failed: a process should not
