@@ -212,18 +212,15 @@ def photos_of(split: str, data_dir=None) -> tuple[np.ndarray, np.ndarray]:
     return images, labels
 
 
-_CENTRES = np.arange(WHERE_CELL // 2, IMAGE_SIZE, WHERE_CELL)
-
-
 def where_map(cells: np.ndarray, boxes: np.ndarray) -> np.ndarray:
     """`[16, 16]` int8: the class of the photo (`cells`, `boxes` as `render` gives them) that
     covers each 4x4 block's centre pixel, -1 where none does."""
-    out = np.full((len(_CENTRES), len(_CENTRES)), -1, np.int8)
-    for c, (y0, x0, y1, x1) in zip(cells, boxes, strict=True):
-        if c >= 0:
-            rows = (y0 <= _CENTRES) & (y1 > _CENTRES)
-            cols = (x0 <= _CENTRES) & (x1 > _CENTRES)
-            out[np.ix_(rows, cols)] = c
+    side = IMAGE_SIZE // WHERE_CELL
+    out = np.full((side, side), -1, np.int8)
+    for c, box in zip(cells.tolist(), boxes.tolist(), strict=True):
+        if c >= 0:  # the blocks whose centre (WHERE_CELL * i + WHERE_CELL // 2) is inside
+            r0, c0, r1, c1 = (max(0, (v + WHERE_CELL // 2 - 1) // WHERE_CELL) for v in box)
+            out[r0:r1, c0:c1] = c
     return out
 
 
@@ -235,12 +232,13 @@ def move_photos(image: np.ndarray, cells: np.ndarray, boxes: np.ndarray,
     (a photo never leaves its cell) and a photo is seen anew every epoch, so the ViT stage
     cannot memorise its scenes. -> (image [64, 64, 3] uint8, where map)."""
     canvas = image[..., 0].copy()
-    present = [i for i in range(len(cells)) if cells[i] >= 0]
-    photos = [canvas[y0:y1, x0:x1].copy() for y0, x0, y1, x1 in boxes[present]]
-    for y0, x0, y1, x1 in boxes[present]:
+    present = [(i, box) for i, (c, box) in enumerate(zip(cells.tolist(), boxes.tolist()))
+               if c >= 0]
+    photos = [canvas[y0:y1, x0:x1].copy() for _, (y0, x0, y1, x1) in present]
+    for _, (y0, x0, y1, x1) in present:  # every draw of noise before every draw of place
         canvas[y0:y1, x0:x1] = rng.integers(0, NOISE, size=(y1 - y0, x1 - x0), dtype=np.uint8)
     moved = boxes.copy()
-    for i, photo in zip(present, photos, strict=True):
+    for (i, _), photo in zip(present, photos, strict=True):
         row, col = _CELLS[i]
         y0 = row * CELL + int(rng.integers(0, CELL - PHOTO + 1))
         x0 = col * CELL + int(rng.integers(0, CELL - PHOTO + 1))
