@@ -40,17 +40,26 @@ VARIANTS = {
 
 
 # fashion_scenes' recipe and what its ablation changes, from the recipe's own ViT stage or
-# (scene_jitter) from one of its own.
-FASHION_RECIPE = {"head": "things: each named thing found on a patch, a soft minimum",
-                  "scene_jitter": "on", "tune": "blocks 1-3, 300 steps"}
+# (base None) from one of its own.
+FASHION_RECIPE = {"vit_stage": "16,000 steps of 32",
+                  "head": "things: each named thing found on a patch, a soft minimum",
+                  "scene_jitter": "on", "tune": "1,500 / 450 steps, blocks 1-3"}
+# The ViT stage the recipe had before: 6,000 steps of 64 at its rate.
+VIT_STAGE_BEFORE = ["stages.vit.train.steps=6000", "stages.vit.train.batch_size=64",
+                    "optim.lr=0.003", "optim.warmup_steps=100",
+                    "stages.vit.train.eval_every=2000", "stages.vit.train.checkpoint_every=2000"]
 FASHION_VARIANTS = {
     "placed_head": ({"head": "placed: one score per patch, a soft maximum"},
                     ["model.text.head=placed"], "recipe"),
-    "short_tune": ({"tune": "blocks 2-3, 150 steps"},
+    "short_tune": ({"tune": "1,500 / 150 steps, blocks 2-3"},
                    ["stages.tune.train.steps=150",
                     f"stages.tune.optim.trainable={OPEN_TEXT_PARTS}|blocks/[23]/.*|norm/.*"],
                    "recipe"),
+    "short_text_stages": ({"tune": "1,000 / 300 steps, blocks 1-3"},
+                          ["stages.text.train.steps=1000", "stages.tune.train.steps=300"],
+                          "recipe"),
     "no_scene_jitter": ({"scene_jitter": "off"}, ["input.scene_jitter=false"], None),
+    "vit_stage_before": ({"vit_stage": "6,000 steps of 64"}, VIT_STAGE_BEFORE, None),
 }
 ABLATIONS = {"promptshapes": (RECIPE, VARIANTS), "fashion_scenes": (FASHION_RECIPE,
                                                                     FASHION_VARIANTS)}
@@ -202,7 +211,8 @@ def fashion_ablation_row(run: dict, where: str, q: dict) -> list[str]:
     figures = [s["balanced_accuracy"], s["by_kind"]["both"]["balanced_accuracy"],
                s["false_yes"]["one_only"], s["false_yes"]["elsewhere"], h["balanced_accuracy"],
                q["wording"]["balanced_accuracy"], q["never"]["yes_rate"]]
-    return [run["head"], run["scene_jitter"], run["tune"], *map(f3, figures), where]
+    return [run["vit_stage"], run["head"], run["scene_jitter"],
+            run["tune"], *map(f3, figures), where]
 
 
 def table(r: dict, records: dict | None = None) -> list[str]:
@@ -213,10 +223,11 @@ def table(r: dict, records: dict | None = None) -> list[str]:
                                      recipe["eval"]["questions"])]
         rows += [fashion_ablation_row(v, f"`{name}`", v["eval"]["questions"])
                  for name, v in r["variants"].items()]
+        own = " and ".join(f"`{name}`" for name, v in r["variants"].items() if not v["init"])
         return [f"Each of {recipe['eval']['questions']['images']} test scenes asked every "
-                "question; every row but `no_scene_jitter` (its own) from the recipe's ViT "
-                "stage:", "",
-                *tables.table(["prompt head", "scene jitter", "tune stage",
+                f"question; every row but {own} (each its own) from the recipe's ViT stage:",
+                "",
+                *tables.table(["ViT stage", "prompt head", "scene jitter", "text / tune stages",
                                "seen: balanced accuracy", "seen: both",
                                "one only said yes", "elsewhere said yes",
                                "held-out pairs", "held-out wordings",

@@ -307,11 +307,11 @@ def test_the_text_records_tables():
     assert list(ablation) == list(FASHION_VARIANTS)
     rows = [(FASHION_RECIPE, recipe, "the recipe, `fashion_scenes.json`")]
     rows += [(v, v["eval"]["questions"], f"`{name}`") for name, v in ablation.items()]
-    cells = {(r["head"], r["scene_jitter"], r["tune"]) for r, _, _ in rows}
+    cells = {(r["vit_stage"], r["head"], r["scene_jitter"], r["tune"]) for r, _, _ in rows}
     assert len(cells) == len(rows)  # each row changes something
     for run, q, where in rows:
         s = q["seen"]
-        assert (f"| {run['head']} | {run['scene_jitter']} | {run['tune']} | "
+        assert (f"| {run['vit_stage']} | {run['head']} | {run['scene_jitter']} | {run['tune']} | "
                 f"{s['balanced_accuracy']:.3f} | "
                 f"{s['by_kind']['both']['balanced_accuracy']:.3f} | "
                 f"{s['false_yes']['one_only']:.3f} |") in page, where
