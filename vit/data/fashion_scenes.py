@@ -232,8 +232,8 @@ def move_photos(image: np.ndarray, cells: np.ndarray, boxes: np.ndarray,
     (a photo never leaves its cell) and a photo is seen anew every epoch, so the ViT stage
     cannot memorise its scenes. -> (image [64, 64, 3] uint8, where map)."""
     canvas = image[..., 0].copy()
-    present = [(i, box) for i, (c, box) in enumerate(zip(cells.tolist(), boxes.tolist()))
-               if c >= 0]
+    pairs = zip(cells.tolist(), boxes.tolist(), strict=True)
+    present = [(i, box) for i, (c, box) in enumerate(pairs) if c >= 0]
     photos = [canvas[y0:y1, x0:x1].copy() for _, (y0, x0, y1, x1) in present]
     for _, (y0, x0, y1, x1) in present:  # every draw of noise before every draw of place
         canvas[y0:y1, x0:x1] = rng.integers(0, NOISE, size=(y1 - y0, x1 - x0), dtype=np.uint8)
