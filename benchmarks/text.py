@@ -168,7 +168,7 @@ def main(argv: list[str]) -> None:
 
 # ---------------------------------------------------------------------------------- tables
 
-# promptshapes' targets by question group (the recipe's targets; the table and `targets` share them).
+# promptshapes' targets by question group (the table and `targets` share them).
 PROMPTSHAPES = {"seen": 0.97, "heldout": 0.95, "wording": 0.90}
 FASHION = {"seen": 0.95, "heldout": 0.90, "wording": 0.93}
 NEVER, HARD, CONTROL, POINTING = 0.05, 0.10, 0.05, 0.90
