@@ -41,7 +41,7 @@ VARIANTS = {
 
 # fashion_scenes' recipe and what its ablation changes, from the recipe's own ViT stage or
 # (base None) from one of its own.
-FASHION_RECIPE = {"vit_stage": "16,000 steps of 32",
+FASHION_RECIPE = {"vit_stage": "16,000 steps of 32, stem [32, 64]",
                   "head": "things: each named thing found on a patch, a soft minimum",
                   "scene_jitter": "on", "tune": "1,500 / 450 steps, blocks 1-3"}
 # The ViT stage the recipe had before: 6,000 steps of 64 at its rate.
@@ -59,7 +59,11 @@ FASHION_VARIANTS = {
                           ["stages.text.train.steps=1000", "stages.tune.train.steps=300"],
                           "recipe"),
     "no_scene_jitter": ({"scene_jitter": "off"}, ["input.scene_jitter=false"], None),
-    "vit_stage_before": ({"vit_stage": "6,000 steps of 64"}, VIT_STAGE_BEFORE, None),
+    "vit_stage_before": ({"vit_stage": "6,000 steps of 64, stem [32, 64]"}, VIT_STAGE_BEFORE,
+                         None),
+    # The stem is about half of the ViT stage's step on a 2-core CPU: a narrower one's trade.
+    "narrow_stem": ({"vit_stage": "16,000 steps of 32, stem [16, 48]"}, ["model.stem=[16,48]"],
+                    None),
 }
 ABLATIONS = {"promptshapes": (RECIPE, VARIANTS), "fashion_scenes": (FASHION_RECIPE,
                                                                     FASHION_VARIANTS)}
@@ -211,15 +215,17 @@ def fashion_ablation_row(run: dict, where: str, q: dict) -> list[str]:
     figures = [s["balanced_accuracy"], s["by_kind"]["both"]["balanced_accuracy"],
                s["false_yes"]["one_only"], s["false_yes"]["elsewhere"], h["balanced_accuracy"],
                q["wording"]["balanced_accuracy"], q["never"]["yes_rate"]]
+    trained = f"{run['train_seconds']:.0f}" + (" (text stages)" if run.get("init") else "")
     return [run["vit_stage"], run["head"], run["scene_jitter"],
-            run["tune"], *map(f3, figures), where]
+            run["tune"], *map(f3, figures), trained, where]
 
 
 def table(r: dict, records: dict | None = None) -> list[str]:
     """promptshapes, fashion_scenes, or an ablation (beside the recipe's own record)."""
     if r.get("recipe") == "fashion_scenes":
         recipe = (records or {})["fashion_scenes"]
-        rows = [fashion_ablation_row(FASHION_RECIPE, "the recipe, `fashion_scenes.json`",
+        rows = [fashion_ablation_row({**FASHION_RECIPE, "train_seconds": recipe["train_seconds"]},
+                                     "the recipe, `fashion_scenes.json`",
                                      recipe["eval"]["questions"])]
         rows += [fashion_ablation_row(v, f"`{name}`", v["eval"]["questions"])
                  for name, v in r["variants"].items()]
@@ -231,7 +237,7 @@ def table(r: dict, records: dict | None = None) -> list[str]:
                                "seen: balanced accuracy", "seen: both",
                                "one only said yes", "elsewhere said yes",
                                "held-out pairs", "held-out wordings",
-                               "never-placed yes-rate", "run"], rows), "",
+                               "never-placed yes-rate", "training s", "run"], rows), "",
                 f"The recipe's row: `{tables.RECORDS}/fashion_scenes.json` "
                 f"({tables.host(recipe)}), made by `{recipe['command']}`."]
     if "variants" in r:
