@@ -61,7 +61,8 @@ def table(r: dict) -> list[str]:
             f"**{low} test accuracy or more** over seeds "
             f"{', '.join(str(s['seed']) for s in seeds)} ({_counts(seeds, n)} of {n} held-out "
             "digits)")
-    line = (f"Measured {r['date_utc'][:10]} (`{tables.RECORDS}/demo.json`): {said} after "
+    record = f"{tables.RECORDS}/{r['benchmark']}.json"
+    line = (f"Measured {r['date_utc'][:10]} (`{record}`): {said} after "
             f"{r['train_seconds']:.0f} s of training on a {r['machine']['cpus']}-core "
             f"{cpu['model_name']} ({kind} bfloat16 arithmetic).")
     if r.get("plain_patch_embedding"):

@@ -305,7 +305,9 @@ def test_the_text_records_tables():
     recipe = record("fashion_scenes")["eval"]["questions"]
     ablation = record("fashion_scenes_ablation")["variants"]
     assert list(ablation) == list(FASHION_VARIANTS)
-    rows = [(FASHION_RECIPE, recipe, "the recipe, `fashion_scenes.json`")]
+    fashion_seconds = record("fashion_scenes")["train_seconds"]
+    rows = [({**FASHION_RECIPE, "train_seconds": fashion_seconds, "init": None}, recipe,
+             "the recipe, `fashion_scenes.json`")]
     rows += [(v, v["eval"]["questions"], f"`{name}`") for name, v in ablation.items()]
     cells = {(r["vit_stage"], r["head"], r["scene_jitter"], r["tune"]) for r, _, _ in rows}
     assert len(cells) == len(rows)  # each row changes something
@@ -315,7 +317,9 @@ def test_the_text_records_tables():
                 f"{s['balanced_accuracy']:.3f} | "
                 f"{s['by_kind']['both']['balanced_accuracy']:.3f} | "
                 f"{s['false_yes']['one_only']:.3f} |") in page, where
-        assert f"| {q['never']['yes_rate']:.3f} | {where} |" in page, where
+        # the seconds of all three stages, or of the text stages for a row started from --init
+        seconds = f"{round(run['train_seconds'])}" + (" (text stages)" if run["init"] else "")
+        assert f"| {q['never']['yes_rate']:.3f} | {seconds} | {where} |" in page, where
 
 
 def test_a_compared_record_refreshes_the_table_that_shows_it(tree):
