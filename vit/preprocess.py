@@ -12,6 +12,7 @@ timm's `ResizeKeepRatio` and `CenterCropOrPad`) and transformers' PIL image proc
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 from typing import Any
@@ -588,6 +589,10 @@ def normalize(image, mean, std, rescale_factor: float = RESCALE) -> np.ndarray:
     uint8 value it equals transformers' float64 `x * (1 / 255)` cast to float32. Another factor
     is applied as transformers does (float64 product, then float32)."""
     if rescale_factor == RESCALE:
+        if isinstance(image, np.ndarray) and image.dtype == np.uint8 and image.ndim >= 3:
+            out = _normalize_by_table(image, mean, std)
+            if out is not None:
+                return out
         x = np.array(image, np.float32)  # a fresh array, then in place: no temporaries
         x /= 255.0
     else:
@@ -595,3 +600,23 @@ def normalize(image, mean, std, rescale_factor: float = RESCALE) -> np.ndarray:
     x -= np.asarray(mean, np.float32)
     x /= np.asarray(std, np.float32)
     return x
+
+
+@functools.lru_cache(maxsize=16)
+def _table(mean: tuple, std: tuple, channels: int) -> np.ndarray | None:
+    """`normalize`'s value of each uint8 level, by the same float32 operations, when one table
+    serves every channel (the same mean and std in each); else None."""
+    table = np.arange(256, dtype=np.float32)[:, None].repeat(channels, 1)
+    table /= 255.0
+    table -= np.asarray(mean, np.float32)
+    table /= np.asarray(std, np.float32)
+    return table[:, 0].copy() if (table == table[:, :1]).all() else None
+
+
+def _normalize_by_table(image: np.ndarray, mean, std) -> np.ndarray | None:
+    """`normalize` of a uint8 array at 1/255 as one lookup a pixel (the same numbers, in
+    about half the time on a batch: one pass instead of three), or None where the channels
+    differ."""
+    table = _table(tuple(np.ravel(mean).tolist()), tuple(np.ravel(std).tolist()),
+                   image.shape[-1])
+    return None if table is None else table[image]

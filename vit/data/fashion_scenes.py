@@ -179,6 +179,19 @@ def _must(rng: np.random.Generator, kind: str, item, negative: str | None) -> di
     return {}
 
 
+def _classes(kind: str, item) -> set[str]:
+    return {item} if kind == "class" else {item[0]} if kind == "region" else set(item)
+
+
+def _possible(kind: str, p, q, negative: str) -> bool:
+    """Whether some scene answers both `p` and `q` "yes" in turn, the other "no" of kind
+    `negative`: a "no" that needs its classes absent ("absent", "neither") cannot share a
+    class with the "yes" (a bag on the left, no bag on the right)."""
+    if negative in ("absent", "neither"):
+        return not _classes(kind, p) & _classes(kind, q)
+    return True
+
+
 def _scene_for(rng, kind, yes_item, no_item, negative) -> tuple:
     """A scene where `yes_item` is true and `no_item` is a "no" of kind `negative`."""
     for _ in range(200):
@@ -302,6 +315,8 @@ class FashionScenesDataset(PromptedDataset):
             i, j = rng.choice(len(items), size=2, replace=False)
             p, q = items[i], items[j]
             negative = _negatives(couple)[int(rng.integers(len(_negatives(couple))))]
+            if not _possible(couple, p, q, negative):
+                continue  # no scene can answer it: drawn again, as the search would end
             a = _scene_for(rng, couple, p, q, negative)
             b = _scene_for(rng, couple, q, p, negative)
             if a is not None and b is not None:

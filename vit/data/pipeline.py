@@ -3,7 +3,7 @@
 The training pipeline is a grain `MapDataset` (random access all the way down), so its position
 is one number: the iterator's `get_state()` is `{"next_index": n}` and is saved with every
 checkpoint; `set_state` puts a resumed run on exactly the batch it would have seen. Random
-augmentations draw from generators grain seeds with (pipeline seed, element index), so they
+augmentations draw from generators grain seeds with (pipeline seed, batch index), so they
 replay exactly too.
 """
 
@@ -213,6 +213,19 @@ class ReadArrays(grain.transforms.Map):
                 "label": np.asarray(self.source.labels[index], np.int64)}
 
 
+class ExampleBatch(grain.transforms.RandomMap):
+    """One batch of `EpochBatches` indices through `TrainTransform` example by example, each
+    example drawing from the batch's generator in turn, then stacked. grain sees one element a
+    batch: its per-element shuffle and bookkeeping cost more than a small image's own work."""
+
+    def __init__(self, source, transform: TrainTransform):
+        self.source, self.transform = source, transform
+
+    def random_map(self, batch: dict, rng: np.random.Generator) -> dict:
+        examples = [self.transform.random_map(self.source[int(i)], rng) for i in batch["index"]]
+        return {k: np.stack([e[k] for e in examples]) for k in examples[0]}
+
+
 def _no_example_work(source, pre: Preprocessing, aug: Augment, tokenize) -> bool:
     """True when every example would leave `TrainTransform` as it came in."""
     return (isinstance(source, ArraySource) and tokenize is None and not aug.inception_crop
@@ -252,9 +265,9 @@ def train_iterator(source, pre: Preprocessing, aug: Augment, *, batch_size: int,
     `batch_size` is the per-host batch. With `tokenize`, batches also carry the prompts
     (`text`, `text_mask`) and their `answer`s. Each host shuffles its own shard
     (`shard_index::shard_count` of the examples), every epoch in a new order; grain's threads
-    make whole batches ahead of the consumer. In-memory images that need no per-example work
-    (the digits recipe) are read a batch at a time (`EpochBatches`, `ReadArrays`); the rest go
-    example by example through grain's shuffle and `TrainTransform`.
+    make whole batches ahead of the consumer. The order is `EpochBatches`'; in-memory images
+    that need no per-example work (the digits recipe) are read a batch at a time
+    (`ReadArrays`), the rest go example by example through `TrainTransform` (`ExampleBatch`).
     """
     jitter = getattr(source, "jitter", None) if aug.scene_jitter else None
     if aug.scene_jitter and jitter is None:
@@ -265,15 +278,13 @@ def train_iterator(source, pre: Preprocessing, aug: Augment, *, batch_size: int,
     if not len(indices):
         raise DataError(f"{getattr(source, 'name', 'the dataset')}: no training examples for "
                         f"host {shard_index} of {shard_count}; add images")
+    ds = grain.MapDataset.source(EpochBatches(indices, batch_size, seed)).seed(seed)
     if _no_example_work(source, pre, aug, tokenize):  # never a source with `jitter`
-        ds = grain.MapDataset.source(EpochBatches(indices, batch_size, seed)).seed(seed)
         ds = ds.map(ReadArrays(source))
     else:
         if isinstance(source, FolderSource):  # JPEGs decoded no larger than the crops need
             source = source.decoding_at_least(decode_side(pre, aug))
-        ds = shard_of(grain.MapDataset.source(source).seed(seed), shard_index, shard_count)
-        ds = (ds.shuffle().repeat(None).random_map(TrainTransform(pre, aug, tokenize, jitter))
-              .batch(batch_size, drop_remainder=True))
+        ds = ds.random_map(ExampleBatch(source, TrainTransform(pre, aug, tokenize, jitter)))
     ds = ds.random_map(BatchTransform(pre, num_classes, aug))
     it = iter(ds.to_iter_dataset(read_options(num_threads, batch_size, pre.size)))
     it.start_prefetch()  # decoding starts now, while the caller compiles its step

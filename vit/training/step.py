@@ -65,18 +65,17 @@ def make_train_step(graphdef, tx: optax.GradientTransformation, place: Placement
             micro = jax.tree.map(
                 lambda x: x.reshape((accum_steps, -1) + x.shape[1:]), batch)
 
-            def body(carry, xs):
+            # The gradients summed in the carry; each micro-batch's loss and metrics stacked
+            # (scalars), so the carry's shape is known without tracing the model once more.
+            def body(grads, xs):
                 i, mb = xs
-                out = grad_fn(params, mb, jax.random.fold_in(key, i))
-                return jax.tree.map(jnp.add, carry, out), None
+                (loss, aux), g = grad_fn(params, mb, jax.random.fold_in(key, i))
+                return jax.tree.map(jnp.add, grads, g), (loss, aux)
 
-            first = jax.tree.map(lambda x: x[0], micro)
-            (_, aux_shape), _ = jax.eval_shape(grad_fn, params, first, key)
-            zeros = ((0.0, jax.tree.map(lambda _: 0.0, aux_shape)),
-                     jax.tree.map(jnp.zeros_like, params))
-            ((loss, aux), grads), _ = jax.lax.scan(body, zeros,
-                                                   (jnp.arange(accum_steps), micro))
-            loss, aux, grads = jax.tree.map(lambda x: x / accum_steps, (loss, aux, grads))
+            grads, (loss, aux) = jax.lax.scan(body, jax.tree.map(jnp.zeros_like, params),
+                                              (jnp.arange(accum_steps), micro))
+            grads = jax.tree.map(lambda x: x / accum_steps, grads)
+            loss, aux = jax.tree.map(lambda x: x.mean(0), (loss, aux))
         updates, opt_state = tx.update(grads, opt_state, params)
         if trainable is not None:
             updates = jax.tree.map(lambda u, t: u if t else jnp.zeros_like(u),
