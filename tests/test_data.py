@@ -232,3 +232,19 @@ def test_tfds_image_bytes_are_decoded_and_a_bad_record_is_named():
     assert item["label"] == 3
     with pytest.raises(DataError, match=r"^tfds:x:train record 1: not a readable image"):
         source[1]
+
+
+def test_normalize_of_uint8_arrays_is_the_float32_formula():
+    """Every uint8 level, and random batches, with the same and with different statistics per
+    channel: (x / 255 - mean) / std in float32, as torchvision's `to_tensor` and `Normalize`
+    compute it, bit for bit."""
+    rng = np.random.default_rng(0)
+    levels = np.arange(256, dtype=np.uint8).reshape(16, 16, 1).repeat(3, -1)
+    for mean, std in (((0.5,) * 3, (0.5,) * 3), ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
+                      ((0.286,), (0.353,))):
+        for x in (levels, rng.integers(0, 256, (4, 9, 7, 3), dtype=np.uint8)):
+            want = (x.astype(np.float32) / np.float32(255) - np.asarray(mean, np.float32)) \
+                / np.asarray(std, np.float32)
+            got = normalize(x, mean, std)
+            assert got.dtype == np.float32 and got.shape == x.shape
+            np.testing.assert_array_equal(got, want)

@@ -314,3 +314,35 @@ def test_scene_jitter_refused_where_the_data_does_not_say_where_things_lie():
     with pytest.raises(ConfigError, match="input.scene_jitter"):
         train_iterator(digits("train"), Preprocessing(size=(8, 8)), Augment(scene_jitter=True),
                        batch_size=4, seed=0, num_classes=10, num_threads=1)
+
+
+def _no_kind(scene, kind, item) -> str:
+    """What kind of "no" a false question is, from the scene's cells alone."""
+    present = {fs.CLASSES[c] for c in scene if c >= 0}
+    if kind == "class":
+        return "absent"
+    if kind == "region":
+        return "elsewhere" if item[0] in present else "absent"
+    return "one_only" if (item[0] in present) != (item[1] in present) else "neither"
+
+
+def test_question_pairs_skipped_are_those_no_scene_answers():
+    """`_possible` against every scene there is (2-4 distinct classes in the 4 cells): a pair
+    of questions is kept exactly when a scene makes the first "yes" and the second a "no" of
+    the drawn kind, and another the other way round."""
+    import itertools
+
+    scenes = [s for s in itertools.product(range(-1, len(fs.CLASSES)), repeat=4)
+              if 2 <= sum(c >= 0 for c in s) and len({c for c in s if c >= 0})
+              == sum(c >= 0 for c in s)]
+    for kind in fs.KINDS:
+        items = fs.asked(kind, "train") + fs.asked(kind, "heldout")
+        answers = np.array([[_answer(s, kind, it) for it in items] for s in scenes], bool)
+        for negative in fs._negatives(kind):
+            no = np.array([[not a and _no_kind(s, kind, it) == negative
+                            for a, it in zip(row, items, strict=True)]
+                           for s, row in zip(scenes, answers, strict=True)], float)
+            exists = answers.astype(float).T @ no > 0  # [yes item, no item]
+            for i, j in itertools.permutations(range(len(items)), 2):
+                assert fs._possible(kind, items[i], items[j], negative) == (
+                    exists[i, j] and exists[j, i]), (kind, negative, items[i], items[j])
