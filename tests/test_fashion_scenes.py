@@ -332,9 +332,10 @@ def test_question_pairs_skipped_are_those_no_scene_answers():
     the drawn kind, and another the other way round."""
     import itertools
 
-    scenes = [s for s in itertools.product(range(-1, len(fs.CLASSES)), repeat=4)
-              if 2 <= sum(c >= 0 for c in s) and len({c for c in s if c >= 0})
-              == sum(c >= 0 for c in s)]
+    placed = [[c for c in s if c >= 0]
+              for s in itertools.product(range(-1, len(fs.CLASSES)), repeat=4)]
+    scenes = [s for s, p in zip(itertools.product(range(-1, len(fs.CLASSES)), repeat=4),
+                                placed, strict=True) if len(p) >= 2 and len(set(p)) == len(p)]
     for kind in fs.KINDS:
         items = fs.asked(kind, "train") + fs.asked(kind, "heldout")
         answers = np.array([[_answer(s, kind, it) for it in items] for s in scenes], bool)
@@ -346,3 +347,16 @@ def test_question_pairs_skipped_are_those_no_scene_answers():
             for i, j in itertools.permutations(range(len(items)), 2):
                 assert fs._possible(kind, items[i], items[j], negative) == (
                     exists[i, j] and exists[j, i]), (kind, negative, items[i], items[j])
+
+
+def test_never_placed_words_are_asked_in_every_form_in_training():
+    """As evaluation asks them: alone, in a region, beside a class; always "no"."""
+    d = _gen("train", 2000)
+    forms = Counter()
+    for n, prompt in enumerate(d.prompts):
+        if d.kinds[n] == "never":
+            assert d.answers[n] == 0 and _read(prompt)[0] == "never", prompt
+            text = prompt.lower()
+            forms["both" if " and " in text else
+                  "region" if any(p in text for p in _PLACES) else "class"] += 1
+    assert min(forms[f] for f in ("class", "region", "both")) >= 0.2 * sum(forms.values()), forms

@@ -66,6 +66,14 @@ def test_the_array_road_gives_the_batches_the_example_road_gives():
                 np.testing.assert_allclose(target[label], 0.91, rtol=1e-6)
                 seen.append(k)
         assert sorted(seen) == sorted(want)  # one epoch: every example once
+    # One order for both roads: batch for batch the same images, labels and targets.
+    fast = train_iterator(src, PRE8, aug, batch_size=16, seed=3, num_classes=10)
+    slow = train_iterator(Examples(src), PRE8, aug, batch_size=16, seed=3, num_classes=10)
+    for _ in range(12):  # across the epoch's end
+        a, b = next(fast), next(slow)
+        assert a.keys() == b.keys()
+        for k in a:
+            np.testing.assert_array_equal(a[k], b[k])
 
 
 def test_the_buffer_made_ahead_is_bounded_in_memory():

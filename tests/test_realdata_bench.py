@@ -81,6 +81,9 @@ def test_the_torch_peer_trains_tests_and_saves(tmp_path, monkeypatch):
                                  out_dir=str(tmp_path / "hf"), workers=0)
     assert 0 <= out["test_accuracy"] <= 1
     assert set(out["split"]) == {"startup_s", "steps_s", "step_ms", "final_eval_s", "save_s"}
+    # From the process's start to the return: at least the parts it is made of.
+    assert out["in_process_s"] >= sum(out["split"][k] for k in (
+        "startup_s", "steps_s", "final_eval_s", "save_s")) - 0.25
     assert (tmp_path / "hf" / "config.json").exists()
 
 
@@ -115,7 +118,7 @@ def test_the_peer_mode_runs_both_sides_in_turn_and_writes_a_record_its_table_dra
         calls.append(("torch", kwargs["dataset"], kwargs["init"] is not None, False))
         return {"test_accuracy": 0.5, "torch_threads": 2,
                 "split": {"startup_s": 1.0, "steps_s": 2.0, "step_ms": 3.0, "final_eval_s": 4.0,
-                          "save_s": 0.1}}
+                          "save_s": 0.1}, "in_process_s": 7.1}
 
     split = {"startup_and_compile_s": 5.0, "steps_s": 10.0, "step_ms": 2.5, "final_eval_s": 3.0,
              "checkpoint_and_exit_s": 1.0, "other_s": 1.0, "note": ""}
@@ -143,6 +146,9 @@ def test_the_peer_mode_runs_both_sides_in_turn_and_writes_a_record_its_table_dra
     s = record["summary"]["scratch"]["vit"]
     assert s["accuracy_minus_peer_points"] == 10.0 and "speed_vs_peer" in s
     assert realdata.table(record) and len(realdata.targets(record)) == 2 * 2 + 6
+    # The peer's save counts its process's exit too: none here, where it returned at once.
+    torch_split = record["rounds"][0]["scratch_fashion_mnist"]["torch"]["split"]
+    assert torch_split["save_and_exit_s"] == 0.1 and "in_process_s" not in torch_split
 
 
 def test_the_fashion_mode_times_each_validation_from_the_run_s_own_records(tmp_path,

@@ -335,8 +335,13 @@ class FashionScenesDataset(PromptedDataset):
         return (kind, p), negative, [a, b]
 
     def never_drawn(self, rng: np.random.Generator) -> tuple:
-        """A never-placed class word, asked as a class question."""
-        return "class", NEVER_CLASSES[int(rng.integers(len(NEVER_CLASSES)))]
+        """A never-placed class word in any form of question: alone, in a region, or beside a
+        class, as evaluation asks it. One draw whatever the form (20 places a form: every
+        region and every class equally often), so the rest of the split is drawn as before."""
+        i = int(rng.integers(3 * len(NEVER_CLASSES) * 20))
+        word, extra = NEVER_CLASSES[i // 3 % len(NEVER_CLASSES)], i // (3 * len(NEVER_CLASSES))
+        return (("class", word), ("region", (word, REGIONS[extra % len(REGIONS)])),
+                ("both", (word, CLASSES[extra % len(CLASSES)])))[i % 3]
 
     def load_materials(self, split: str, data_dir: str | None):
         return photos_of(split, data_dir)
