@@ -614,9 +614,8 @@ def _table(mean: tuple, std: tuple, channels: int) -> np.ndarray | None:
 
 
 def _normalize_by_table(image: np.ndarray, mean, std) -> np.ndarray | None:
-    """`normalize` of a uint8 array at 1/255 as one lookup a pixel (the same numbers, in
-    about half the time on a batch: one pass instead of three), or None where the channels
-    differ."""
+    """`normalize` of a uint8 array at 1/255 as one lookup a pixel (the same numbers, in one
+    pass over the pixels instead of three), or None where the channels differ."""
     table = _table(tuple(np.ravel(mean).tolist()), tuple(np.ravel(std).tolist()),
                    image.shape[-1])
     return None if table is None else table[image]

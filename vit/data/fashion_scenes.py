@@ -337,7 +337,8 @@ class FashionScenesDataset(PromptedDataset):
     def never_drawn(self, rng: np.random.Generator) -> tuple:
         """A never-placed class word in any form of question: alone, in a region, or beside a
         class, as evaluation asks it. One draw whatever the form (20 places a form: every
-        region and every class equally often), so the rest of the split is drawn as before."""
+        region and every class equally often), so no other draw of the split depends on the
+        form."""
         i = int(rng.integers(3 * len(NEVER_CLASSES) * 20))
         word, extra = NEVER_CLASSES[i // 3 % len(NEVER_CLASSES)], i // (3 * len(NEVER_CLASSES))
         return (("class", word), ("region", (word, REGIONS[extra % len(REGIONS)])),
