@@ -156,3 +156,32 @@ def test_a_failed_write_leaves_nothing(tmp_path, tiny, monkeypatch):
     with pytest.raises(OutOfSpace, match=r"/out: no space left on device"):
         save_checkpoint(tiny, tmp_path / "out", "timm")
     assert list(tmp_path.iterdir()) == []  # nothing half-written
+
+
+def test_writes_still_in_flight_after_a_failure_are_removed_too(tmp_path):
+    """One of orbax's writes fails while tensorstore's others go on and make their folders
+    again after the first removal: what they make is removed as well, and what was there
+    before is kept."""
+    import threading
+    import time
+
+    from vit.checkpoints.written_whole import written_whole
+
+    (tmp_path / "kept").write_text("before")
+    dst = tmp_path / "new"
+    late = threading.Event()
+
+    def late_writer():
+        time.sleep(0.2)  # after the block has failed and its first removal has run
+        folder = tmp_path / "new.orbax-checkpoint-tmp" / "params" / "d"
+        folder.mkdir(parents=True)
+        (folder / "chunk").write_bytes(b"late")
+        late.set()
+
+    with (pytest.raises(OutOfSpace, match=r"/new: no space left on device"),
+          written_whole(dst, needed=1000)):
+        (tmp_path / "new.orbax-checkpoint-tmp").mkdir()
+        threading.Thread(target=late_writer).start()
+        raise OSError(28, "No space left on device")
+    assert late.is_set()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kept"]

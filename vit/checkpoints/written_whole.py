@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import shutil
 import threading
 import time
 from collections.abc import Iterator
@@ -15,6 +14,9 @@ from pathlib import Path
 from vit.checkpoints.orbax_io import quiet_event_loops
 from vit.errors import OutOfSpace, is_out_of_space
 from vit.paths import remove
+
+SETTLE_S = 0.5  # a failed write's folders are gone once none has come back for this long
+SETTLE_LIMIT_S = 10.0
 
 
 @contextlib.contextmanager
@@ -33,15 +35,35 @@ def written_whole(dst, needed: int | None = None) -> Iterator[Path]:
         with _quiet_orbax_threads():
             yield dst
     except BaseException as err:
-        if made is not None:
-            shutil.rmtree(made, ignore_errors=True)
-        elif dst.parent.is_dir():
-            for name in set(os.listdir(dst.parent)) - existing:
-                if name == dst.name or name.startswith((f"{dst.name}.", f".{dst.name}.")):
-                    remove(dst.parent / name)
+        _remove_begun(dst, made, existing)
         if is_out_of_space(err):
             raise OutOfSpace(shown, needed) from None
         raise
+
+
+def _remove_begun(dst: Path, made: Path | None, existing: set[str]) -> None:
+    """Removes what a failed write began, again until nothing new has appeared for a while:
+    when one of orbax's writes fails, tensorstore's others are still in flight and make their
+    folders again (or keep `rmtree` from removing one) after a first removal."""
+    def begun() -> list[Path]:
+        if made is not None:
+            return [made] if made.exists() else []
+        if not dst.parent.is_dir():
+            return []
+        return [dst.parent / name for name in set(os.listdir(dst.parent)) - existing
+                if name == dst.name or name.startswith((f"{dst.name}.", f".{dst.name}."))]
+
+    deadline, quiet_since = time.monotonic() + SETTLE_LIMIT_S, time.monotonic()
+    while time.monotonic() < deadline:
+        paths = begun()
+        for path in paths:
+            remove(path)
+        now = time.monotonic()
+        if paths:
+            quiet_since = now
+        elif now - quiet_since >= SETTLE_S:
+            return
+        time.sleep(0.05)
 
 
 @contextlib.contextmanager
