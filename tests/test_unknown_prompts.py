@@ -51,6 +51,19 @@ def test_training_asks_prompts_of_unknown_words_always_no():
     assert not eval_words & set(pw.TRAIN_WORDS)
 
 
+def test_unknown_training_words_leave_every_evaluated_word_unseen():
+    """The words that training answers "no" are none of a prompt dataset's words, none of the
+    evaluation-only wordings' own ("do you see ...": "no" taught for "see" would be the wrong
+    answer to a held-out wording) and none of the unknown prompts evaluation asks."""
+    from vit.data.fashion_scenes import FashionScenesDataset
+
+    train = set(pw.TRAIN_WORDS)
+    asked = {w for p in pw.EVAL_PROMPTS for w in pw.words(p)}
+    for dataset in (ps.PromptShapesDataset(), FashionScenesDataset()):
+        wording = {w for t in dataset.all_templates() for w in pw.words(t)}
+        assert not train & (wording | asked | dataset.vocabulary()), type(dataset).__name__
+
+
 def test_evaluation_asks_unknown_prompts_of_every_image():
     grid = ps.grid_questions()
     asked = [q["prompt"] for q in grid if q["group"] == "unknown"]
