@@ -98,7 +98,7 @@ def update(model, opt, images, labels, *, label_smoothing: float, clip: float | 
 def train_classifier(*, dataset: str, steps: int, batch: int, lr: float, warmup: int,
                      weight_decay: float, clip: float, label_smoothing: float, shift: float,
                      rotate: float, config_file: str, init: str | None, out_dir: str,
-                     workers: int = 2) -> dict:
+                     workers: int = 2, seed: int = 0) -> dict:
     """A PyTorch user's training script on a `vit.data.real_sets` set (from `init`, else fresh
     from `config_file`), then the test split and a save: test accuracy and where time went
     (start-up from the process's start, as `vit train`'s is; `in_process_s`, from the process's
@@ -113,7 +113,7 @@ def train_classifier(*, dataset: str, steps: int, batch: int, lr: float, warmup:
     from vit.data.transforms import random_affine
 
     torch.set_num_threads(os.cpu_count())
-    torch.manual_seed(0)
+    torch.manual_seed(seed)  # the order; the augmentation is unseeded, as a user's script has it
     (train_x, train_y, _), (test_x, test_y, _) = (LOADERS[dataset](s) for s in ("train", "test"))
     model = (load(init, train=True) if init else
              ViTForImageClassification(ViTConfig.from_json_file(config_file)).train())

