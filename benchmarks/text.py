@@ -94,6 +94,14 @@ def train_and_eval(config: Path, workdir: Path, sets: list[str], init: str | Non
             "stages": stages, "eval": evaluate["report"]}
 
 
+def seeded(config: Path, root: Path, init: str | None, extra: list[str], seeds: int) -> dict:
+    """The recipe trained and evaluated with seeds 0..seeds-1 (with `init`, its text stages
+    alone from that ViT stage): each figure's spread over trainings, where a record holds one."""
+    runs = {str(seed): train_and_eval(config, root / f"seed{seed}", [*extra, f"seed={seed}"],
+                                      init) for seed in range(seeds)}
+    return {"recipe": config.stem, "init": init, "sets": extra, "seeds": runs}
+
+
 def ablation(config: Path, root: Path, init: str | None, extra: list[str]) -> dict:
     """Every variant of the recipe's `ABLATIONS` entry trained and evaluated, `extra` --sets
     after its own."""
@@ -151,15 +159,20 @@ def parser() -> argparse.ArgumentParser:
         record=(None, "the record's name (default: the recipe's)"),
         ablation=(False, "train the recipe's ABLATIONS instead"),
         init=(None, "a ViT stage to start from"),
+        seeds=(1, "train seeds 0..N-1 and record each figure's spread (the recipe's record "
+                  "holds seed 0's)"),
         set=([], "a recipe setting KEY=VALUE"))
 
 
 def main(argv: list[str]) -> None:
     args = parser().parse_args(argv)
     config = recipe_path(args.config)
-    name = args.record or (f"{config.stem}_ablation" if args.ablation else config.stem)
+    name = args.record or (f"{config.stem}_ablation" if args.ablation else
+                           f"{config.stem}_seeds" if args.seeds > 1 else config.stem)
     workdir = common.ROOT / "runs" / f"bench_{name}"
-    if args.ablation:
+    if args.seeds > 1:
+        result = seeded(config, workdir, args.init, args.set, args.seeds)
+    elif args.ablation:
         if config.stem not in ABLATIONS:
             raise SystemExit(f"--ablation varies {' or '.join(ABLATIONS)}, not {config.stem}")
         result = ablation(config, workdir, args.init, args.set)
@@ -220,8 +233,40 @@ def fashion_ablation_row(run: dict, where: str, q: dict) -> list[str]:
             run["tune"], *map(f3, figures), trained, where]
 
 
+def seeds_table(r: dict) -> list[str]:
+    """A recipe's figures seed by seed, and how many seeds meet each target."""
+    fashion = r["recipe"] == "fashion_scenes"
+    rows, met = [], {}
+    for seed, run in r["seeds"].items():
+        q = run["eval"]["questions"]
+        hard = q["seen" if fashion else "heldout"]["false_yes"][
+            "elsewhere" if fashion else "both_apart"]
+        rows.append([seed, *(f3(q[g]["balanced_accuracy"]) for g in ("seen", "heldout",
+                                                                      "wording")),
+                     f3(hard), f3(q["never"]["yes_rate"]), f3(q["unknown"]["yes_rate"]),
+                     f"{run['train_seconds']:.0f}"])
+        for what, _, ok in targets({**run, "pointing": {}}):
+            if not (r["init"] and what.startswith("all stages")):  # text stages alone
+                met.setdefault(what, []).append(ok)
+    stages = (f"the text stages alone, from the ViT stage `{r['init']}`" if r["init"]
+              else "every stage")
+    short = [f"{what} ({sum(oks)} of {len(oks)})" for what, oks in met.items()
+             if not all(oks)]
+    return [f"`{r['recipe']}` trained with {len(rows)} seeds ({stages}), each evaluated as its "
+            "record is:", "",
+            *tables.table(["seed", "seen", "held-out", "wordings",
+                           "elsewhere said yes" if fashion else "hard negatives said yes",
+                           f"never-{'placed' if fashion else 'drawn'} yes-rate",
+                           "unknown-word yes-rate", "training s"], rows), "",
+            "Targets met by every seed but: " + "; ".join(short) + "." if short else
+            "Every target met by every seed."]
+
+
 def table(r: dict, records: dict | None = None) -> list[str]:
-    """promptshapes, fashion_scenes, or an ablation (beside the recipe's own record)."""
+    """promptshapes, fashion_scenes, an ablation (beside the recipe's own record), or a
+    recipe's seeds."""
+    if "seeds" in r:
+        return seeds_table(r)
     if r.get("recipe") == "fashion_scenes":
         recipe = (records or {})["fashion_scenes"]
         rows = [fashion_ablation_row({**FASHION_RECIPE, "train_seconds": recipe["train_seconds"]},
@@ -291,7 +336,7 @@ def table(r: dict, records: dict | None = None) -> list[str]:
 
 
 def targets(r: dict) -> list[tuple[str, str, bool]]:
-    if "variants" in r:
+    if "variants" in r or "seeds" in r:  # no one run's figures
         return []
     ev, q = r["eval"], r["eval"]["questions"]
     fashion = ev["data"] == "fashion_scenes"
