@@ -359,3 +359,29 @@ def test_the_text_records_commands_remake_them():
         for run in runs.values():
             assert run["eval"]["data"] == recipe, path.name
     assert seen >= 3
+
+
+def test_a_seeds_record_counts_the_seeds_that_meet_each_target():
+    """`benchmarks text --seeds`: one row a seed, and each target that some seed misses named
+    with how many of them meet it (the time target left out when only the text stages ran)."""
+    import copy
+
+    from benchmarks import text
+
+    run = record("promptshapes")
+    missed = copy.deepcopy(run)
+    missed["eval"]["questions"]["unknown"]["yes_rate"] = 0.09
+    missed["eval"]["questions"]["heldout"]["false_yes"]["both_apart"] = 0.2
+    missed["train_seconds"] = 900.0
+    seeds = {"recipe": "promptshapes", "init": None, "sets": [], "seeds": {"0": run, "1": missed}}
+    lines = text.table(seeds)
+    rows = [line for line in lines if line.startswith(("| 0 |", "| 1 |"))]
+    assert len(rows) == 2 and "| 0.090 |" in rows[1] and "| 0.200 |" in rows[1]
+    summary = lines[-1]
+    assert "prompts of unknown words: yes-rate at most 0.05 (1 of 2)" in summary
+    assert "hard negatives at most 0.10 (1 of 2)" in summary
+    assert "within 10 minutes (1 of 2)" in summary
+    assert text.targets(seeds) == []
+    from_init = {**seeds, "init": "runs/x/stages/vit"}
+    assert "within 10 minutes" not in text.table(from_init)[-1]
+    assert "`runs/x/stages/vit`" in text.table(from_init)[0]
