@@ -338,7 +338,8 @@ def test_a_compared_record_refreshes_the_table_that_shows_it(tree):
 
 def test_the_text_records_commands_remake_them():
     """Each text record's `command` is the text mode naming that record, and the recipe its
-    evaluations ran on; an ablation record holds every variant the mode trains."""
+    evaluations ran on; an ablation record holds every variant the mode trains, a seeds
+    record every seed."""
     import shlex
 
     from benchmarks import text
@@ -352,8 +353,13 @@ def test_the_text_records_commands_remake_them():
         seen += 1
         args = text.parser().parse_args(words[4:])
         recipe = text.recipe_path(args.config).stem
-        assert (args.record or (f"{recipe}_ablation" if args.ablation else recipe)) == path.stem
-        runs = r["variants"] if args.ablation else {path.stem: r}
+        named = (f"{recipe}_ablation" if args.ablation else
+                 f"{recipe}_seeds" if args.seeds > 1 else recipe)
+        assert (args.record or named) == path.stem
+        runs = (r["variants"] if args.ablation else r["seeds"] if args.seeds > 1 else
+                {path.stem: r})
+        if args.seeds > 1:
+            assert list(runs) == [str(s) for s in range(args.seeds)], path.name
         if args.ablation:
             assert list(runs) == list(text.ABLATIONS[recipe][1]), path.name
         for run in runs.values():
