@@ -185,3 +185,29 @@ def test_writes_still_in_flight_after_a_failure_are_removed_too(tmp_path):
         raise OSError(28, "No space left on device")
     assert late.is_set()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["kept"]
+
+
+def test_a_failed_training_save_is_removed_though_its_writes_come_back(tmp_path):
+    """`TrainCheckpoints.remove_unfinished` after a failed save: orbax's temporary step folder
+    made again by a write still in flight goes too; finished steps stay."""
+    import threading
+    import time
+
+    from vit.training.checkpointing import TrainCheckpoints
+
+    ckpts = TrainCheckpoints(tmp_path / "run", keep=1)
+    folder = ckpts.directory
+    (folder / "4").mkdir(parents=True)
+    (folder / "4" / "kept").write_text("a finished step")
+    (folder / "8.orbax-checkpoint-tmp-1").mkdir()
+
+    def late_writer():
+        time.sleep(0.2)
+        (folder / "8.orbax-checkpoint-tmp-1" / "params" / "d").mkdir(parents=True)
+
+    writer = threading.Thread(target=late_writer)
+    writer.start()
+    ckpts.remove_unfinished()
+    writer.join()
+    assert sorted(p.name for p in folder.iterdir()) == ["4"]
+    ckpts.close_quietly()

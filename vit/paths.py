@@ -12,6 +12,7 @@ import contextlib
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
@@ -90,3 +91,26 @@ def remove(path) -> None:
         shutil.rmtree(path, ignore_errors=True)
     else:
         path.unlink(missing_ok=True)
+
+
+SETTLE_S = 0.5  # what a failed write began is gone once nothing has come back for this long
+SETTLE_LIMIT_S = 10.0
+
+
+def remove_until_settled(found: Callable[[], list[Path]]) -> None:
+    """Removes what `found()` lists, again until it has listed nothing for `SETTLE_S` (at most
+    `SETTLE_LIMIT_S`): when one of orbax's writes fails, tensorstore's others are still in
+    flight and make their folders again (or keep `rmtree` from removing one) after a first
+    removal."""
+    deadline = quiet_since = time.monotonic()
+    deadline += SETTLE_LIMIT_S
+    while time.monotonic() < deadline:
+        paths = found()
+        for path in paths:
+            remove(path)
+        now = time.monotonic()
+        if paths:
+            quiet_since = now
+        elif now - quiet_since >= SETTLE_S:
+            return
+        time.sleep(0.05)

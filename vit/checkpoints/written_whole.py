@@ -13,10 +13,7 @@ from pathlib import Path
 
 from vit.checkpoints.orbax_io import quiet_event_loops
 from vit.errors import OutOfSpace, is_out_of_space
-from vit.paths import remove
-
-SETTLE_S = 0.5  # a failed write's folders are gone once none has come back for this long
-SETTLE_LIMIT_S = 10.0
+from vit.paths import remove_until_settled
 
 
 @contextlib.contextmanager
@@ -42,9 +39,8 @@ def written_whole(dst, needed: int | None = None) -> Iterator[Path]:
 
 
 def _remove_begun(dst: Path, made: Path | None, existing: set[str]) -> None:
-    """Removes what a failed write began, again until nothing new has appeared for a while:
-    when one of orbax's writes fails, tensorstore's others are still in flight and make their
-    folders again (or keep `rmtree` from removing one) after a first removal."""
+    """Removes what a failed write began: the parents it made, or what is new beside `dst`
+    under its name (writes still in flight may make it again: `remove_until_settled`)."""
     def begun() -> list[Path]:
         if made is not None:
             return [made] if made.exists() else []
@@ -53,17 +49,7 @@ def _remove_begun(dst: Path, made: Path | None, existing: set[str]) -> None:
         return [dst.parent / name for name in set(os.listdir(dst.parent)) - existing
                 if name == dst.name or name.startswith((f"{dst.name}.", f".{dst.name}."))]
 
-    deadline, quiet_since = time.monotonic() + SETTLE_LIMIT_S, time.monotonic()
-    while time.monotonic() < deadline:
-        paths = begun()
-        for path in paths:
-            remove(path)
-        now = time.monotonic()
-        if paths:
-            quiet_since = now
-        elif now - quiet_since >= SETTLE_S:
-            return
-        time.sleep(0.05)
+    remove_until_settled(begun)
 
 
 @contextlib.contextmanager

@@ -37,6 +37,7 @@ from orbax.checkpoint import checkpoint_managers as policies
 
 from vit.checkpoints import orbax_format
 from vit.errors import OutOfSpace, VitError, is_out_of_space
+from vit.paths import remove_until_settled
 from vit.training.workdir import replace_file
 
 METRIC = "val_accuracy"
@@ -158,15 +159,15 @@ class TrainCheckpoints:
     def remove_unfinished(self) -> None:
         """Removes what a failed save left: orbax's temporary step folders (process 0, after
         `close_quietly`, when nothing writes any more)."""
-        if jax.process_index() != 0 or not self.directory.is_dir():
+        if jax.process_index() != 0:
             return
-        for entry in self.directory.iterdir():
+
+        def unfinished() -> list[Path]:
             # orbax's temporary folders; vit.paths' staged files (best.json); `.tmp` files
-            if UNFINISHED in entry.name or entry.name.endswith((".part", ".tmp")):
-                if entry.is_dir() and not entry.is_symlink():
-                    shutil.rmtree(entry, ignore_errors=True)
-                else:
-                    entry.unlink(missing_ok=True)
+            return ([e for e in self.directory.iterdir() if UNFINISHED in e.name
+                     or e.name.endswith((".part", ".tmp"))] if self.directory.is_dir() else [])
+
+        remove_until_settled(unfinished)
 
     @contextlib.contextmanager
     def _out_of_space(self):
