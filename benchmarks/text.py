@@ -245,7 +245,7 @@ def seeds_table(r: dict) -> list[str]:
                                                                       "wording")),
                      f3(hard), f3(q["never"]["yes_rate"]), f3(q["unknown"]["yes_rate"]),
                      f"{run['train_seconds']:.0f}"])
-        for what, _, ok in targets({**run, "pointing": {}}):
+        for what, _, ok in targets({**run, "pointing": {}}):  # seeds record no pointing
             if not (r["init"] and what.startswith("all stages")):  # text stages alone
                 met.setdefault(what, []).append(ok)
     stages = (f"the text stages alone, from the ViT stage `{r['init']}`" if r["init"]

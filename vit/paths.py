@@ -102,8 +102,8 @@ def remove_until_settled(found: Callable[[], list[Path]]) -> None:
     `SETTLE_LIMIT_S`): when one of orbax's writes fails, tensorstore's others are still in
     flight and make their folders again (or keep `rmtree` from removing one) after a first
     removal."""
-    deadline = quiet_since = time.monotonic()
-    deadline += SETTLE_LIMIT_S
+    quiet_since = time.monotonic()
+    deadline = quiet_since + SETTLE_LIMIT_S
     while time.monotonic() < deadline:
         paths = found()
         for path in paths:

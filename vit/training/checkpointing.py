@@ -158,7 +158,8 @@ class TrainCheckpoints:
 
     def remove_unfinished(self) -> None:
         """Removes what a failed save left: orbax's temporary step folders (process 0, after
-        `close_quietly`, when nothing writes any more)."""
+        `close_quietly`; tensorstore's writes still in flight may make them again for a
+        moment, `remove_until_settled`)."""
         if jax.process_index() != 0:
             return
 
