@@ -99,6 +99,35 @@ def test_a_run_writes_where_its_time_went_into_its_metrics_file(straight_run):
     assert parts <= t["end_at_s"] + 1e-3, (parts, t)
 
 
+# A fresh interpreter running the tiny recipe, recording whether matplotlib was imported when the
+# step's compile (its trace first) began.
+MATPLOTLIB_ORDER = r"""
+import sys
+from vit.training import program
+compile_ = program.TrainProgram.compile
+seen = []
+def compile(self, batch):
+    seen.append("matplotlib" in sys.modules)
+    return compile_(self, batch)
+program.TrainProgram.compile = compile
+from vit.training.loop import train
+from builders import tiny_recipe
+train(tiny_recipe(*sys.argv[2:]), sys.argv[1])
+print("REPORT", seen, "matplotlib.figure" in sys.modules)
+"""
+
+
+def test_matplotlib_loads_after_the_steps_trace_and_before_the_curves(tmp_path):
+    """The step's trace is Python, as is matplotlib's import: loaded side by side they slow
+    each other, so matplotlib loads once the step is compiled, for the curves at the end."""
+    proc = subprocess.run([sys.executable, "-c", MATPLOTLIB_ORDER, str(tmp_path / "run"),
+                           *RUN_SETS], cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PYTHONPATH": str(ROOT / "tests")})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "REPORT [False] True" in proc.stdout, proc.stdout[-2000:]
+    assert (tmp_path / "run" / "curves.png").stat().st_size > 0
+
+
 def test_the_timings_read_are_the_last_runs_of_a_resumed_workdir(tmp_path):
     from vit.training.timings import SPLIT, run_timings
 

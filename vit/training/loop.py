@@ -276,8 +276,6 @@ class _Run:
         self.meter, self.pending, self.early, self.last_val = TrainMeter(), [], early, {}
         self.validated = False
         self.ended_at = time.perf_counter()  # when the last step ended: the exit's start
-        if primary:  # matplotlib loads while the step compiles, not at the end of the run
-            threading.Thread(target=_load_matplotlib, name="vit-matplotlib", daemon=True).start()
 
     def _compile_validation_ahead(self) -> None:
         """The validation forward compiles in a thread while the first steps run: XLA
@@ -286,6 +284,12 @@ class _Run:
             params = abstract(self.evaluated_params(), self.program.place.params)
             self.logits_fn = CompiledAhead(self.logits_fn, lambda: (params, model_inputs(
                 device_mesh.to_global(self._first_validation_batch(), self.mesh))))
+
+    def _load_matplotlib_ahead(self) -> None:
+        """matplotlib loads beside the first steps, not at the end of the run. Not earlier: its
+        import is Python holding the interpreter, which the step's trace needs too."""
+        if self.primary:
+            threading.Thread(target=_load_matplotlib, name="vit-matplotlib", daemon=True).start()
 
     def _first_validation_batch(self) -> dict:
         with contextlib.closing(self._validation_batches()) as batches:  # its readers stop
@@ -320,6 +324,7 @@ class _Run:
                         clock.note(step + 1, compile_s=round(
                             program.compile_s + time.perf_counter() - waited, 6))
                         self._compile_validation_ahead()
+                        self._load_matplotlib_ahead()
                     called = time.perf_counter()
                     metrics = program(batch)
                     clock.steps.started(metrics, called)
