@@ -286,8 +286,8 @@ class _Run:
                 device_mesh.to_global(self._first_validation_batch(), self.mesh))))
 
     def _load_matplotlib_ahead(self) -> None:
-        """matplotlib loads beside the first steps, not at the end of the run. Not earlier: its
-        import is Python holding the interpreter, which the step's trace needs too."""
+        """matplotlib loads beside the first steps, not at the end of the run, and not during
+        the step's trace: its import is Python holding the interpreter the trace needs too."""
         if self.primary:
             threading.Thread(target=_load_matplotlib, name="vit-matplotlib", daemon=True).start()
 
